@@ -1,0 +1,97 @@
+"""Sessions and clients, built in one place.
+
+The same code talks to AWS and to the local cloud: only the endpoint, the credentials (the local
+cloud accepts any) and the SSH address lookup differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from amibake.config import Config
+from amibake.errors import CloudError, UserError
+
+if TYPE_CHECKING:
+    from mypy_boto3_ec2 import EC2Client
+    from mypy_boto3_ssm import SSMClient
+
+# The local cloud tags each sandboxed instance with where its sshd listens. On AWS the instance's
+# own IP is the address and the port is 22.
+LOCAL_SSH_TAG = "amibake-local:ssh"
+
+
+@dataclass
+class Cloud:
+    """A configured connection to one cloud (AWS or local) in one region."""
+
+    config: Config
+    session: boto3.session.Session
+    endpoint_url: str | None
+    _clients: dict[str, Any] = field(default_factory=dict)
+
+    def client(self, service: str) -> Any:
+        # Clients are thread-safe and costly to build (~50 ms), so each is built once.
+        if service not in self._clients:
+            self._clients[service] = self.session.client(
+                service,  # type: ignore[call-overload]
+                endpoint_url=self.endpoint_url,
+                config=botocore.config.Config(
+                    retries={
+                        "mode": self.config.retry_mode,
+                        "max_attempts": self.config.max_attempts,
+                    },
+                    connect_timeout=10,
+                    read_timeout=120,
+                ),
+            )
+        return self._clients[service]
+
+    @property
+    def ec2(self) -> EC2Client:
+        return self.client("ec2")  # type: ignore[no-any-return]
+
+    @property
+    def ssm(self) -> SSMClient:
+        return self.client("ssm")  # type: ignore[no-any-return]
+
+    def ssh_endpoint(self, instance: dict[str, Any]) -> tuple[str, int]:
+        """Where to SSH to a described instance."""
+        if self.config.is_local:
+            for tag in instance.get("Tags", []):
+                if tag["Key"] == LOCAL_SSH_TAG:
+                    host, _, port = tag["Value"].rpartition(":")
+                    return host, int(port)
+            raise CloudError(
+                f"{instance['InstanceId']} has no {LOCAL_SSH_TAG} tag: it was not started by "
+                f"the local cloud's sandbox layer"
+            )
+        address = instance.get("PublicIpAddress") or instance.get("PrivateIpAddress")
+        if not address:
+            raise CloudError(f"{instance['InstanceId']} has no IP address yet")
+        return str(address), 22
+
+
+def connect(config: Config) -> Cloud:
+    """Build the Cloud for a config; for the local cloud, start it when it is not running."""
+    endpoint = config.endpoint_url
+    if config.is_local:
+        from amibake.local.control import ensure_running
+
+        endpoint = ensure_running(config).endpoint
+        # moto accepts any credentials; fixed ones keep a user's real keys out of local traffic.
+        session = boto3.session.Session(
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name=config.region,
+        )
+    else:
+        try:
+            session = boto3.session.Session(profile_name=config.profile, region_name=config.region)
+        except botocore.exceptions.ProfileNotFound as exc:
+            raise UserError(f"{exc}; pick one from ~/.aws/config or unset --profile") from None
+    return Cloud(config=config, session=session, endpoint_url=endpoint)

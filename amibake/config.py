@@ -1,0 +1,153 @@
+"""Layered configuration: defaults < amibake.toml < AMIBAKE_* environment < command-line flags.
+
+Every layer is validated against the same field table, and all problems are reported in one
+error, so a user fixes their file once instead of once per typo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amibake.errors import ConfigError
+
+CLOUDS = ("aws", "local")
+RETRY_MODES = ("standard", "adaptive")
+
+
+def _cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+@dataclass(frozen=True)
+class Config:
+    cloud: str = "aws"
+    region: str = "us-east-1"
+    profile: str | None = None
+    endpoint_url: str | None = None
+    retry_mode: str = "standard"
+    max_attempts: int = 10
+    results_dir: Path = Path("results")
+    recipe: str = "kernels"
+    size: str = "large"
+    spot: bool = True
+    ssh_user: str = "ec2-user"
+    ssh_timeout_s: float = 300.0
+    # The local cloud: where its daemon listens and keeps state, and which loopback range its
+    # sandboxes take addresses from. Tests use their own values so they never touch a user's.
+    local_dir: Path = field(default_factory=lambda: _cache_home() / "amibake" / "local")
+    local_port: int = 5077
+    local_subnet: str = "127.77.0.0/16"
+    local_ssh_port: int = 22
+    local_imds_port: int = 80
+
+    @property
+    def is_local(self) -> bool:
+        return self.cloud == "local"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
+    """Turn a TOML/env/flag value into the field's type, or record why it cannot be."""
+    kind = _FIELDS[name].type
+    try:
+        if kind in ("int",):
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind == "Path":
+            return Path(str(value)).expanduser()
+        if value is None or kind == "str | None" and value == "":
+            return None
+        return str(value)
+    except (TypeError, ValueError):
+        problems.append(f"{source}: {name} must be {kind}, got {value!r}")
+        return None
+
+
+def _validate(cfg: Config, problems: list[str]) -> None:
+    if cfg.cloud not in CLOUDS:
+        problems.append(f"cloud must be one of {', '.join(CLOUDS)}, got {cfg.cloud!r}")
+    if cfg.retry_mode not in RETRY_MODES:
+        problems.append(
+            f"retry_mode must be one of {', '.join(RETRY_MODES)}, got {cfg.retry_mode!r}"
+        )
+    if not 1 <= cfg.max_attempts <= 50:
+        problems.append(f"max_attempts must be between 1 and 50, got {cfg.max_attempts}")
+    for name in ("local_port", "local_ssh_port", "local_imds_port"):
+        port = getattr(cfg, name)
+        if not 1 <= port <= 65535:
+            problems.append(f"{name} must be a TCP port (1-65535), got {port}")
+    from ipaddress import ip_network
+
+    try:
+        net = ip_network(cfg.local_subnet)
+        if not net.subnet_of(ip_network("127.0.0.0/8")) or net.num_addresses < 4:
+            raise ValueError
+    except (ValueError, TypeError):
+        problems.append(
+            f"local_subnet must be a loopback network inside 127.0.0.0/8 with at least 4 "
+            f"addresses, got {cfg.local_subnet!r}"
+        )
+
+
+def load(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    toml_path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the effective Config; raise ConfigError listing every problem found."""
+    environ = os.environ if environ is None else environ
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+
+    path = toml_path or Path(environ.get("AMIBAKE_CONFIG", "amibake.toml"))
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError([f"{path}: {exc}"]) from None
+        for key, value in data.items():
+            if key not in _FIELDS:
+                problems.append(f"{path}: unknown setting {key!r}")
+                continue
+            values[key] = _coerce(key, value, problems, str(path))
+
+    for name in _FIELDS:
+        env_name = f"AMIBAKE_{name.upper()}"
+        if env_name in environ:
+            values[name] = _coerce(name, environ[env_name], problems, env_name)
+
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key not in _FIELDS:
+            raise KeyError(f"flag {key!r} has no config field")  # a programming error
+        values[key] = _coerce(key, value, problems, f"--{key.replace('_', '-')}")
+
+    if problems:
+        raise ConfigError(problems)
+    cfg = Config(**values)
+    _validate(cfg, problems)
+    if problems:
+        raise ConfigError(problems)
+    return cfg

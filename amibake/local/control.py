@@ -1,0 +1,208 @@
+"""Client side of the local cloud: start, find, stop and poke the daemon.
+
+The daemon's whereabouts live in ``<local_dir>/daemon.json``; a stale file (daemon gone) is
+treated as "not running", and whatever the dead daemon left is cleaned before a new one starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from amibake.config import Config
+from amibake.errors import AmibakeError, EnvironmentProblem, LocalCloudError
+from amibake.local.daemon import ERROR_FILE, INFO_FILE
+from amibake.local.engine import LocalSettings
+from amibake.local.sandbox import check_host, port_free, remove_tree
+
+START_TIMEOUT_S = 60.0
+# Admin calls go straight to loopback, never through a proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class Daemon:
+    pid: int
+    endpoint: str
+
+
+def settings_for(config: Config) -> LocalSettings:
+    return LocalSettings(
+        directory=config.local_dir.resolve(),
+        port=config.local_port,
+        subnet=config.local_subnet,
+        ssh_port=config.local_ssh_port,
+        imds_port=config.local_imds_port,
+    )
+
+
+def _call(endpoint: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(endpoint + path, data=data, method="POST" if data else "GET")
+    try:
+        with _OPENER.open(request, timeout=30) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as exc:
+        detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        raise LocalCloudError(str(detail)) from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def find(config: Config) -> Daemon | None:
+    """The running daemon for this config, or None."""
+    info_path = config.local_dir / INFO_FILE
+    try:
+        info = json.loads(info_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    daemon = Daemon(pid=int(info["pid"]), endpoint=str(info["endpoint"]))
+    if not _alive(daemon.pid):
+        return None
+    try:
+        _call(daemon.endpoint, "/_amibake/status")
+    except (OSError, LocalCloudError):
+        return None
+    return daemon
+
+
+def up(config: Config) -> Daemon:
+    """Start the daemon unless it is already running; wait until it answers."""
+    running = find(config)
+    if running is not None:
+        return running
+    check_host()
+    settings = settings_for(config)
+    settings.directory.mkdir(parents=True, exist_ok=True)
+    _clean_leftovers(settings.directory)
+    if not port_free("127.0.0.1", settings.port):
+        raise EnvironmentProblem(
+            f"port {settings.port} on 127.0.0.1 is already in use; stop what uses it or set "
+            f"AMIBAKE_LOCAL_PORT to a free port"
+        )
+    log_path = settings.directory / "daemon.log"
+    raw = {**asdict(settings), "directory": str(settings.directory)}
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "amibake.local.daemon", "--settings", json.dumps(raw)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in the terminal must not reach the cloud
+            close_fds=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            _raise_startup_error(settings.directory, log_path, process.returncode)
+        daemon = find(config)
+        if daemon is not None and daemon.pid == process.pid:
+            return daemon
+        time.sleep(0.05)
+    process.kill()
+    raise LocalCloudError(f"the local cloud did not start within {START_TIMEOUT_S:.0f}s; see {log_path}")
+
+
+def _raise_startup_error(directory: Path, log_path: Path, code: int) -> None:
+    try:
+        error = json.loads((directory / ERROR_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
+        raise LocalCloudError(f"the local cloud exited with code {code}: {tail[0]}") from None
+    failure: AmibakeError = (
+        EnvironmentProblem(error["message"]) if error["exit_code"] == 2
+        else LocalCloudError(error["message"])
+    )
+    raise failure
+
+
+def ensure_running(config: Config) -> Daemon:
+    return up(config)
+
+
+def status(config: Config) -> dict[str, Any] | None:
+    daemon = find(config)
+    if daemon is None:
+        return None
+    return {"pid": daemon.pid, "endpoint": daemon.endpoint, **_call(daemon.endpoint, "/_amibake/status")}
+
+
+def interrupt(config: Config, instance_id: str) -> dict[str, Any]:
+    daemon = find(config)
+    if daemon is None:
+        raise LocalCloudError("the local cloud is not running; start it with `amibake local up`")
+    return _call(daemon.endpoint, "/_amibake/interrupt", {"instance_id": instance_id})
+
+
+def down(config: Config, timeout_s: float = 60.0) -> list[str]:
+    """Stop the daemon and remove everything it or a crashed predecessor left; say what."""
+    done: list[str] = []
+    directory = config.local_dir
+    daemon = find(config)
+    if daemon is not None:
+        _call(daemon.endpoint, "/_amibake/shutdown", {})
+        deadline = time.monotonic() + timeout_s
+        while _alive(daemon.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(daemon.pid):
+            os.kill(daemon.pid, signal.SIGKILL)
+            done.append(f"killed unresponsive daemon {daemon.pid}")
+        done.append(f"stopped daemon {daemon.pid}")
+    if directory.exists():
+        done += _clean_leftovers(directory)
+    return done
+
+
+def _clean_leftovers(directory: Path) -> list[str]:
+    """Remove what a daemon that died without shutting down left behind."""
+    done: list[str] = []
+    info = directory / INFO_FILE
+    if info.exists():
+        try:
+            pid = int(json.loads(info.read_text())["pid"])
+        except (ValueError, KeyError, json.JSONDecodeError):
+            pid = 0
+        if pid and _alive(pid) and "amibake.local.daemon" in _cmdline(pid):
+            os.kill(pid, signal.SIGKILL)
+            done.append(f"killed stale daemon {pid}")
+        info.unlink(missing_ok=True)
+    sandboxes = directory / "sandboxes"
+    for pid_file in sandboxes.glob("*/pid"):
+        pid = int(pid_file.read_text() or 0)
+        if pid and _alive(pid) and _cmdline(pid).startswith("unshare"):
+            os.kill(pid, signal.SIGKILL)
+            done.append(f"killed sandbox {pid_file.parent.name} (pid {pid})")
+    for sub in ("sandboxes", "images"):
+        path = directory / sub
+        if path.exists() and any(path.iterdir()):
+            done.append(f"removed {path}")
+        remove_tree(path)
+    return done
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,137 @@
+"""The local cloud daemon: ``python -m amibake.local.daemon --settings JSON``.
+
+One process holds the whole cloud: moto's server (the same pieces ThreadedMotoServer assembles:
+DomainDispatcherApplication, MotoRequestHandler, werkzeug's threaded server) wrapped by the
+gateway, every sandbox, and every IMDS server. Started by ``amibake local up``; stopped by
+``amibake local down`` (or SIGTERM), which terminates every sandbox before exiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from amibake.errors import AmibakeError
+from amibake.local.engine import LocalCloud, LocalSettings
+
+ERROR_FILE = "startup-error.json"
+INFO_FILE = "daemon.json"
+# Base images every region offers: the ECS-optimized Amazon Linux 2023 AMIs (x86_64, arm64) that
+# amibake bakes from, and Amazon Linux 2 so the end-of-support refusal can be exercised.
+BASE_IMAGE_PARAMETERS = (
+    "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id",
+    "/aws/service/ecs/optimized-ami/amazon-linux-2023/arm64/recommended/image_id",
+    "/aws/service/ecs/optimized-ami/amazon-linux-2/recommended/image_id",
+)
+REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1")
+
+
+def _base_images() -> list[dict[str, Any]]:
+    """The AMI records behind moto's own SSM parameters, so every parameter resolves to an AMI."""
+    from moto.utilities.utils import load_resource
+
+    images: dict[str, dict[str, Any]] = {}
+    for region in REGIONS:
+        tree = load_resource(f"ssm/resources/ecs/optimized_amis/{region}.json")
+        catalog = {a["ami_id"]: a for a in load_resource(f"ec2/resources/ecs/optimized_amis/{region}.json")}
+        for parameter in BASE_IMAGE_PARAMETERS:
+            node: Any = tree
+            for part in parameter.strip("/").split("/"):
+                node = node.get(part, {}) if isinstance(node, dict) else {}
+            ami_id = node.get("Value") if isinstance(node, dict) else None
+            if ami_id in catalog:
+                images[ami_id] = catalog[ami_id]
+    return list(images.values())
+
+
+def _configure_moto(directory: Path) -> None:
+    # moto reads these at import time, so they are set before anything imports it.
+    os.environ["MOTO_ENABLE_AMI_VALIDATION"] = "true"
+    os.environ["MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION"] = "true"
+    # No default AMIs: each would bring a snapshot of its own into every region.
+    os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
+    amis = directory / "base-amis.json"
+    os.environ.pop("MOTO_AMIS_PATH", None)
+    amis.write_text(json.dumps(_base_images()))
+    os.environ["MOTO_AMIS_PATH"] = str(amis)
+    from moto.core.config import default_user_config
+
+    default_user_config.setdefault("batch", {})["use_docker"] = False
+
+
+def serve(settings: LocalSettings) -> None:
+    _configure_moto(settings.directory)
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    from amibake.local.gateway import Gateway
+
+    cloud = LocalCloud(settings)
+    cloud.check_ports()
+    stop = threading.Event()
+    gateway = Gateway(DomainDispatcherApplication(create_backend_app), cloud, stop)
+    try:
+        server = make_server(
+            "127.0.0.1", settings.port, gateway, threaded=True, request_handler=MotoRequestHandler
+        )
+    except OSError as exc:
+        from amibake.errors import EnvironmentProblem
+
+        raise EnvironmentProblem(
+            f"cannot listen on 127.0.0.1:{settings.port} ({exc.strerror}); stop what uses it or "
+            f"set AMIBAKE_LOCAL_PORT"
+        ) from None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, name="gateway", daemon=True).start()
+    info = {"pid": os.getpid(), "endpoint": f"http://127.0.0.1:{settings.port}"}
+    (settings.directory / INFO_FILE).write_text(json.dumps(info))
+    logging.info("local cloud up at %s", info["endpoint"])
+    while not stop.wait(1.0):
+        try:
+            gateway.reconcile()
+        except Exception:  # the reconcile loop must outlive a bad moment in moto
+            logging.exception("reconcile failed")
+    logging.info("shutting down")
+    server.shutdown()
+    cloud.shutdown()
+    (settings.directory / INFO_FILE).unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="amibake.local.daemon")
+    parser.add_argument("--settings", required=True)
+    args = parser.parse_args(argv)
+    raw = json.loads(args.settings)
+    settings = LocalSettings(**{**raw, "directory": Path(raw["directory"])})
+    settings.directory.mkdir(parents=True, exist_ok=True)
+    (settings.directory / ERROR_FILE).unlink(missing_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        serve(settings)
+    except AmibakeError as exc:
+        (settings.directory / ERROR_FILE).write_text(
+            json.dumps({"exit_code": exc.exit_code, "message": str(exc)})
+        )
+        logging.error("%s", exc)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

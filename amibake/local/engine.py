@@ -1,0 +1,207 @@
+"""The local cloud's data plane: sandboxes, their addresses, IMDS servers and images.
+
+It knows nothing of moto: the gateway translates EC2 calls into these plain operations.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amibake.errors import EnvironmentProblem, LocalCloudError
+from amibake.local import boot
+from amibake.local.images import ImageStore
+from amibake.local.imds import IMDSServer, InstanceMetadata
+from amibake.local.sandbox import Sandbox, SandboxSpec, SpawnFn, port_free, remove_tree
+
+log = logging.getLogger("amibake.local")
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    directory: Path
+    port: int
+    subnet: str
+    ssh_port: int
+    imds_port: int
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.directory / "sandboxes"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.directory / "images"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the gateway read from the control plane about one new instance."""
+
+    instance_id: str
+    image_id: str
+    instance_type: str
+    availability_zone: str
+    region: str
+    architecture: str
+    public_key: str
+    user_data: bytes | None
+
+
+class LocalCloud:
+    def __init__(self, settings: LocalSettings) -> None:
+        self.settings = settings
+        settings.sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        self.images = ImageStore(settings.images_dir)
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.metadata: dict[str, InstanceMetadata] = {}
+        self._imds: dict[str, IMDSServer] = {}
+        # EC2 keeps a terminated instance's console output for a while; so do we, to debug it.
+        self._last_console: dict[str, str] = {}
+        self._lock = threading.RLock()
+        self._spawn = SpawnFn()
+        self._addresses = self._address_pool()
+
+    def _address_pool(self) -> Iterator[str]:
+        network = ipaddress.ip_network(self.settings.subnet)
+        while True:  # addresses are reused once the pool wraps; in-use ones are skipped
+            for host in network.hosts():
+                yield str(host)
+
+    def check_ports(self) -> None:
+        """Fail at start-up, in one line, if the sandboxes' ports are taken for every address."""
+        first = next(ipaddress.ip_network(self.settings.subnet).hosts())
+        for name, port in (("ssh", self.settings.ssh_port), ("IMDS", self.settings.imds_port)):
+            if not port_free(str(first), port):
+                setting = "AMIBAKE_LOCAL_SSH_PORT" if name == "ssh" else "AMIBAKE_LOCAL_IMDS_PORT"
+                raise EnvironmentProblem(
+                    f"{name} port {port} on {first} is already in use (a host service listening "
+                    f"on 0.0.0.0:{port}?); set {setting} to a free port"
+                )
+
+    def _allocate_address(self) -> str:
+        taken = {s.spec.address for s in self.sandboxes.values()}
+        size = ipaddress.ip_network(self.settings.subnet).num_addresses
+        for _ in range(size):
+            address = next(self._addresses)
+            if address in taken:
+                continue
+            if port_free(address, self.settings.ssh_port) and port_free(
+                address, self.settings.imds_port
+            ):
+                return address
+        raise LocalCloudError(f"no free address left in {self.settings.subnet}")
+
+    def launch(self, request: Launch) -> str:
+        """Start the sandbox for a new instance; return its SSH endpoint as "address:port"."""
+        layers = self.images.layers(request.image_id)
+        with self._lock:
+            address = self._allocate_address()
+            spec = SandboxSpec(
+                instance_id=request.instance_id,
+                address=address,
+                ssh_port=self.settings.ssh_port,
+                imds_port=self.settings.imds_port,
+                layers=[str(p) for p in layers],
+                authorized_key=request.public_key,
+                user_data=request.user_data,
+                units=boot.plan(layers),
+            )
+            sandbox = Sandbox(
+                self.settings.sandboxes_dir / request.instance_id, spec, self.settings.directory
+            )
+            self.sandboxes[request.instance_id] = sandbox
+            metadata = InstanceMetadata(
+                instance_id=request.instance_id,
+                instance_type=request.instance_type,
+                image_id=request.image_id,
+                availability_zone=request.availability_zone,
+                region=request.region,
+                address=address,
+                architecture=request.architecture,
+            )
+            self.metadata[request.instance_id] = metadata
+            try:
+                self._imds[request.instance_id] = IMDSServer(metadata, self.settings.imds_port)
+            except OSError as exc:
+                self.terminate(request.instance_id)
+                raise LocalCloudError(f"IMDS for {request.instance_id} on {address}: {exc}") from exc
+        try:
+            sandbox.start(self._spawn)
+        except Exception:
+            self.terminate(request.instance_id)
+            raise
+        log.info("launched %s at %s:%s", request.instance_id, address, self.settings.ssh_port)
+        return f"{address}:{self.settings.ssh_port}"
+
+    def terminate(self, instance_id: str) -> bool:
+        with self._lock:
+            sandbox = self.sandboxes.pop(instance_id, None)
+            server = self._imds.pop(instance_id, None)
+            self.metadata.pop(instance_id, None)
+        if server is not None:
+            server.stop()
+        if sandbox is None:
+            return False
+        self._last_console[instance_id] = sandbox.console_output()[-65536:]
+        sandbox.stop()
+        log.info("terminated %s", instance_id)
+        return True
+
+    def create_image(self, instance_id: str, image_id: str) -> None:
+        sandbox = self.sandboxes.get(instance_id)
+        if sandbox is None:
+            raise LocalCloudError(f"CreateImage: {instance_id} has no running sandbox")
+        parents = [Path(p) for p in sandbox.spec.layers]
+        self.images.create(image_id, sandbox.upper, parents)
+        log.info("created image %s from %s", image_id, instance_id)
+
+    def deregister_image(self, image_id: str) -> None:
+        in_use = {Path(p) for s in self.sandboxes.values() for p in s.spec.layers}
+        self.images.delete(image_id, in_use)
+
+    def console_output(self, instance_id: str) -> str | None:
+        sandbox = self.sandboxes.get(instance_id)
+        if sandbox is None:
+            return self._last_console.get(instance_id)
+        return sandbox.console_output()
+
+    def interrupt(self, instance_id: str) -> dict[str, str]:
+        metadata = self.metadata.get(instance_id)
+        if metadata is None:
+            raise LocalCloudError(f"{instance_id} is not a running local-cloud instance")
+        metadata.interrupt()
+        assert metadata.spot_action is not None
+        return metadata.spot_action
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "instances": {
+                iid: {
+                    "address": f"{s.spec.address}:{s.spec.ssh_port}",
+                    "imds": f"http://{s.spec.address}:{self.settings.imds_port}",
+                    "pid": s.process.pid if s.process else None,
+                    "layers": len(s.spec.layers),
+                    "interrupted": self.metadata[iid].spot_action is not None
+                    if iid in self.metadata
+                    else False,
+                }
+                for iid, s in sorted(self.sandboxes.items())
+            },
+            "images": self.images.image_ids(),
+        }
+
+    def shutdown(self) -> None:
+        for instance_id in list(self.sandboxes):
+            try:
+                self.terminate(instance_id)
+            except LocalCloudError as exc:
+                log.error("%s", exc)
+        self._spawn.shutdown()
+        remove_tree(self.settings.sandboxes_dir)
+        remove_tree(self.settings.images_dir)

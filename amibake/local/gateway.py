@@ -1,0 +1,224 @@
+"""The layer in front of moto: passes every call through, and acts on the EC2 calls that need a
+real machine behind them.
+
+=====================  =========================================================================
+RunInstances           start a sandbox per instance; tag it with its SSH address
+CreateFleet            the same for the instances an ``instant`` fleet launched
+TerminateInstances     destroy the sandboxes (a reconcile loop catches every other way to die)
+CreateImage            copy the instance's filesystem layer into the image store
+DeregisterImage        drop the image's layer when nothing stacks on it
+GetConsoleOutput       the sandbox's real boot log, with its SSH host key fingerprints
+=====================  =========================================================================
+
+It also serves the local cloud's own admin calls under ``/_amibake/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import parse_qs
+
+from amibake.cloud.session import LOCAL_SSH_TAG
+from amibake.errors import AmibakeError
+from amibake.local.engine import Launch, LocalCloud
+
+log = logging.getLogger("amibake.local")
+
+WATCHED = {
+    "RunInstances",
+    "CreateFleet",
+    "TerminateInstances",
+    "CreateImage",
+    "DeregisterImage",
+    "GetConsoleOutput",
+}
+_CREDENTIAL = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
+_INSTANCE_ID = re.compile(r"<instanceId>(i-[0-9a-f]+)</instanceId>")
+_FLEET_INSTANCE = re.compile(r"<item>(i-[0-9a-f]+)</item>")
+_IMAGE_ID = re.compile(r"<imageId>(ami-[0-9a-f]+)</imageId>")
+_OUTPUT = re.compile(r"<output>.*?</output>", re.S)
+GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
+
+StartResponse = Callable[..., Any]
+
+
+def _decode_user_data(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    encoded = value.as_bytes() if hasattr(value, "as_bytes") else str(value).encode()
+    try:
+        return base64.b64decode(encoded)
+    except ValueError:
+        return encoded
+
+
+class Gateway:
+    def __init__(
+        self, app: Callable[..., Iterable[bytes]], cloud: LocalCloud, stop: threading.Event
+    ) -> None:
+        self.app = app
+        self.cloud = cloud
+        self.stop = stop
+        self._where: dict[str, tuple[str, str]] = {}  # instance id -> (account, region)
+
+    # --- WSGI -------------------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path.startswith("/_amibake/"):
+            return self._admin(path, environ, start_response)
+        scope = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
+        if scope is None or scope.group(3) != "ec2":
+            return self.app(environ, start_response)
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        params = {k: v[0] for k, v in parse_qs(body.decode(errors="replace")).items()}
+        action = params.get("Action", "")
+        if action not in WATCHED:
+            return self.app(environ, start_response)
+
+        captured: dict[str, Any] = {}
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            captured["status"], captured["headers"] = status, headers
+            return lambda data: None
+
+        response = b"".join(self.app(environ, capture))
+        if captured["status"].startswith("200"):
+            account = self._account(scope.group(1))
+            region = scope.group(2)
+            try:
+                response = self._after(action, params, response, account, region)
+            except AmibakeError as exc:
+                log.error("%s: %s", action, exc)
+        headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
+        headers.append(("Content-Length", str(len(response))))
+        start_response(captured["status"], headers)
+        return [response]
+
+    @staticmethod
+    def _account(access_key: str) -> str:
+        from moto.iam.models import get_account_id_from
+
+        return str(get_account_id_from(access_key))
+
+    @staticmethod
+    def _backend(account: str, region: str) -> Any:
+        from moto.ec2.models import ec2_backends
+
+        return ec2_backends[account][region]
+
+    # --- EC2 actions ------------------------------------------------------------------------
+
+    def _after(
+        self, action: str, params: dict[str, str], response: bytes, account: str, region: str
+    ) -> bytes:
+        text = response.decode()
+        backend = self._backend(account, region)
+        if action == "RunInstances":
+            for instance_id in _INSTANCE_ID.findall(text):
+                self._launch(backend, instance_id, account, region)
+        elif action == "CreateFleet":
+            for instance_id in set(_FLEET_INSTANCE.findall(text)):
+                self._launch(backend, instance_id, account, region)
+        elif action == "TerminateInstances":
+            for key, instance_id in params.items():
+                if key.startswith("InstanceId."):
+                    self.cloud.terminate(instance_id)
+        elif action == "CreateImage":
+            image = _IMAGE_ID.search(text)
+            if image:
+                self.cloud.create_image(params["InstanceId"], image.group(1))
+        elif action == "DeregisterImage":
+            self.cloud.deregister_image(params["ImageId"])
+        elif action == "GetConsoleOutput":
+            output = self.cloud.console_output(params["InstanceId"])
+            if output is not None:
+                encoded = base64.b64encode(output.encode()).decode()
+                text = _OUTPUT.sub(lambda _: f"<output>{encoded}</output>", text, count=1)
+                return text.encode()
+        return response
+
+    def _launch(self, backend: Any, instance_id: str, account: str, region: str) -> None:
+        instance = backend.get_instance(instance_id)
+        key_name = instance.key_name
+        user_data = instance.user_data
+        tags = {t["key"]: t["value"] for t in backend.describe_tags(
+            filters={"resource-id": [instance_id]}
+        )}
+        template_id = tags.get("aws:ec2launchtemplate:id")
+        if template_id:
+            # moto's CreateFleet drops most launch template fields from the instance; the
+            # template itself still has them.
+            version = backend.get_launch_template(template_id).get_version(
+                tags.get("aws:ec2launchtemplate:version", "$Default")
+            )
+            key_name = key_name or version.data.get("KeyName")
+            user_data = user_data or version.data.get("UserData")
+        public_key = ""
+        if key_name and key_name in backend.key_pairs:
+            public_key = backend.key_pairs[key_name].material_public.decode().strip()
+        image = backend.amis.get(instance.image_id)
+        request = Launch(
+            instance_id=instance_id,
+            image_id=instance.image_id,
+            instance_type=instance.instance_type,
+            availability_zone=instance.placement.zone or f"{region}a",
+            region=region,
+            architecture=getattr(image, "architecture", None) or "x86_64",
+            public_key=public_key,
+            user_data=_decode_user_data(user_data),
+        )
+        self._where[instance_id] = (account, region)
+        try:
+            endpoint = self.cloud.launch(request)
+        except AmibakeError as exc:
+            # As on EC2: the call succeeded, the instance then dies with a reason.
+            log.error("sandbox for %s failed: %s", instance_id, exc)
+            backend.create_tags([instance_id], {"amibake-local:error": str(exc)[:255]})
+            backend.terminate_instances([instance_id])
+            return
+        backend.create_tags([instance_id], {LOCAL_SSH_TAG: endpoint})
+
+    def reconcile(self) -> None:
+        """Destroy sandboxes whose instance died by any path (DeleteFleets, StopInstances...)."""
+        for instance_id in list(self.cloud.sandboxes):
+            account, region = self._where.get(instance_id, ("", ""))
+            try:
+                state = self._backend(account, region).get_instance(instance_id).state
+            except Exception:  # unknown to moto: the instance is gone
+                state = "terminated"
+            if state in GONE_STATES:
+                self.cloud.terminate(instance_id)
+
+    # --- admin ------------------------------------------------------------------------------
+
+    def _admin(
+        self, path: str, environ: dict[str, Any], start_response: StartResponse
+    ) -> Iterable[bytes]:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        payload = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+        code, body = "200 OK", {}
+        try:
+            if path == "/_amibake/status":
+                body = {"ok": True, **self.cloud.status()}
+            elif path == "/_amibake/interrupt":
+                body = {"instance-action": self.cloud.interrupt(payload["instance_id"])}
+            elif path == "/_amibake/shutdown":
+                self.stop.set()
+                body = {"ok": True}
+            else:
+                code, body = "404 Not Found", {"error": f"no admin call {path}"}
+        except AmibakeError as exc:
+            code, body = "400 Bad Request", {"error": str(exc)}
+        data = json.dumps(body).encode()
+        start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+        return [data]

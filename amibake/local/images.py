@@ -1,0 +1,63 @@
+"""The local cloud's image store: an AMI is a stack of overlay layers over the host's "/".
+
+CreateImage copies the instance's upper directory (everything the instance wrote) into a new
+layer and records the layers beneath it; launching the AMI mounts that stack read-only under the
+new instance's own upper directory. Nothing is copied at launch, so launching a baked AMI costs
+the same as launching a base one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+from amibake.errors import LocalCloudError
+from amibake.local.sandbox import remove_tree
+
+
+class ImageStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def layer(self, image_id: str) -> Path:
+        return self.root / image_id / "layer"
+
+    def layers(self, image_id: str) -> list[Path]:
+        """The image's layers, top first; empty for images this store did not make (base AMIs)."""
+        meta = self.root / image_id / "image.json"
+        if not meta.exists():
+            return []
+        return [Path(p) for p in json.loads(meta.read_text())["layers"]]
+
+    def create(self, image_id: str, instance_upper: Path, parent_layers: list[Path]) -> None:
+        target = self.layer(image_id)
+        target.mkdir(parents=True)
+        # cp -a keeps owners, modes, xattrs (overlay's opaque markers) and whiteout devices,
+        # which is what lets this directory serve as a layer of its own.
+        done = subprocess.run(
+            ["cp", "-a", f"{instance_upper}/.", str(target)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            remove_tree(self.root / image_id)
+            raise LocalCloudError(f"snapshot of {instance_upper} failed: {done.stderr.strip()}")
+        layers = [str(target), *map(str, parent_layers)]
+        (self.root / image_id / "image.json").write_text(json.dumps({"layers": layers}))
+
+    def delete(self, image_id: str, in_use: set[Path]) -> bool:
+        """Drop an image unless a running sandbox or another image still stacks on its layer."""
+        with self._lock:
+            layer = self.layer(image_id)
+            if layer in in_use:
+                return False
+            for other in self.root.iterdir():
+                if other.name != image_id and layer in self.layers(other.name):
+                    return False
+            remove_tree(self.root / image_id)
+            return True
+
+    def image_ids(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if (p / "image.json").exists())

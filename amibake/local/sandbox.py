@@ -1,0 +1,370 @@
+"""One local-cloud instance: a real sandbox with its own root filesystem and sshd.
+
+Shape of a sandbox (all under ``<local_dir>/sandboxes/<instance-id>/``)::
+
+    unshare --mount --uts --pid --fork --kill-child  <- the one process the daemon holds
+      └── sh init.sh                               <- PID 1 of the sandbox's PID namespace
+            ├── overlay: lower = image layers + host "/", upper = ./upper
+            ├── chroot: /proc, /dev, /sys, fresh tmpfs /run and /tmp
+            ├── boot: first-boot (cloud-init's user and host keys), oneshot units, user data
+            └── sshd -D on <address>:<port>
+
+Why a PID namespace: killing the ``unshare`` process makes the kernel kill every process in the
+sandbox (``--kill-child`` sends SIGKILL to PID 1, and the death of PID 1 takes the whole
+namespace), and with the last process gone the mount namespace and its mounts disappear. So
+teardown cannot leave a stray process or mount behind, even if the daemon itself is SIGKILLed
+(``PR_SET_PDEATHSIG`` on ``unshare`` covers that case).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from amibake.errors import EnvironmentProblem, LocalCloudError
+from amibake.local.boot import BootPlan
+
+SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd", "/sbin/sshd")
+DEFAULT_USER = "ec2-user"
+_PR_SET_PDEATHSIG = 1
+
+
+def find_sshd() -> str:
+    for path in SSHD_CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    raise EnvironmentProblem(
+        "sshd not found: the local cloud needs OpenSSH's server; run `make install` "
+        "(apt-get install openssh-server)"
+    )
+
+
+def check_host() -> None:
+    """Fail early, in one line, when the machine cannot run sandboxes."""
+    find_sshd()
+    for tool, package in (("unshare", "util-linux"), ("useradd", "passwd"), ("sudo", "sudo")):
+        if shutil.which(tool) is None:
+            raise EnvironmentProblem(
+                f"{tool} not found: the local cloud needs it; run `make install` "
+                f"(apt-get install {package})"
+            )
+    if os.geteuid() != 0:
+        probe = subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--mount", "true"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode != 0:
+            raise EnvironmentProblem(
+                "the local cloud needs root, or unprivileged user namespaces "
+                f"(unshare --user failed: {probe.stderr.strip() or probe.returncode}); "
+                "run as root or enable kernel.unprivileged_userns_clone"
+            )
+
+
+def port_free(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def _set_pdeathsig() -> None:
+    # Runs in the child between fork and exec: if the daemon dies, unshare gets SIGKILL, and
+    # --kill-child passes that on to the whole sandbox.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def host_key(directory: Path) -> tuple[str, str]:
+    """Generate a fresh ed25519 host key; return (public key line, SHA256 fingerprint)."""
+    key = directory / "ssh_host_ed25519_key"
+    for stale in (key, key.with_suffix(".pub")):
+        stale.unlink(missing_ok=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(key)],
+        check=True,
+        capture_output=True,
+    )
+    public = key.with_name(key.name + ".pub").read_text().strip()
+    blob = base64.b64decode(public.split()[1])
+    fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return public, fingerprint
+
+
+@dataclass
+class SandboxSpec:
+    instance_id: str
+    address: str
+    ssh_port: int
+    imds_port: int
+    layers: list[str]  # image layer directories, top first; the host "/" is always last
+    authorized_key: str
+    user_data: bytes | None = None
+    units: BootPlan = field(default_factory=BootPlan)
+
+
+class Sandbox:
+    """A running sandbox, owned by the daemon."""
+
+    def __init__(self, root: Path, spec: SandboxSpec, hidden: Path) -> None:
+        self.root = root
+        self.spec = spec
+        self.hidden = hidden  # the local cloud's own state: mounted over with an empty tmpfs
+        self.process: subprocess.Popen[bytes] | None = None
+        self.fingerprint = ""
+        self.public_host_key = ""
+
+    @property
+    def console_log(self) -> Path:
+        return self.root / "console.log"
+
+    @property
+    def upper(self) -> Path:
+        return self.root / "upper"
+
+    def start(self, spawn: SpawnFn, wait_s: float = 10.0) -> None:
+        spec = self.spec
+        for sub in ("upper", "work", "merged", "keys"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.public_host_key, self.fingerprint = host_key(self.root / "keys")
+        # cloud-init writes fresh host keys on an instance's first boot; so do we, straight into
+        # the instance's own layer, where a bake's hygiene step will find and remove them.
+        etc_ssh = self.upper / "etc" / "ssh"
+        etc_ssh.mkdir(parents=True, exist_ok=True)
+        for name in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+            shutil.copy2(self.root / "keys" / name, etc_ssh / name)
+        os.chmod(etc_ssh / "ssh_host_ed25519_key", 0o600)
+
+        (self.root / "hosts").write_text(
+            f"127.0.0.1 localhost\n{spec.address} {self.hostname}\n"
+            f"{spec.address} instance-data instance-data.ec2.internal\n"
+        )
+        (self.root / "sshd_config").write_text(self._sshd_config())
+        (self.root / "firstboot.sh").write_text(self._firstboot_script())
+        (self.root / "units.sh").write_text(spec.units.script())
+        if spec.user_data is not None:
+            (self.root / "user-data").write_bytes(spec.user_data)
+        init = self.root / "init.sh"
+        init.write_text(self._init_script())
+        (self.root / "spec.json").write_text(json.dumps(self._record(), indent=1))
+
+        with self.console_log.open("ab") as console:
+            console.write(self._console_header().encode())
+            console.flush()
+            command = ["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child=SIGKILL",
+                       "--propagation", "private"]
+            if os.geteuid() != 0:
+                command[1:1] = ["--user", "--map-root-user"]
+            self.process = spawn(command + ["/bin/sh", str(init)], console)
+        (self.root / "pid").write_text(str(self.process.pid))
+        self._wait_for_sshd(wait_s)
+
+    @property
+    def hostname(self) -> str:
+        return "ip-" + self.spec.address.replace(".", "-") + ".ec2.internal"
+
+    def _record(self) -> dict[str, object]:
+        record = asdict(self.spec)
+        record.pop("user_data")
+        record["units"] = self.spec.units.names
+        return record
+
+    def _wait_for_sshd(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise LocalCloudError(
+                    f"sandbox {self.spec.instance_id} exited during boot: "
+                    f"{self.console_tail()}"
+                )
+            try:
+                with socket.create_connection((self.spec.address, self.spec.ssh_port), 0.2):
+                    return
+            except OSError:
+                time.sleep(0.005)
+        raise LocalCloudError(
+            f"sandbox {self.spec.instance_id}: sshd did not listen on "
+            f"{self.spec.address}:{self.spec.ssh_port} within {wait_s:.0f}s: {self.console_tail()}"
+        )
+
+    def console_tail(self, lines: int = 3) -> str:
+        try:
+            text = self.console_log.read_text(errors="replace").strip().splitlines()
+        except FileNotFoundError:
+            return "(no console output)"
+        return " | ".join(text[-lines:])
+
+    def console_output(self) -> str:
+        try:
+            return self.console_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _console_header(self) -> str:
+        # The exact block cloud-init prints, which amibake's remote layer parses on AWS too.
+        return (
+            f"[    0.000000] amibake local cloud: booting {self.spec.instance_id}\n"
+            "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n"
+            f"256 {self.fingerprint} root@{self.hostname} (ED25519)\n"
+            "-----END SSH HOST KEY FINGERPRINTS-----\n"
+            "-----BEGIN SSH HOST KEY KEYS-----\n"
+            f"{self.public_host_key} root@{self.hostname}\n"
+            "-----END SSH HOST KEY KEYS-----\n"
+        )
+
+    def _sshd_config(self) -> str:
+        return (
+            f"ListenAddress {self.spec.address}:{self.spec.ssh_port}\n"
+            "HostKey /etc/ssh/ssh_host_ed25519_key\n"
+            "PidFile /run/sshd.pid\n"
+            "PermitRootLogin no\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "UsePAM no\n"
+            "UseDNS no\n"
+            "AuthorizedKeysFile .ssh/authorized_keys\n"
+            "AcceptEnv LANG LC_*\n"
+            "Subsystem sftp internal-sftp\n"
+            "MaxSessions 64\n"
+            "MaxStartups 64:30:128\n"
+        )
+
+    def _firstboot_script(self) -> str:
+        # What cloud-init does on Amazon Linux: the default user with passwordless sudo and the
+        # launch key pair in its authorized_keys.
+        key = shlex.quote(self.spec.authorized_key)
+        user = DEFAULT_USER
+        return f"""set -e
+id {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user}
+# '*' = no password but not locked: sshd refuses key logins to a locked ('!') account.
+usermod -p '*' {user}
+install -d -m 700 -o {user} -g {user} /home/{user}/.ssh
+printf '%s\\n' {key} > /home/{user}/.ssh/authorized_keys
+chown {user}:{user} /home/{user}/.ssh/authorized_keys
+chmod 600 /home/{user}/.ssh/authorized_keys
+install -d -m 750 /etc/sudoers.d
+printf '{user} ALL=(ALL) NOPASSWD:ALL\\n' > /etc/sudoers.d/90-cloud-init-users
+chmod 440 /etc/sudoers.d/90-cloud-init-users
+echo {self.hostname} > /etc/hostname
+"""
+
+    def _init_script(self) -> str:
+        spec = self.spec
+        q = shlex.quote
+        merged = self.root / "merged"
+        lowers = ":".join([*spec.layers, "/"])
+        user_data = ""
+        if spec.user_data is not None:
+            user_data = f"""
+install -D -m 700 {q(str(self.root / "user-data"))} "$M/var/lib/cloud/instance/user-data"
+echo "cloud-init: running user data"
+if chroot "$M" /var/lib/cloud/instance/user-data; then
+  echo "cloud-init: user data finished"
+else
+  echo "cloud-init: user data failed with exit code $?"
+fi"""
+        return f"""#!/bin/sh
+# PID 1 of sandbox {spec.instance_id}; generated by amibake.local.sandbox.
+set -eu
+M={q(str(merged))}
+hostname {q(self.hostname)}
+mount -t overlay overlay -o {q(f"lowerdir={lowers},upperdir={self.root}/upper,workdir={self.root}/work")} "$M"
+mount -t proc proc "$M/proc"
+mount --rbind /dev "$M/dev"
+mount -t tmpfs -o mode=1777 tmpfs "$M/dev/shm"
+mount --rbind /sys "$M/sys"
+mount -t tmpfs -o mode=755 tmpfs "$M/run"
+mount -t tmpfs -o mode=1777 tmpfs "$M/tmp"
+# Hide the local cloud's own state from the instance (already hidden if it lives in /tmp).
+if [ -d "$M"{q(str(self.hidden))} ]; then mount -t tmpfs -o mode=700,size=1m tmpfs "$M"{q(str(self.hidden))}; fi
+mount --bind {q(str(self.root / "hosts"))} "$M/etc/hosts"
+mkdir -p "$M/run/sshd" "$M/run/amibake" "$M/var/lib/cloud/instance"
+rm -f "$M/var/lib/cloud/instance/boot-finished"
+cp {q(str(self.root / "sshd_config"))} "$M/run/amibake/sshd_config"
+cp {q(str(self.root / "firstboot.sh"))} "$M/run/amibake/firstboot.sh"
+chroot "$M" /bin/sh /run/amibake/firstboot.sh
+set +e
+echo "systemd: starting enabled oneshot units"
+chroot "$M" /bin/sh -s < {q(str(self.root / "units.sh"))}
+chroot "$M" {find_sshd()} -D -e -f /run/amibake/sshd_config &
+{user_data}
+date -u +%s > "$M/var/lib/cloud/instance/boot-finished"
+echo "cloud-init: boot finished"
+wait
+"""
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Kill the sandbox and remove its directory; confirm nothing is left."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                raise LocalCloudError(
+                    f"sandbox {self.spec.instance_id} (pid {self.process.pid}) did not exit; "
+                    f"kill it by hand: kill -9 {self.process.pid}"
+                ) from None
+        remove_tree(self.root)
+
+
+def remove_tree(path: Path) -> None:
+    """rm -rf that also copes with overlay work directories (mode 000) and busy mounts."""
+    if not path.exists():
+        return
+    mounted = [
+        line.split()[1]
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if line.split()[1].startswith(str(path))
+    ]
+    for mount_point in sorted(mounted, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount_point], capture_output=True)
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        subprocess.run(["rm", "-rf", "--one-file-system", str(path)], capture_output=True)
+    if path.exists():
+        raise LocalCloudError(f"could not remove {path}; remove it by hand: rm -rf {path}")
+
+
+class SpawnFn:
+    """Starts sandbox processes from one long-lived thread.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so spawning from a
+    short-lived request thread would kill the sandbox as soon as the request ended.
+    """
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
+
+    def __call__(self, command: list[str], console: object) -> subprocess.Popen[bytes]:
+        def spawn() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=console,  # type: ignore[arg-type]
+                stderr=subprocess.STDOUT,
+                preexec_fn=_set_pdeathsig,
+                close_fds=True,
+            )
+
+        return self._thread.submit(spawn).result()
+
+    def shutdown(self) -> None:
+        self._thread.shutdown(wait=False)
