@@ -126,15 +126,18 @@ def parse_unit(name: str, text: str) -> Unit:
 
 def plan(layers: list[Path]) -> BootPlan:
     """Find the enabled oneshot units of an image's layers and order them."""
-    enabled: set[str] = set()
+    # The top-most layer that mentions a .wants entry decides: a whiteout there disables it.
+    decided: dict[str, bool] = {}
     for layer in layers:
         system = layer / "etc/systemd/system"
         if not system.is_dir():
             continue
         for wants in system.glob("*.wants"):
             for entry in wants.iterdir():
-                if entry.name.endswith(".service") and not _is_whiteout(entry):
-                    enabled.add(entry.name)
+                key = f"{wants.name}/{entry.name}"
+                if entry.name.endswith(".service") and key not in decided:
+                    decided[key] = not _is_whiteout(entry)
+    enabled = {key.split("/", 1)[1] for key, on in decided.items() if on}
     units: dict[str, Unit] = {}
     result = BootPlan()
     for name in sorted(enabled):

@@ -22,6 +22,7 @@ from amibake.config import Config
 from amibake.errors import AmibakeError, EnvironmentProblem, LocalCloudError
 from amibake.local.daemon import ERROR_FILE, INFO_FILE
 from amibake.local.engine import LocalSettings
+from amibake.local.images import LAUNCHER_NS_ENV
 from amibake.local.sandbox import check_host, port_free, remove_tree
 
 START_TIMEOUT_S = 60.0
@@ -103,13 +104,19 @@ def up(config: Config) -> Daemon:
         )
     log_path = settings.directory / "daemon.log"
     raw = {**asdict(settings), "directory": str(settings.directory)}
+    # The daemon gets a mount namespace of its own: the image store is a tmpfs mounted there,
+    # invisible to the host and gone with the daemon (see amibake.local.images).
+    isolate = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        isolate[1:1] = ["--user", "--map-root-user"]
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "amibake.local.daemon", "--settings", json.dumps(raw)],
+            [*isolate, sys.executable, "-m", "amibake.local.daemon", "--settings", json.dumps(raw)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C in the terminal must not reach the cloud
+            env={**os.environ, LAUNCHER_NS_ENV: os.readlink("/proc/self/ns/mnt")},
             close_fds=True,
         )
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -168,6 +175,7 @@ def down(config: Config, timeout_s: float = 60.0) -> list[str]:
         if _alive(daemon.pid):
             os.kill(daemon.pid, signal.SIGKILL)
             done.append(f"killed unresponsive daemon {daemon.pid}")
+        _reap(daemon.pid)
         done.append(f"stopped daemon {daemon.pid}")
     if directory.exists():
         done += _clean_leftovers(directory)
@@ -187,18 +195,46 @@ def _clean_leftovers(directory: Path) -> list[str]:
             os.kill(pid, signal.SIGKILL)
             done.append(f"killed stale daemon {pid}")
         info.unlink(missing_ok=True)
-    sandboxes = directory / "sandboxes"
-    for pid_file in sandboxes.glob("*/pid"):
-        pid = int(pid_file.read_text() or 0)
-        if pid and _alive(pid) and _cmdline(pid).startswith("unshare"):
+    for pid in sandbox_processes(directory):
+        try:
             os.kill(pid, signal.SIGKILL)
-            done.append(f"killed sandbox {pid_file.parent.name} (pid {pid})")
+            done.append(f"killed leftover sandbox process {pid}")
+        except ProcessLookupError:
+            pass
     for sub in ("sandboxes", "images"):
         path = directory / sub
         if path.exists() and any(path.iterdir()):
             done.append(f"removed {path}")
         remove_tree(path)
     return done
+
+
+def sandbox_processes(directory: Path) -> list[int]:
+    """Processes of sandboxes under a local cloud directory, whoever started them.
+
+    A sandbox's init and ``unshare`` name its directory on their command line; everything it runs
+    is chrooted into its ``merged`` directory, which ``/proc/PID/root`` shows.
+    """
+    marker = str(directory.resolve() / "sandboxes")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            root = os.readlink(proc / "root")
+        except OSError:
+            continue
+        if root.startswith(marker) or marker in _cmdline(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def _reap(pid: int) -> None:
+    """Collect the daemon's exit status when this process started it (no zombie left)."""
+    try:
+        os.waitpid(pid, 0 if not _alive(pid) else os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def _cmdline(pid: int) -> str:

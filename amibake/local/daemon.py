@@ -78,7 +78,7 @@ def serve(settings: LocalSettings) -> None:
     from amibake.local.gateway import Gateway
 
     cloud = LocalCloud(settings)
-    cloud.check_ports()
+    cloud.start()
     stop = threading.Event()
     gateway = Gateway(DomainDispatcherApplication(create_backend_app), cloud, stop)
     try:

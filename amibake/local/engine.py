@@ -73,6 +73,10 @@ class LocalCloud:
             for host in network.hosts():
                 yield str(host)
 
+    def start(self) -> None:
+        self.images.mount()
+        self.check_ports()
+
     def check_ports(self) -> None:
         """Fail at start-up, in one line, if the sandboxes' ports are taken for every address."""
         first = next(ipaddress.ip_network(self.settings.subnet).hosts())

@@ -4,11 +4,18 @@ CreateImage copies the instance's upper directory (everything the instance wrote
 layer and records the layers beneath it; launching the AMI mounts that stack read-only under the
 new instance's own upper directory. Nothing is copied at launch, so launching a baked AMI costs
 the same as launching a base one.
+
+The store is a tmpfs in the daemon's private mount namespace, for two reasons: overlayfs refuses a
+lower layer that sits inside another lower layer (-ELOOP, "overlapping lowerdir path"), and every
+path on the root filesystem sits inside "/", the bottom layer of every stack; and the images live
+exactly as long as moto's in-memory record of them. From the host, the store is readable at
+``/proc/<daemon pid>/root<store path>``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -16,12 +23,29 @@ from pathlib import Path
 from amibake.errors import LocalCloudError
 from amibake.local.sandbox import remove_tree
 
+# `amibake local up` names its own mount namespace here, so the daemon can check it has another.
+LAUNCHER_NS_ENV = "AMIBAKE_LAUNCHER_MNT_NS"
+
 
 class ImageStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+
+    def mount(self) -> None:
+        """Put the store on a tmpfs; only ever inside the daemon's own mount namespace."""
+        launcher = os.environ.get(LAUNCHER_NS_ENV, "")
+        if not launcher or os.readlink("/proc/self/ns/mnt") == launcher:
+            raise LocalCloudError(
+                "the local cloud daemon must run in a private mount namespace (start it with "
+                "`amibake local up`)"
+            )
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "mode=700", "amibake-images", str(self.root)],
+            check=True,
+            capture_output=True,
+        )
 
     def layer(self, image_id: str) -> Path:
         return self.root / image_id / "layer"

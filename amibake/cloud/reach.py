@@ -1,0 +1,72 @@
+"""From an instance id to a verified SSH connection: running, addressed, fingerprinted, open."""
+
+from __future__ import annotations
+
+import time
+from typing import IO
+
+import botocore.exceptions
+
+from amibake.cloud.session import Cloud
+from amibake.errors import CloudError, HostKeyMismatch, RemoteError
+from amibake.progress import Progress
+from amibake.remote import Remote, Sink, load_private_key, parse_fingerprints
+
+
+def describe(cloud: Cloud, instance_id: str) -> dict[str, object]:
+    """Describe one instance; a NotFound right after launch is EC2's eventual consistency."""
+    for attempt in range(8):
+        try:
+            found = cloud.ec2.describe_instances(InstanceIds=[instance_id])
+            return found["Reservations"][0]["Instances"][0]  # type: ignore[return-value]
+        except botocore.exceptions.ClientError as exc:
+            if exc.response["Error"]["Code"] != "InvalidInstanceID.NotFound" or attempt == 7:
+                raise CloudError(f"describe {instance_id}: {exc}") from exc
+            time.sleep(min(0.1 * 2**attempt, 3.0))
+    raise AssertionError("unreachable")
+
+
+def reach(
+    cloud: Cloud,
+    instance_id: str,
+    private_key_pem: str,
+    *,
+    timeout_s: float | None = None,
+    sink: Sink | None = None,
+    log: IO[str] | None = None,
+) -> Remote:
+    """Wait for the instance and return an open, host-key-verified connection to it."""
+    timeout_s = cloud.config.ssh_timeout_s if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    progress = Progress(f"waiting for SSH on {instance_id}")
+    key = load_private_key(private_key_pem)
+    delay = 0.02
+    last_problem = "not started"
+    while time.monotonic() < deadline:
+        instance = describe(cloud, instance_id)
+        state = instance["State"]["Name"]  # type: ignore[index]
+        if state in ("shutting-down", "terminated", "stopping", "stopped"):
+            reason = instance.get("StateReason", {}).get("Message", "")  # type: ignore[attr-defined]
+            raise CloudError(f"{instance_id} is {state} before SSH was reachable {reason}".strip())
+        if state == "running":
+            try:
+                host, port = cloud.ssh_endpoint(instance)
+                output = cloud.ec2.get_console_output(InstanceId=instance_id).get("Output", "")
+                fingerprints = parse_fingerprints(output or "")
+                if not fingerprints:
+                    last_problem = "no host key fingerprints in the console output yet"
+                else:
+                    remote = Remote(host, port, cloud.config.ssh_user, key, fingerprints, sink, log)
+                    remote.open()
+                    progress.done("connected")
+                    return remote
+            except HostKeyMismatch:
+                raise
+            except (CloudError, RemoteError) as exc:
+                last_problem = str(exc)
+        else:
+            last_problem = f"state {state}"
+        progress.tick(last_problem)
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    raise RemoteError(f"{instance_id}: SSH not reachable within {timeout_s:.0f}s: {last_problem}")

@@ -1,0 +1,45 @@
+"""Shared fixtures. The tests run against a local cloud of their own (own directory, port and
+loopback range), so they never touch a developer's running local cloud."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from amibake import config
+from amibake.cloud import Cloud, connect
+from amibake.local import control
+from tests.helpers import leftovers
+
+TEST_PORT = 5178
+TEST_SUBNET = "127.78.0.0/16"
+
+
+@pytest.fixture(scope="session")
+def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("local-cloud")
+
+
+@pytest.fixture(scope="session")
+def local_env(local_dir: Path) -> Iterator[dict[str, str]]:
+    env = {
+        "AMIBAKE_CLOUD": "local",
+        "AMIBAKE_LOCAL_DIR": str(local_dir),
+        "AMIBAKE_LOCAL_PORT": str(TEST_PORT),
+        "AMIBAKE_LOCAL_SUBNET": TEST_SUBNET,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        yield env
+
+
+@pytest.fixture(scope="session")
+def cloud(local_env: dict[str, str], local_dir: Path) -> Iterator[Cloud]:
+    cfg = config.load()
+    yield connect(cfg)
+    control.down(cfg)
+    left = leftovers(local_dir)
+    assert not left, f"the test session's local cloud left: {left}"

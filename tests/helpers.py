@@ -1,0 +1,78 @@
+"""Test helpers: launching on the local cloud, and an independent look for leftovers."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from amibake.cloud import Cloud
+from amibake.cloud.reach import reach
+from amibake.remote import Remote
+
+BASE_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
+
+
+def base_ami(cloud: Cloud) -> str:
+    return cloud.ssm.get_parameter(Name=BASE_AMI_PARAMETER)["Parameter"]["Value"]
+
+
+def launch(
+    cloud: Cloud, *, image_id: str | None = None, user_data: str | None = None
+) -> tuple[str, str]:
+    """Launch one instance with a fresh key pair; return (instance id, private key PEM)."""
+    key = cloud.ec2.create_key_pair(KeyName=f"test-{uuid.uuid4().hex[:8]}", KeyType="ed25519")
+    extra: dict[str, Any] = {"UserData": user_data} if user_data else {}
+    reservation = cloud.ec2.run_instances(
+        ImageId=image_id or base_ami(cloud),
+        InstanceType="c7i.large",
+        MinCount=1,
+        MaxCount=1,
+        KeyName=key["KeyName"],
+        MetadataOptions={"HttpTokens": "required"},
+        **extra,
+    )
+    return reservation["Instances"][0]["InstanceId"], key["KeyMaterial"]
+
+
+def launch_and_reach(cloud: Cloud, **kw: Any) -> tuple[str, Remote]:
+    instance_id, pem = launch(cloud, **kw)
+    return instance_id, reach(cloud, instance_id, pem, timeout_s=30)
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Processes, mounts and sandbox directories of a local cloud that should be gone.
+
+    Written independently of amibake.local's own cleanup, so it can catch that code missing one.
+    """
+    found: list[str] = []
+    marker = str(directory.resolve() / "sandboxes")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            root = os.readlink(proc / "root")
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if root.startswith(marker) or marker in cmdline:
+            found.append(f"process {proc.name}: {cmdline[:80]}")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        if str(directory.resolve()) in line:
+            found.append(f"mount {line}")
+    sandboxes = directory / "sandboxes"
+    if sandboxes.exists():
+        found += [f"directory {p}" for p in sandboxes.iterdir()]
+    return found
+
+
+def wait_until_clean(directory: Path, timeout_s: float = 5.0) -> list[str]:
+    """Leftovers after giving asynchronous teardown (the reconcile loop) a moment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = leftovers(directory)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)

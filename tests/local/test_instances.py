@@ -1,0 +1,89 @@
+"""A local-cloud instance is a real machine to SSH into, isolated from the host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amibake.cloud import Cloud
+from amibake.cloud.reach import reach
+from amibake.errors import HostKeyMismatch
+from amibake.remote import Remote, load_private_key, parse_fingerprints
+from tests.helpers import launch, launch_and_reach, wait_until_clean
+
+
+def test_ssh_with_a_host_key_verified_from_console_output(cloud: Cloud) -> None:
+    instance_id, remote = launch_and_reach(cloud)
+    with remote:
+        result = remote.run("id -un; hostname", stream=False)
+    assert result.stdout.split() == ["ec2-user", "ip-" + remote.connection.host.replace(".", "-")
+                                     + ".ec2.internal"]
+    console = cloud.ec2.get_console_output(InstanceId=instance_id)["Output"]
+    assert len(parse_fingerprints(console)) == 1
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+
+
+def test_writes_inside_do_not_reach_the_host_and_tmpfs_mounts_work(cloud: Cloud) -> None:
+    instance_id, remote = launch_and_reach(cloud)
+    marker = f"written-by-{instance_id}"
+    with remote:
+        remote.script(
+            f"""
+            mkdir -p /shared /usr/local/data
+            mount -t tmpfs -o size=16m tmpfs /shared
+            echo {marker} > /shared/probe
+            echo {marker} > /usr/local/data/probe
+            findmnt -n -o FSTYPE /shared
+            cat /usr/local/data/probe
+            """
+        )
+        fstype, content = remote.run("findmnt -n -o FSTYPE /shared; cat /usr/local/data/probe",
+                                     stream=False).stdout.split()
+    assert (fstype, content) == ("tmpfs", marker)
+    host_probe = Path("/usr/local/data/probe")
+    assert not host_probe.exists() or marker not in host_probe.read_text()
+    assert not Path("/shared/probe").exists()
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+
+
+def test_a_host_key_not_in_the_console_output_is_refused(cloud: Cloud) -> None:
+    instance_id, pem = launch(cloud)
+    remote_ok = reach(cloud, instance_id, pem, timeout_s=30)
+    host, port = remote_ok.connection.host, remote_ok.connection.port
+    remote_ok.close()
+    forged = {"SHA256:" + "A" * 43}
+    impostor = Remote(host, port, "ec2-user", load_private_key(pem), forged)
+    with pytest.raises(HostKeyMismatch, match="not among the fingerprints"):
+        impostor.open()
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+
+
+def test_user_data_runs_as_root_at_boot(cloud: Cloud) -> None:
+    instance_id, remote = launch_and_reach(
+        cloud, user_data="#!/bin/bash\nid -u > /var/tmp/user-data-ran-as\n"
+    )
+    with remote:
+        remote.run("while [ ! -e /var/lib/cloud/instance/boot-finished ]; do sleep 0.05; done")
+        assert remote.run("cat /var/tmp/user-data-ran-as", stream=False).stdout.strip() == "0"
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+
+
+def test_terminate_leaves_no_process_mount_or_directory(cloud: Cloud, local_dir: Path) -> None:
+    instance_id, remote = launch_and_reach(cloud)
+    with remote:
+        # A process started over SSH that would outlive a naive teardown.
+        remote.run("nohup sleep 600 >/dev/null 2>&1 &")
+    sandbox = local_dir / "sandboxes" / instance_id
+    assert sandbox.exists()
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+    assert not sandbox.exists()
+    assert wait_until_clean(local_dir) == []
+
+
+def test_instances_die_with_their_fleet_or_stop(cloud: Cloud, local_dir: Path) -> None:
+    """Terminate is not the only way to lose an instance; the reconcile loop catches the rest."""
+    instance_id, _ = launch(cloud)
+    cloud.ec2.stop_instances(InstanceIds=[instance_id])
+    assert wait_until_clean(local_dir) == []
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])

@@ -1,0 +1,118 @@
+"""`amibake local up | status | down`, including after a crash, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from amibake import config
+from amibake.cli import main
+from amibake.cloud import connect
+from amibake.local import control, sandbox
+from tests.helpers import launch_and_reach, leftovers
+
+
+@pytest.fixture
+def own_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A second, throw-away local cloud, for tests that stop or crash it."""
+    directory = tmp_path / "cloud"
+    monkeypatch.setenv("AMIBAKE_CLOUD", "local")
+    monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(directory))
+    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", "5179")
+    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", "127.79.0.0/16")
+    yield directory
+    control.down(config.load())
+
+
+def test_up_status_down(own_cloud: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["local", "status"]) == 3
+    assert capsys.readouterr().out.strip() == "local cloud is not running"
+    assert main(["local", "up", "--json"]) == 0
+    up = json.loads(capsys.readouterr().out)
+    assert main(["local", "up", "--json"]) == 0  # already running: the same daemon
+    assert json.loads(capsys.readouterr().out) == up
+    instance_id, remote = launch_and_reach(connect(config.load()))
+    remote.close()
+    assert main(["local", "status", "--json"]) == 0
+    assert instance_id in json.loads(capsys.readouterr().out)["instances"]
+    assert main(["local", "down"]) == 0
+    assert leftovers(own_cloud) == []
+    assert not (own_cloud / "daemon.json").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(up["pid"], 0)
+
+
+def test_down_after_the_daemon_was_killed_leaves_nothing(own_cloud: Path) -> None:
+    cloud = connect(config.load())
+    instance_id, remote = launch_and_reach(cloud)
+    with remote:
+        remote.run("nohup sleep 600 >/dev/null 2>&1 &")
+    daemon = control.find(cloud.config)
+    assert daemon is not None
+    os.kill(daemon.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert main(["local", "down"]) == 0
+    assert leftovers(own_cloud) == []
+    assert not (own_cloud / "sandboxes").exists()
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_unknown_cloud_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["local", "status", "--cloud", "azure"]) == 2
+    assert "cloud must be one of aws, local, got 'azure'" in _one_line_error(capsys)
+
+
+def test_config_problems_are_reported_together(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", "seventy")
+    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", "10.0.0.0/8")
+    assert main(["local", "up", "--cloud", "moon"]) == 2
+    err = _one_line_error(capsys)
+    assert "AMIBAKE_LOCAL_PORT: local_port must be int" in err
+    assert "--cloud" not in err or "moon" in err
+
+
+def test_missing_sshd_is_a_one_line_error(
+    own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sandbox, "SSHD_CANDIDATES", ("/nonexistent/sshd",))
+    assert main(["local", "up"]) == 2
+    assert "sshd not found" in _one_line_error(capsys)
+    assert not (own_cloud / "daemon.json").exists()
+
+
+def test_control_port_in_use_is_a_one_line_error(
+    own_cloud: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 5179))
+        squatter.listen()
+        assert main(["local", "up"]) == 2
+    assert "port 5179 on 127.0.0.1 is already in use" in _one_line_error(capsys)
+
+
+def test_sandbox_ssh_port_in_use_is_a_one_line_error(
+    own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AMIBAKE_LOCAL_SSH_PORT", "2200")
+    with socket.socket() as squatter:
+        squatter.bind(("127.79.0.1", 2200))
+        squatter.listen()
+        assert main(["local", "up"]) == 2
+    err = _one_line_error(capsys)
+    assert "ssh port 2200 on 127.79.0.1 is already in use" in err
+    assert "AMIBAKE_LOCAL_SSH_PORT" in err

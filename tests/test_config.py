@@ -1,0 +1,51 @@
+"""Config layers: defaults < amibake.toml < AMIBAKE_* environment < flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amibake import config
+from amibake.errors import ConfigError
+
+
+def test_layers_override_in_order(tmp_path: Path) -> None:
+    toml = tmp_path / "amibake.toml"
+    toml.write_text('region = "eu-west-1"\nsize = "xlarge"\nrecipe = "zstd"\n')
+    env = {"AMIBAKE_SIZE": "2xlarge", "AMIBAKE_RECIPE": "kernels"}
+    cfg = config.load({"recipe": "custom"}, toml_path=toml, environ=env)
+    assert (cfg.region, cfg.size, cfg.recipe) == ("eu-west-1", "2xlarge", "custom")
+    assert cfg.cloud == "aws"  # default survives
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    toml = tmp_path / "amibake.toml"
+    toml.write_text('colud = "local"\nmax_attempts = "many"\n')
+    with pytest.raises(ConfigError) as caught:
+        config.load({"spot": "perhaps"}, toml_path=toml, environ={"AMIBAKE_LOCAL_PORT": "x"})
+    problems = caught.value.problems
+    assert len(problems) == 4, problems
+    assert any("unknown setting 'colud'" in p for p in problems)
+    assert any("AMIBAKE_LOCAL_PORT" in p for p in problems)
+    assert any("--spot" in p for p in problems)
+
+
+def test_semantic_validation(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config.load(
+            {"cloud": "gcp", "local_subnet": "10.0.0.0/8", "local_port": 70000},
+            toml_path=tmp_path / "none.toml",
+            environ={},
+        )
+    text = str(caught.value)
+    assert "cloud must be one of aws, local" in text
+    assert "local_subnet must be a loopback network" in text
+    assert "local_port must be a TCP port" in text
+
+
+def test_toml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    toml = tmp_path / "amibake.toml"
+    toml.write_text('region = "us-east-1"\nsize = \n')
+    with pytest.raises(ConfigError, match=r"amibake.toml: .*line 2"):
+        config.load(toml_path=toml, environ={})
