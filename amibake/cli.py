@@ -65,8 +65,11 @@ def _local(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if args.local_command == "up":
         daemon = control.up(cfg)
-        _print(args, {"pid": daemon.pid, "endpoint": daemon.endpoint},
-               lambda r: f"local cloud running at {r['endpoint']} (pid {r['pid']})")
+        _print(
+            args,
+            {"pid": daemon.pid, "endpoint": daemon.endpoint},
+            lambda r: f"local cloud running at {r['endpoint']} (pid {r['pid']})",
+        )
     elif args.local_command == "status":
         state = control.status(cfg)
         if state is None:
@@ -78,7 +81,11 @@ def _local(args: argparse.Namespace) -> int:
         _print(args, done, lambda r: "\n".join(r) if r else "local cloud was not running")
     elif args.local_command == "interrupt":
         notice = control.interrupt(cfg, args.instance_id)
-        _print(args, notice, lambda r: f"{args.instance_id}: spot/instance-action {r['instance-action']}")
+        _print(
+            args,
+            notice,
+            lambda r: f"{args.instance_id}: spot/instance-action {r['instance-action']}",
+        )
     return 0
 
 

@@ -75,7 +75,7 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
             raise ValueError
         if kind == "Path":
             return Path(str(value)).expanduser()
-        if value is None or kind == "str | None" and value == "":
+        if value is None or (kind == "str | None" and value == ""):
             return None
         return str(value)
     except (TypeError, ValueError):
@@ -100,7 +100,8 @@ def _validate(cfg: Config, problems: list[str]) -> None:
 
     try:
         net = ip_network(cfg.local_subnet)
-        if not net.subnet_of(ip_network("127.0.0.0/8")) or net.num_addresses < 4:
+        loopback = ip_network("127.0.0.0/8")
+        if net.version != 4 or not net.subnet_of(loopback) or net.num_addresses < 4:  # type: ignore[arg-type]
             raise ValueError
     except (ValueError, TypeError):
         problems.append(

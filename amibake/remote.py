@@ -57,7 +57,9 @@ class FingerprintPolicy(paramiko.MissingHostKeyPolicy):
     def __init__(self, allowed: set[str]) -> None:
         self.allowed = allowed
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         seen = fingerprint(key)
         if seen not in self.allowed:
             raise HostKeyMismatch(
@@ -166,7 +168,9 @@ class Remote:
             out, err = self._collect(channel, stream, timeout_s)
             code = channel.recv_exit_status()
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise RemoteError(f"{self.name}: connection lost while running {command!r}: {exc}") from exc
+            raise RemoteError(
+                f"{self.name}: connection lost while running {command!r}: {exc}"
+            ) from exc
         if code == -1:
             raise RemoteError(f"{self.name}: connection lost while running {command!r}")
         result = Result(command, code, out, err)
@@ -192,8 +196,10 @@ class Remote:
                 got = True
                 if stream:
                     self._emit(chunk.decode(errors="replace"))
-            if channel.exit_status_ready() and not channel.recv_ready() and not (
-                channel.recv_stderr_ready()
+            if (
+                channel.exit_status_ready()
+                and not channel.recv_ready()
+                and not (channel.recv_stderr_ready())
             ):
                 break
             if channel.closed and not got:
@@ -234,6 +240,8 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> None:
                 return
         except OSError as exc:
             if time.monotonic() + delay > deadline:
-                raise RemoteError(f"{host}:{port} did not accept SSH within {timeout_s:.0f}s: {exc}") from exc
+                raise RemoteError(
+                    f"{host}:{port} did not accept SSH within {timeout_s:.0f}s: {exc}"
+                ) from exc
             time.sleep(delay)
             delay = min(delay * 2, 2.0)

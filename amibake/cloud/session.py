@@ -7,7 +7,7 @@ cloud accepts any) and the SSH address lookup differ.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import boto3
 import botocore.config
@@ -41,10 +41,11 @@ class Cloud:
                 service,  # type: ignore[call-overload]
                 endpoint_url=self.endpoint_url,
                 config=botocore.config.Config(
-                    retries={
-                        "mode": self.config.retry_mode,
-                        "max_attempts": self.config.max_attempts,
-                    },
+                    # mode is validated by config (standard or adaptive)
+                    retries=cast(
+                        Any,
+                        {"mode": self.config.retry_mode, "max_attempts": self.config.max_attempts},
+                    ),
                     connect_timeout=10,
                     read_timeout=120,
                 ),

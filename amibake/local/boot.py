@@ -62,7 +62,7 @@ class BootPlan:
             ok = f"systemd: Finished {unit.name}."
             failed = f"systemd: Failed to start {unit.name}."
             lines.append(
-                f'if [ $? -eq 0 ]; then echo {shlex.quote(ok)}; else echo {shlex.quote(failed)}; fi'
+                f"if [ $? -eq 0 ]; then echo {shlex.quote(ok)}; else echo {shlex.quote(failed)}; fi"
             )
         return "\n".join(lines) + "\n"
 

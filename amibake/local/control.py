@@ -6,6 +6,7 @@ treated as "not running", and whatever the dead daemon left is cleaned before a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -128,7 +129,9 @@ def up(config: Config) -> Daemon:
             return daemon
         time.sleep(0.05)
     process.kill()
-    raise LocalCloudError(f"the local cloud did not start within {START_TIMEOUT_S:.0f}s; see {log_path}")
+    raise LocalCloudError(
+        f"the local cloud did not start within {START_TIMEOUT_S:.0f}s; see {log_path}"
+    )
 
 
 def _raise_startup_error(directory: Path, log_path: Path, code: int) -> None:
@@ -138,7 +141,8 @@ def _raise_startup_error(directory: Path, log_path: Path, code: int) -> None:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
         raise LocalCloudError(f"the local cloud exited with code {code}: {tail[0]}") from None
     failure: AmibakeError = (
-        EnvironmentProblem(error["message"]) if error["exit_code"] == 2
+        EnvironmentProblem(error["message"])
+        if error["exit_code"] == 2
         else LocalCloudError(error["message"])
     )
     raise failure
@@ -152,7 +156,11 @@ def status(config: Config) -> dict[str, Any] | None:
     daemon = find(config)
     if daemon is None:
         return None
-    return {"pid": daemon.pid, "endpoint": daemon.endpoint, **_call(daemon.endpoint, "/_amibake/status")}
+    return {
+        "pid": daemon.pid,
+        "endpoint": daemon.endpoint,
+        **_call(daemon.endpoint, "/_amibake/status"),
+    }
 
 
 def interrupt(config: Config, instance_id: str) -> dict[str, Any]:
@@ -231,10 +239,8 @@ def sandbox_processes(directory: Path) -> list[int]:
 
 def _reap(pid: int) -> None:
     """Collect the daemon's exit status when this process started it (no zombie left)."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0 if not _alive(pid) else os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _cmdline(pid: int) -> str:

@@ -40,13 +40,15 @@ def _base_images() -> list[dict[str, Any]]:
     images: dict[str, dict[str, Any]] = {}
     for region in REGIONS:
         tree = load_resource(f"ssm/resources/ecs/optimized_amis/{region}.json")
-        catalog = {a["ami_id"]: a for a in load_resource(f"ec2/resources/ecs/optimized_amis/{region}.json")}
+        catalog = {
+            a["ami_id"]: a for a in load_resource(f"ec2/resources/ecs/optimized_amis/{region}.json")
+        }
         for parameter in BASE_IMAGE_PARAMETERS:
             node: Any = tree
             for part in parameter.strip("/").split("/"):
                 node = node.get(part, {}) if isinstance(node, dict) else {}
             ami_id = node.get("Value") if isinstance(node, dict) else None
-            if ami_id in catalog:
+            if isinstance(ami_id, str) and ami_id in catalog:
                 images[ami_id] = catalog[ami_id]
     return list(images.values())
 

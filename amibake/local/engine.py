@@ -134,7 +134,9 @@ class LocalCloud:
                 self._imds[request.instance_id] = IMDSServer(metadata, self.settings.imds_port)
             except OSError as exc:
                 self.terminate(request.instance_id)
-                raise LocalCloudError(f"IMDS for {request.instance_id} on {address}: {exc}") from exc
+                raise LocalCloudError(
+                    f"IMDS for {request.instance_id} on {address}: {exc}"
+                ) from exc
         try:
             sandbox.start(self._spawn)
         except Exception:

@@ -151,9 +151,10 @@ class Gateway:
         instance = backend.get_instance(instance_id)
         key_name = instance.key_name
         user_data = instance.user_data
-        tags = {t["key"]: t["value"] for t in backend.describe_tags(
-            filters={"resource-id": [instance_id]}
-        )}
+        tags = {
+            t["key"]: t["value"]
+            for t in backend.describe_tags(filters={"resource-id": [instance_id]})
+        }
         template_id = tags.get("aws:ec2launchtemplate:id")
         if template_id:
             # moto's CreateFleet drops most launch template fields from the instance; the
@@ -220,5 +221,7 @@ class Gateway:
         except AmibakeError as exc:
             code, body = "400 Bad Request", {"error": str(exc)}
         data = json.dumps(body).encode()
-        start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+        start_response(
+            code, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+        )
         return [data]

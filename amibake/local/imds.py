@@ -70,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: IMDSServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _send(self, code: int, body: str = "") -> None:

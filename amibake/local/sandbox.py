@@ -31,6 +31,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
 from amibake.errors import EnvironmentProblem, LocalCloudError
 from amibake.local.boot import BootPlan
@@ -166,11 +167,19 @@ class Sandbox:
         with self.console_log.open("ab") as console:
             console.write(self._console_header().encode())
             console.flush()
-            command = ["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child=SIGKILL",
-                       "--propagation", "private"]
+            command = [
+                "unshare",
+                "--mount",
+                "--uts",
+                "--pid",
+                "--fork",
+                "--kill-child=SIGKILL",
+                "--propagation",
+                "private",
+            ]
             if os.geteuid() != 0:
                 command[1:1] = ["--user", "--map-root-user"]
-            self.process = spawn(command + ["/bin/sh", str(init)], console)
+            self.process = spawn([*command, "/bin/sh", str(init)], console)
         (self.root / "pid").write_text(str(self.process.pid))
         self._wait_for_sshd(wait_s)
 
@@ -190,8 +199,7 @@ class Sandbox:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise LocalCloudError(
-                    f"sandbox {self.spec.instance_id} exited during boot: "
-                    f"{self.console_tail()}"
+                    f"sandbox {self.spec.instance_id} exited during boot: {self.console_tail()}"
                 )
             try:
                 with socket.create_connection((self.spec.address, self.spec.ssh_port), 0.2):
@@ -269,6 +277,7 @@ echo {self.hostname} > /etc/hostname
         q = shlex.quote
         merged = self.root / "merged"
         lowers = ":".join([*spec.layers, "/"])
+        overlay_options = f"lowerdir={lowers},upperdir={self.root}/upper,workdir={self.root}/work"
         user_data = ""
         if spec.user_data is not None:
             user_data = f"""
@@ -284,7 +293,7 @@ fi"""
 set -eu
 M={q(str(merged))}
 hostname {q(self.hostname)}
-mount -t overlay overlay -o {q(f"lowerdir={lowers},upperdir={self.root}/upper,workdir={self.root}/work")} "$M"
+mount -t overlay overlay -o {q(overlay_options)} "$M"
 mount -t proc proc "$M/proc"
 mount --rbind /dev "$M/dev"
 mount -t tmpfs -o mode=1777 tmpfs "$M/dev/shm"
@@ -292,7 +301,8 @@ mount --rbind /sys "$M/sys"
 mount -t tmpfs -o mode=755 tmpfs "$M/run"
 mount -t tmpfs -o mode=1777 tmpfs "$M/tmp"
 # Hide the local cloud's own state from the instance (already hidden if it lives in /tmp).
-if [ -d "$M"{q(str(self.hidden))} ]; then mount -t tmpfs -o mode=700,size=1m tmpfs "$M"{q(str(self.hidden))}; fi
+H="$M"{q(str(self.hidden))}
+if [ -d "$H" ]; then mount -t tmpfs -o mode=700,size=1m tmpfs "$H"; fi
 mount --bind {q(str(self.root / "hosts"))} "$M/etc/hosts"
 mkdir -p "$M/run/sshd" "$M/run/amibake" "$M/var/lib/cloud/instance"
 rm -f "$M/var/lib/cloud/instance/boot-finished"
@@ -353,12 +363,12 @@ class SpawnFn:
 
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
 
-    def __call__(self, command: list[str], console: object) -> subprocess.Popen[bytes]:
+    def __call__(self, command: list[str], console: IO[bytes]) -> subprocess.Popen[bytes]:
         def spawn() -> subprocess.Popen[bytes]:
             return subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
-                stdout=console,  # type: ignore[arg-type]
+                stdout=console,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_set_pdeathsig,
                 close_fds=True,

@@ -20,8 +20,12 @@ def _unit(layer: Path, name: str, body: str, enabled: bool = True) -> None:
 
 def test_order_follows_after_and_before_across_layers(tmp_path: Path) -> None:
     lower, upper = tmp_path / "lower", tmp_path / "upper"
-    _unit(lower, "c.service", "[Unit]\nAfter=b.service\n[Service]\nType=oneshot\nExecStart=/bin/c\n")
-    _unit(upper, "a.service", "[Unit]\nBefore=b.service\n[Service]\nType=oneshot\nExecStart=/bin/a\n")
+    _unit(
+        lower, "c.service", "[Unit]\nAfter=b.service\n[Service]\nType=oneshot\nExecStart=/bin/c\n"
+    )
+    _unit(
+        upper, "a.service", "[Unit]\nBefore=b.service\n[Service]\nType=oneshot\nExecStart=/bin/a\n"
+    )
     _unit(upper, "b.service", "[Service]\nType=oneshot\nExecStart=-/bin/b\nExecStartPre=/bin/pre\n")
     _unit(upper, "d.service", "[Service]\nType=simple\nExecStart=/bin/d\n")
     _unit(upper, "e.service", "[Service]\nType=oneshot\nExecStart=/bin/e\n", enabled=False)

@@ -32,12 +32,12 @@ def test_no_token_no_answer(cloud: Cloud) -> None:
             stream=False,
         ).stdout
         with_token = remote.run(
-            f"{TOKEN}; curl -sf -H \"X-aws-ec2-metadata-token: $TOKEN\" "
+            f'{TOKEN}; curl -sf -H "X-aws-ec2-metadata-token: $TOKEN" '
             f"{IMDS}/latest/meta-data/instance-id",
             stream=False,
         ).stdout
         instance_type = remote.run(
-            f"{TOKEN}; curl -sf -H \"X-aws-ec2-metadata-token: $TOKEN\" "
+            f'{TOKEN}; curl -sf -H "X-aws-ec2-metadata-token: $TOKEN" '
             f"{IMDS}/latest/meta-data/instance-type",
             stream=False,
         ).stdout
@@ -56,7 +56,7 @@ def test_interruption_notice_appears_after_local_interrupt(
         assert main(["local", "interrupt", instance_id, "--json"]) == 0
         notice = json.loads(capsys.readouterr().out)["instance-action"]
         after = remote.run(
-            f"{TOKEN}; curl -sf -H \"X-aws-ec2-metadata-token: $TOKEN\" "
+            f'{TOKEN}; curl -sf -H "X-aws-ec2-metadata-token: $TOKEN" '
             f"{IMDS}/latest/meta-data/spot/instance-action",
             stream=False,
         ).stdout

@@ -17,8 +17,10 @@ def test_ssh_with_a_host_key_verified_from_console_output(cloud: Cloud) -> None:
     instance_id, remote = launch_and_reach(cloud)
     with remote:
         result = remote.run("id -un; hostname", stream=False)
-    assert result.stdout.split() == ["ec2-user", "ip-" + remote.connection.host.replace(".", "-")
-                                     + ".ec2.internal"]
+    assert result.stdout.split() == [
+        "ec2-user",
+        "ip-" + remote.connection.host.replace(".", "-") + ".ec2.internal",
+    ]
     console = cloud.ec2.get_console_output(InstanceId=instance_id)["Output"]
     assert len(parse_fingerprints(console)) == 1
     cloud.ec2.terminate_instances(InstanceIds=[instance_id])
@@ -38,8 +40,9 @@ def test_writes_inside_do_not_reach_the_host_and_tmpfs_mounts_work(cloud: Cloud)
             cat /usr/local/data/probe
             """
         )
-        fstype, content = remote.run("findmnt -n -o FSTYPE /shared; cat /usr/local/data/probe",
-                                     stream=False).stdout.split()
+        fstype, content = remote.run(
+            "findmnt -n -o FSTYPE /shared; cat /usr/local/data/probe", stream=False
+        ).stdout.split()
     assert (fstype, content) == ("tmpfs", marker)
     host_probe = Path("/usr/local/data/probe")
     assert not host_probe.exists() or marker not in host_probe.read_text()

@@ -51,7 +51,7 @@ def test_up_status_down(own_cloud: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_down_after_the_daemon_was_killed_leaves_nothing(own_cloud: Path) -> None:
     cloud = connect(config.load())
-    instance_id, remote = launch_and_reach(cloud)
+    _instance_id, remote = launch_and_reach(cloud)
     with remote:
         remote.run("nohup sleep 600 >/dev/null 2>&1 &")
     daemon = control.find(cloud.config)

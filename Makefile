@@ -1,0 +1,53 @@
+# amibake / fleet. `make test` and `make demo` install what they need on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Debian packages: sshd for the local cloud's sandboxes, sudo and passwd for its cloud-init
+# emulation, curl for IMDS calls inside sandboxes, shellcheck for rendered scripts,
+# binutils (objdump) for the ISA scan, xz for artifacts.
+APT_PACKAGES := openssh-server sudo passwd curl shellcheck binutils xz-utils util-linux
+
+.PHONY: install system-packages test lint demo bench ci clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory system-packages
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+system-packages:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "make install: missing Debian packages:$$missing; run as root, or: sudo apt-get install$$missing" >&2; \
+	  exit 2; fi; \
+	echo "installing Debian packages:$$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check amibake fleet tests benchmarks
+	$(BIN)/ruff format --check amibake fleet tests benchmarks
+	$(BIN)/mypy
+
+# The main job on the local cloud: start it, build the kernels recipe for c7i, leave nothing.
+demo: install
+	$(BIN)/amibake --cloud local build --family c7i --recipe kernels
+	$(BIN)/amibake --cloud local gc
+	$(BIN)/amibake local down --cloud local
+
+bench: install
+	$(BIN)/python -m benchmarks
+
+ci: lint test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
