@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from amibake import config as config_module
+from amibake import logs
 from amibake.errors import AmibakeError, UserError
 
 
@@ -42,6 +45,40 @@ def build_parser() -> argparse.ArgumentParser:
         ("down", "stop the local cloud and remove every sandbox, mount and directory"),
     ):
         _common(local_commands.add_parser(name, help=text))
+    build = commands.add_parser("build", help="build a recipe with flags tuned for EC2 families")
+    build.add_argument("--family", required=True, help="family or comma-separated families")
+    build.add_argument("--recipe", help="recipe name (default from amibake.toml: kernels)")
+    build.add_argument("--size", help="instance size (default large)")
+    market = build.add_mutually_exclusive_group()
+    market.add_argument("--spot", dest="spot", action="store_true", default=None)
+    market.add_argument("--on-demand", dest="spot", action="store_false")
+    build.add_argument(
+        "--on-demand-fallback", action="store_true", help="use on-demand if spot has no capacity"
+    )
+    build.add_argument("--keep-on-error", action="store_true")
+    build.add_argument("--dry-run", action="store_true", help="validate and show the plan")
+    _common(build)
+
+    families = commands.add_parser("families", help="known EC2 families, targets and flags")
+    families.add_argument(
+        "--compiler", default="gcc@11.4.1", help="e.g. gcc@12.2 (default AL2023's)"
+    )
+    _common(families)
+
+    gc = commands.add_parser("gc", help="delete what amibake created that is still alive")
+    gc.add_argument("--dry-run", action="store_true", help="list, delete nothing")
+    gc.add_argument("--older-than", help="only what is older than this, e.g. 2h or 30m")
+    gc.add_argument("--run-id", help="only this run's resources")
+    _common(gc)
+
+    source = commands.add_parser("source", help="the source cache")
+    source_commands = source.add_subparsers(
+        dest="source_command", required=True, parser_class=_Parser
+    )
+    add = source_commands.add_parser("add", help="check a source archive's sha256 and cache it")
+    add.add_argument("file")
+    _common(add)
+
     interrupt = local_commands.add_parser(
         "interrupt", help="raise a spot interruption notice on an instance's IMDS"
     )
@@ -97,7 +134,129 @@ def _status_text(state: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"local": _local}
+def _build(args: argparse.Namespace) -> int:
+    from amibake import pipelines
+    from amibake.cloud import connect
+
+    cfg = _config(args, recipe=args.recipe, size=args.size, spot=args.spot)
+    request = pipelines.BuildRequest(
+        families=[f.strip() for f in args.family.split(",") if f.strip()],
+        recipe=cfg.recipe,
+        size=cfg.size,
+        spot=cfg.spot,
+        on_demand_fallback=args.on_demand_fallback,
+        keep_on_error=args.keep_on_error,
+        dry_run=args.dry_run,
+    )
+    pipelines.prepare(request, cfg.results_dir)  # bad input fails here, before any cloud call
+    logs.to_terminal()
+    outcomes = pipelines.build(connect(cfg), request)
+    summaries = [o.summary() for o in outcomes]
+    _print(args, summaries, _build_text)
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _build_text(summaries: list[dict[str, Any]]) -> str:
+    lines = []
+    for s in summaries:
+        if "build_script" in s:
+            lines.append(f"{s['family']}: plan {' -> '.join(s['plan'])}")
+            lines.append(f"  base AMI {s['base_ami']}, types {', '.join(s['instance_types'])}")
+            lines.append(f"  {s['compiler']} flags: {s['flags']}")
+            lines.append(
+                "  build script:\n    " + s["build_script"].rstrip().replace("\n", "\n    ")
+            )
+        elif s["ok"]:
+            how = (
+                "cache hit" if s["cache_hit"] else f"built on {s['instance_type']} ({s['market']})"
+            )
+            lines.append(f"{s['family']}: {s['artifact']} ({how}); smoke: {s['smoke']}")
+        else:
+            lines.append(f"{s['family']}: FAILED: {s['error']}")
+    return "\n".join(lines)
+
+
+def _families(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from amibake import catalog, flags
+
+    compiler = flags.Compiler.parse(args.compiler)
+    rows = []
+    for family in catalog.families().values():
+        result = flags.for_family(family, compiler)
+        rows.append(
+            {
+                "family": family.name,
+                "arch": family.architecture,
+                "generations": ", ".join(family.generations),
+                "target": result.target,
+                "flags": result.cflags
+                + (f"  (fallback: {result.used})" if result.fell_back else ""),
+            }
+        )
+    _print(args, rows, lambda r: tabulate(r, headers="keys"))
+    return 0
+
+
+def _duration(text: str) -> timedelta:
+    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if not match:
+        raise UserError(f"--older-than {text!r}: use a number and a unit, e.g. 30m, 2h, 1d")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
+    return timedelta(**{unit: int(match.group(1))})
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from amibake import gc
+    from amibake.cloud import connect
+    from amibake.journal import Journal
+
+    older = _duration(args.older_than) if args.older_than else None
+    cfg = _config(args)
+    logs.to_terminal()
+    cloud = connect(cfg)
+    journal = Journal(cfg.results_dir / "journal.sqlite")
+    leftovers = gc.find(cloud, journal, run_id=args.run_id, older_than=older)
+    failures = [] if args.dry_run else gc.delete(cloud, journal, leftovers)
+    result = {
+        "dry_run": args.dry_run,
+        "found": [x.describe() for x in leftovers],
+        "failures": failures,
+    }
+    verb = "would delete" if args.dry_run else "deleted"
+    _print(
+        args,
+        result,
+        lambda r: (
+            "\n".join([f"{verb} {line}" for line in r["found"]] + r["failures"])
+            or "nothing to clean up"
+        ),
+    )
+    return 1 if failures else 0
+
+
+def _source(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from amibake import sources
+
+    source, recipes = sources.add(Path(args.file))
+    _print(
+        args,
+        {"sha256": source.sha256, "path": str(source.path), "recipes": recipes},
+        lambda r: f"cached {args.file} ({r['sha256'][:16]}...) for {', '.join(r['recipes'])}",
+    )
+    return 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "local": _local,
+    "build": _build,
+    "families": _families,
+    "gc": _gc,
+    "source": _source,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,7 +34,7 @@ class Progress:
 
     def _say(self, line: str) -> None:
         # Once the CLI has configured logging, its handlers reach both terminal and log file.
-        if logging.getLogger().handlers:
+        if logging.getLogger("amibake").handlers:
             log.info("%s", line)
         else:
             print(line, file=self.stream, flush=True)

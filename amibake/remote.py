@@ -19,6 +19,7 @@ import io
 import re
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,8 +105,10 @@ class Remote:
         fingerprints: set[str],
         sink: Sink | None = None,
         log: IO[str] | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.name = f"{user}@{host}:{port}"
+        self.cancel = cancel
         self.sink = sink
         self.log = log
         self.connection = Connection(
@@ -204,6 +207,9 @@ class Remote:
                 break
             if channel.closed and not got:
                 break
+            if self.cancel is not None and self.cancel.is_set():
+                channel.close()
+                raise RemoteError(f"{self.name}: cancelled while running a command")
             if deadline is not None and time.monotonic() > deadline:
                 channel.close()
                 raise RemoteError(f"{self.name}: command timed out after {timeout_s:.0f}s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import IO
 
@@ -18,7 +19,8 @@ def describe(cloud: Cloud, instance_id: str) -> dict[str, object]:
     for attempt in range(8):
         try:
             found = cloud.ec2.describe_instances(InstanceIds=[instance_id])
-            return found["Reservations"][0]["Instances"][0]  # type: ignore[return-value]
+            instance: dict[str, object] = found["Reservations"][0]["Instances"][0]
+            return instance
         except botocore.exceptions.ClientError as exc:
             if exc.response["Error"]["Code"] != "InvalidInstanceID.NotFound" or attempt == 7:
                 raise CloudError(f"describe {instance_id}: {exc}") from exc
@@ -34,6 +36,7 @@ def reach(
     timeout_s: float | None = None,
     sink: Sink | None = None,
     log: IO[str] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Remote:
     """Wait for the instance and return an open, host-key-verified connection to it."""
     timeout_s = cloud.config.ssh_timeout_s if timeout_s is None else timeout_s
@@ -43,6 +46,8 @@ def reach(
     delay = 0.02
     last_problem = "not started"
     while time.monotonic() < deadline:
+        if cancel is not None and cancel.is_set():
+            raise RemoteError(f"{instance_id}: cancelled while waiting for SSH")
         instance = describe(cloud, instance_id)
         state = instance["State"]["Name"]  # type: ignore[index]
         if state in ("shutting-down", "terminated", "stopping", "stopped"):
@@ -56,7 +61,9 @@ def reach(
                 if not fingerprints:
                     last_problem = "no host key fingerprints in the console output yet"
                 else:
-                    remote = Remote(host, port, cloud.config.ssh_user, key, fingerprints, sink, log)
+                    remote = Remote(
+                        host, port, cloud.config.ssh_user, key, fingerprints, sink, log, cancel
+                    )
                     remote.open()
                     progress.done("connected")
                     return remote

@@ -1,0 +1,68 @@
+"""Helpers for the shapes of EC2 failure: error codes, retry-until, and confirmed deletion."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import botocore.exceptions
+
+from amibake.errors import CloudError
+
+T = TypeVar("T")
+
+
+def error_code(exc: BaseException) -> str:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def retry_on(
+    codes: set[str], call: Callable[[], T], *, attempts: int = 8, first_delay_s: float = 0.2
+) -> T:
+    """Retry a call while it fails with one of the codes (eventual consistency, dependencies).
+
+    Throttling is retried by botocore itself (standard/adaptive mode); this is for the codes it
+    does not retry because they are not transient in general, only right after a create.
+    """
+    delay = first_delay_s
+    for attempt in range(attempts):
+        try:
+            return call()
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) not in codes or attempt == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")
+
+
+def ignore_missing(call: Callable[[], object], *missing: str) -> bool:
+    """Run a delete; a NotFound means someone already deleted it. True if it was there."""
+    try:
+        call()
+        return True
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        if code in missing or code.endswith(".NotFound") or code.endswith("NotFound"):
+            return False
+        raise
+
+
+def wait_until(
+    what: str, done: Callable[[], bool], timeout_s: float = 300.0, first_delay_s: float = 0.05
+) -> None:
+    from amibake.progress import Progress
+
+    progress = Progress(f"waiting for {what}")
+    delay = first_delay_s
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise CloudError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        progress.tick("still waiting")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 5.0)
+    progress.done()

@@ -1,0 +1,32 @@
+"""The tags every created resource carries, so ``amibake gc`` finds it even with no journal."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+RUN_ID = "amibake:run-id"
+OWNER = "amibake:owner"
+EXPIRES = "amibake:expires"
+TOOL = "amibake"
+
+
+def run_tags(run_id: str, owner: str, ttl: timedelta = timedelta(hours=6)) -> dict[str, str]:
+    expires = (datetime.now(UTC) + ttl).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {RUN_ID: run_id, OWNER: owner, EXPIRES: expires}
+
+
+def as_list(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+
+
+def specification(resource_type: str, tags: dict[str, str]) -> dict[str, Any]:
+    """One TagSpecifications entry: tags applied atomically at creation, never after."""
+    return {"ResourceType": resource_type, "Tags": as_list(tags)}
+
+
+def parse_expires(value: str) -> datetime | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None

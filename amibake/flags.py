@@ -1,0 +1,103 @@
+"""Family -> CPU target -> compiler flags, from archspec.
+
+The target is the newest microarchitecture that every CPU generation of the family can run (c5
+lands on Skylake or Cascade Lake, so c5 builds for skylake_avx512). Flags come from archspec for
+the compiler version found on the build host; when that compiler cannot target the CPU (zen4
+needs gcc 12.3+), the best ancestor it can target is used instead, and the result says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import archspec.cpu
+
+from amibake.catalog import Family
+from amibake.errors import UserError
+
+_COMPILER = re.compile(r"^(gcc|clang)@(\d+(?:\.\d+){0,2})$")
+
+
+@dataclass(frozen=True)
+class Compiler:
+    name: str
+    version: str
+
+    @classmethod
+    def parse(cls, text: str) -> Compiler:
+        match = _COMPILER.match(text.strip())
+        if not match:
+            raise UserError(f"compiler {text!r} is not NAME@VERSION, e.g. gcc@12.2 or clang@17")
+        return cls(match.group(1), match.group(2))
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def series(self) -> str:
+        """major.minor: archspec's ranges ("10.3:12.2") exclude "12.2.0" but mean to include it,
+        and its flags never differ by patch level."""
+        return ".".join(self.version.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class Flags:
+    family: str
+    target: str  # the family's target: the newest microarchitecture all its CPUs run
+    used: str  # what the flags are for: the target, or the ancestor the compiler can do
+    compiler: Compiler
+    cflags: str
+
+    @property
+    def fell_back(self) -> bool:
+        return self.used != self.target
+
+    @property
+    def warning(self) -> str | None:
+        if not self.fell_back:
+            return None
+        return (
+            f"{self.compiler} cannot target {self.target} (family {self.family}); "
+            f"using {self.used} instead: upgrade the compiler for full speed"
+        )
+
+
+def _depth(target: archspec.cpu.Microarchitecture) -> int:
+    return len(target.ancestors)
+
+
+def family_target(family: Family) -> archspec.cpu.Microarchitecture:
+    """The newest microarchitecture every generation of the family runs."""
+    candidates: set[str] | None = None
+    for generation in family.generations:
+        target = archspec.cpu.TARGETS[generation]
+        runs = {target.name, *(a.name for a in target.ancestors)}
+        candidates = runs if candidates is None else candidates & runs
+    assert candidates, f"{family.name}: generations share no target"
+    # The newest is the one with the longest ancestry; name breaks a tie deterministically.
+    return max((archspec.cpu.TARGETS[n] for n in candidates), key=lambda t: (_depth(t), t.name))
+
+
+def for_family(family: Family, compiler: Compiler) -> Flags:
+    target = family_target(family)
+    ladder = [target, *sorted(target.ancestors, key=lambda t: (-_depth(t), t.name))]
+    for candidate in ladder:
+        try:
+            cflags = candidate.optimization_flags(compiler.name, compiler.series)
+        except archspec.cpu.UnsupportedMicroarchitecture:
+            continue
+        if not cflags and candidate.vendor != "generic":
+            continue
+        return Flags(family.name, target.name, candidate.name, compiler, cflags)
+    raise UserError(f"{compiler} cannot target any microarchitecture of family {family.name}")
+
+
+# Linux's /proc/cpuinfo names for features that archspec (which reads CPUID) names otherwise.
+_CPUINFO_ALIASES = {"pni": "sse3"}
+
+
+def missing_features(target_name: str, cpuinfo_flags: set[str]) -> list[str]:
+    """What a CPU with these /proc/cpuinfo flags lacks to run code built for the target."""
+    have = {_CPUINFO_ALIASES.get(flag, flag) for flag in cpuinfo_flags}
+    return sorted(archspec.cpu.TARGETS[target_name].features - have)

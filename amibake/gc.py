@@ -1,0 +1,193 @@
+"""``amibake gc``: find and delete what amibake created that is still alive, even after SIGKILL.
+
+Two sources, because either alone can miss something: the ``amibake:run-id`` tag (applied at
+creation, so nothing amibake makes is untagged, even if the journal write never happened) and
+the journal (which knows about resources whose tags a describe call cannot filter, like fleets
+in some APIs). Everything is confirmed alive by describing before it is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import botocore.exceptions
+
+from amibake.cloud import Cloud
+from amibake.cloud.calls import error_code, ignore_missing, retry_on, wait_until
+from amibake.cloud.tags import EXPIRES, RUN_ID, parse_expires
+from amibake.journal import Journal
+from amibake.steps.launch import delete_fleet
+
+log = logging.getLogger("amibake")
+TAG_TTL = timedelta(hours=6)  # amibake:expires = creation + this (see cloud.tags.run_tags)
+# Deletion order: what holds others goes first.
+ORDER = [
+    "fleet",
+    "instance",
+    "launch-template",
+    "image",
+    "snapshot",
+    "volume",
+    "security-group",
+    "key-pair",
+]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    kind: str
+    resource_id: str
+    run_id: str
+    created: datetime | None
+
+    def describe(self) -> str:
+        age = ""
+        if self.created is not None:
+            age = f", {(datetime.now(UTC) - self.created).total_seconds() / 3600:.1f}h old"
+        return f"{self.kind} {self.resource_id} (run {self.run_id or '?'}{age})"
+
+
+def _tags(item: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in item.get("Tags", [])}
+
+
+def _created(item_tags: dict[str, str]) -> datetime | None:
+    expires = parse_expires(item_tags.get(EXPIRES, ""))
+    return None if expires is None else expires - TAG_TTL
+
+
+def _by_tag(cloud: Cloud) -> dict[tuple[str, str], Leftover]:
+    ec2 = cloud.ec2
+    tagged = [{"Name": "tag-key", "Values": [RUN_ID]}]
+    found: dict[tuple[str, str], Leftover] = {}
+
+    def add(kind: str, resource_id: str, item: dict[str, Any]) -> None:
+        item_tags = _tags(item)
+        if RUN_ID in item_tags:
+            found[(kind, resource_id)] = Leftover(
+                kind, resource_id, item_tags[RUN_ID], _created(item_tags)
+            )
+
+    for reservation in ec2.describe_instances(Filters=tagged)["Reservations"]:
+        for instance in reservation["Instances"]:
+            if instance["State"]["Name"] not in ("terminated", "shutting-down"):
+                add("instance", instance["InstanceId"], instance)  # type: ignore[arg-type]
+    for fleet in ec2.describe_fleets()["Fleets"]:
+        if fleet.get("FleetState") not in ("deleted", "deleted_running", "deleted_terminating"):
+            add("fleet", fleet["FleetId"], fleet)  # type: ignore[arg-type]
+    for template in ec2.describe_launch_templates(Filters=tagged)["LaunchTemplates"]:
+        add("launch-template", template["LaunchTemplateId"], template)  # type: ignore[arg-type]
+    for group in ec2.describe_security_groups(Filters=tagged)["SecurityGroups"]:
+        add("security-group", group["GroupId"], group)  # type: ignore[arg-type]
+    for pair in ec2.describe_key_pairs(Filters=tagged)["KeyPairs"]:
+        add("key-pair", pair["KeyName"], pair)  # type: ignore[arg-type]
+    for image in ec2.describe_images(Owners=["self"], Filters=tagged)["Images"]:
+        add("image", image["ImageId"], image)  # type: ignore[arg-type]
+    for snapshot in ec2.describe_snapshots(OwnerIds=["self"], Filters=tagged)["Snapshots"]:
+        add("snapshot", snapshot["SnapshotId"], snapshot)  # type: ignore[arg-type]
+    for volume in ec2.describe_volumes(Filters=tagged)["Volumes"]:
+        add("volume", volume["VolumeId"], volume)  # type: ignore[arg-type]
+    return found
+
+
+def _still_there(cloud: Cloud, kind: str, resource_id: str) -> bool:
+    """Describe one journal entry: is it really alive? (gone is confirmed, never assumed)"""
+    ec2 = cloud.ec2
+    try:
+        if kind == "instance":
+            found = ec2.describe_instances(InstanceIds=[resource_id])["Reservations"]
+            states = [i["State"]["Name"] for r in found for i in r["Instances"]]
+            return any(s not in ("terminated",) for s in states)
+        if kind == "fleet":
+            fleets = ec2.describe_fleets(FleetIds=[resource_id])["Fleets"]
+            return any(not f.get("FleetState", "").startswith("deleted") for f in fleets)
+        if kind == "launch-template":
+            return bool(
+                ec2.describe_launch_templates(LaunchTemplateIds=[resource_id])["LaunchTemplates"]
+            )
+        if kind == "security-group":
+            return bool(ec2.describe_security_groups(GroupIds=[resource_id])["SecurityGroups"])
+        if kind == "key-pair":
+            return bool(ec2.describe_key_pairs(KeyNames=[resource_id])["KeyPairs"])
+        if kind == "image":
+            return bool(ec2.describe_images(ImageIds=[resource_id])["Images"])
+        if kind == "snapshot":
+            return bool(ec2.describe_snapshots(SnapshotIds=[resource_id])["Snapshots"])
+        if kind == "volume":
+            return bool(ec2.describe_volumes(VolumeIds=[resource_id])["Volumes"])
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        if "NotFound" in code or code.startswith("InvalidKeyPair") or "Malformed" in code:
+            return False
+        raise
+    return False
+
+
+def find(
+    cloud: Cloud,
+    journal: Journal,
+    *,
+    run_id: str | None = None,
+    older_than: timedelta | None = None,
+) -> list[Leftover]:
+    found = _by_tag(cloud)
+    for entry in journal.alive(run_id=run_id, cloud=cloud.config.cloud):
+        key = (entry.kind, entry.resource_id)
+        if key in found:
+            continue
+        if entry.region != cloud.config.region:
+            continue
+        if _still_there(cloud, entry.kind, entry.resource_id):
+            created = datetime.fromtimestamp(entry.created, UTC)
+            found[key] = Leftover(entry.kind, entry.resource_id, entry.run_id, created)
+        else:
+            journal.deleted(entry.kind, entry.resource_id)
+    leftovers = [
+        item
+        for item in found.values()
+        if (run_id is None or item.run_id == run_id)
+        and (
+            older_than is None
+            or item.created is None
+            or datetime.now(UTC) - item.created >= older_than
+        )
+    ]
+    return sorted(leftovers, key=lambda x: (ORDER.index(x.kind), x.resource_id))
+
+
+def delete(cloud: Cloud, journal: Journal, leftovers: list[Leftover]) -> list[str]:
+    """Delete in dependency order; return one line per failure (with the command to finish)."""
+    ec2 = cloud.ec2
+    failures = []
+    actions: dict[str, Callable[[str], object]] = {
+        "fleet": lambda i: delete_fleet(ec2, i),
+        "instance": lambda i: ec2.terminate_instances(InstanceIds=[i]),
+        "launch-template": lambda i: ec2.delete_launch_template(LaunchTemplateId=i),
+        "image": lambda i: ec2.deregister_image(ImageId=i),
+        "snapshot": lambda i: ec2.delete_snapshot(SnapshotId=i),
+        "volume": lambda i: ec2.delete_volume(VolumeId=i),
+        "security-group": lambda i: retry_on(
+            {"DependencyViolation"}, lambda: ec2.delete_security_group(GroupId=i), attempts=12
+        ),
+        "key-pair": lambda i: ec2.delete_key_pair(KeyName=i),
+    }
+    instances = [x.resource_id for x in leftovers if x.kind == "instance"]
+    for item in leftovers:
+        try:
+            ignore_missing(lambda item=item: actions[item.kind](item.resource_id))  # type: ignore[misc]
+            if item.kind == "instance" and item.resource_id == instances[-1]:
+                # Security groups and volumes stay in use until instances are really gone.
+                wait_until(
+                    "instances to terminate",
+                    lambda: not any(_still_there(cloud, "instance", i) for i in instances),
+                    timeout_s=600,
+                )
+            journal.deleted(item.kind, item.resource_id)
+            log.info("deleted %s", item.describe())
+        except botocore.exceptions.ClientError as exc:
+            failures.append(f"{item.describe()}: {exc}")
+    return failures

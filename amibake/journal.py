@@ -1,0 +1,96 @@
+"""The journal: an SQLite record (WAL) of every run and every cloud resource it created.
+
+A step writes a resource's id here right after the create call returns, before waiting on it,
+so ``amibake gc`` can find it even if the process is SIGKILLed a moment later. Deletions are
+recorded once a describe call confirms the resource is gone.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, command TEXT NOT NULL, cloud TEXT NOT NULL, region TEXT NOT NULL,
+    started REAL NOT NULL, finished REAL, state TEXT NOT NULL DEFAULT 'running', detail TEXT
+);
+CREATE TABLE IF NOT EXISTS resources (
+    run_id TEXT NOT NULL, kind TEXT NOT NULL, resource_id TEXT NOT NULL, region TEXT NOT NULL,
+    cloud TEXT NOT NULL, created REAL NOT NULL, deleted REAL,
+    PRIMARY KEY (kind, resource_id)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Resource:
+    run_id: str
+    kind: str
+    resource_id: str
+    region: str
+    cloud: str
+    created: float
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def _exec(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def start_run(self, run_id: str, command: str, cloud: str, region: str) -> None:
+        self._exec(
+            "INSERT INTO runs (run_id, command, cloud, region, started) VALUES (?, ?, ?, ?, ?)",
+            (run_id, command, cloud, region, time.time()),
+        )
+
+    def finish_run(self, run_id: str, state: str, detail: str = "") -> None:
+        self._exec(
+            "UPDATE runs SET finished = ?, state = ?, detail = ? WHERE run_id = ?",
+            (time.time(), state, detail, run_id),
+        )
+
+    def run_state(self, run_id: str) -> str | None:
+        rows = self._exec("SELECT state FROM runs WHERE run_id = ?", (run_id,))
+        return str(rows[0][0]) if rows else None
+
+    def created(self, run_id: str, kind: str, resource_id: str, region: str, cloud: str) -> None:
+        self._exec(
+            "INSERT OR REPLACE INTO resources (run_id, kind, resource_id, region, cloud, created)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, kind, resource_id, region, cloud, time.time()),
+        )
+
+    def deleted(self, kind: str, resource_id: str) -> None:
+        self._exec(
+            "UPDATE resources SET deleted = ? WHERE kind = ? AND resource_id = ?",
+            (time.time(), kind, resource_id),
+        )
+
+    def alive(self, run_id: str | None = None, cloud: str | None = None) -> list[Resource]:
+        sql = "SELECT run_id, kind, resource_id, region, cloud, created FROM resources"
+        sql += " WHERE deleted IS NULL"
+        args: list[object] = []
+        if run_id is not None:
+            sql += " AND run_id = ?"
+            args.append(run_id)
+        if cloud is not None:
+            sql += " AND cloud = ?"
+            args.append(cloud)
+        return [Resource(*row) for row in self._exec(sql + " ORDER BY created", tuple(args))]  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

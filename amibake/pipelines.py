@@ -1,0 +1,228 @@
+"""The pipelines as readable lists of steps, and what it takes to run one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amibake import catalog, recipes, sources
+from amibake.cloud import Cloud, tags
+from amibake.errors import AmibakeError, UserError
+from amibake.flags import Compiler, for_family
+from amibake.journal import Journal
+from amibake.logs import to_file
+from amibake.runner import Boundary, Interrupted, RunContext, Runner, Step, new_run_id
+from amibake.steps.access import KeyPair, SecurityGroup
+from amibake.steps.launch import LaunchFleet, LaunchTemplate
+from amibake.steps.preflight import ArtifactCache, Preflight, candidate_sizes
+from amibake.steps.remote_build import Build, Connect, Fetch, Verify, render_build_script
+from amibake.steps.state import BuildState
+
+log = logging.getLogger("amibake")
+# Amazon Linux 2023's gcc: what --dry-run renders flags for (a real build asks the instance).
+AL2023_COMPILER = Compiler("gcc", "11.4.1")
+
+
+def build_steps(context: RunContext) -> list[Step[BuildState]]:
+    return [
+        Preflight(context),
+        ArtifactCache(),
+        KeyPair(context),
+        SecurityGroup(context),
+        LaunchTemplate(context),
+        LaunchFleet(context),
+        Connect(context),
+        Build(context),
+        Verify(context),
+        Fetch(context),
+    ]
+
+
+@dataclass
+class BuildRequest:
+    families: list[str]
+    recipe: str
+    size: str
+    spot: bool = True
+    on_demand_fallback: bool = False
+    keep_on_error: bool = False
+    dry_run: bool = False
+    compiler: Compiler = AL2023_COMPILER
+
+
+@dataclass
+class BuildOutcome:
+    family: str
+    ok: bool
+    state: BuildState | None = None
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"family": self.family, "ok": self.ok}
+        if self.error:
+            out["error"] = self.error
+        state = self.state
+        if state is not None:
+            out.update(
+                cache_hit=state.cache_hit,
+                artifact=str(state.artifact) if state.artifact else None,
+                instance_type=state.instance_type or None,
+                market=state.market or None,
+                target=state.flags.target if state.flags else None,
+                cflags=state.manifest.get("cflags"),
+                smoke=state.smoke or None,
+                warnings=state.warnings,
+                remote_seconds=round(state.remote_seconds, 3),
+            )
+        return {**out, **self.extra}
+
+
+@contextmanager
+def open_run(cloud: Cloud, command: str) -> Iterator[RunContext]:
+    """A run: its id, journal entry, tags, and log file; closed with its final state."""
+    config = cloud.config
+    run_id = new_run_id()
+    journal = Journal(config.results_dir / "journal.sqlite")
+    journal.start_run(run_id, command, config.cloud, config.region)
+    owner = cloud.client("sts").get_caller_identity()["Arn"]
+    log_dir = config.results_dir / "logs" / run_id
+    handler = to_file(log_dir / "run.log")
+    context = RunContext(
+        run_id=run_id,
+        cloud=cloud,
+        journal=journal,
+        tags=tags.run_tags(run_id, owner),
+        log_dir=log_dir,
+    )
+    state = "failed"
+    try:
+        yield context
+        state = "succeeded"
+    except (KeyboardInterrupt, Interrupted):
+        state = "interrupted"
+        raise
+    finally:
+        left = journal.alive(run_id)
+        detail = f"{len(left)} resources left" if left else "nothing left"
+        journal.finish_run(run_id, state, detail)
+        log.info("[%s] %s; %s", run_id, state, detail)
+        logging.getLogger("amibake").removeHandler(handler)
+        handler.close()
+        journal.close()
+
+
+def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
+    """Validate everything that needs no cloud: families, recipe, sizes, source. Creates nothing."""
+    if not request.families:
+        raise UserError("--family needs at least one family, e.g. --family c7i")
+    recipe = recipes.load(request.recipe)
+    source = sources.resolve(recipe)
+    states = []
+    for name in request.families:
+        family = catalog.family(name)
+        state = BuildState(
+            family=family,
+            recipe=recipe,
+            source=source,
+            size=request.size,
+            spot=request.spot,
+            on_demand_fallback=request.on_demand_fallback,
+            artifacts_dir=results_dir / "artifacts",
+            expected_compiler=request.compiler,
+            dry_run=request.dry_run,
+        )
+        candidate_sizes(state)
+        if family.architecture not in recipe.architectures:
+            raise UserError(
+                f"recipe {recipe.name} builds for {', '.join(recipe.architectures)} only; "
+                f"family {name} is {family.architecture}"
+            )
+        states.append(state)
+    return states
+
+
+def dry_run(cloud: Cloud, states: list[BuildState]) -> list[BuildOutcome]:
+    """Preflight against the cloud (creates nothing), then show the plan and the script."""
+    from amibake.journal import Journal
+
+    outcomes = []
+    context = RunContext(
+        run_id="dry-run",
+        cloud=cloud,
+        journal=Journal(cloud.config.results_dir / "journal.sqlite"),
+        tags={},
+        log_dir=cloud.config.results_dir / "logs" / "dry-run",
+    )
+    for state in states:
+        Preflight(context).run(state)
+        state.compiler = state.expected_compiler
+        state.flags = for_family(state.family, state.compiler)
+        script = render_build_script(state, jobs=2)
+        plan = [step.name for step in build_steps(context)]
+        outcomes.append(
+            BuildOutcome(
+                state.family.name,
+                True,
+                state,
+                extra={
+                    "plan": plan,
+                    "base_ami": state.base_ami,
+                    "instance_types": [
+                        state.family.instance_type(s) for s in candidate_sizes(state)
+                    ],
+                    "compiler": str(state.compiler),
+                    "flags": state.flags.cflags,
+                    "build_script": script,
+                    "created": [],
+                },
+            )
+        )
+    context.journal.close()
+    return outcomes
+
+
+def build(
+    cloud: Cloud, request: BuildRequest, on_boundary: Boundary | None = None
+) -> list[BuildOutcome]:
+    states = prepare(request, cloud.config.results_dir)
+    if request.dry_run:
+        return dry_run(cloud, states)
+    with open_run(cloud, f"build {','.join(request.families)} {request.recipe}") as context:
+        context.keep_on_error = request.keep_on_error
+
+        def one(state: BuildState) -> BuildOutcome:
+            try:
+                Runner(context, build_steps(context), on_boundary).run(state)
+                return BuildOutcome(state.family.name, True, state)
+            except AmibakeError as exc:
+                if isinstance(exc, UserError) and len(states) == 1:
+                    raise
+                return BuildOutcome(state.family.name, False, state, error=str(exc))
+
+        try:
+            if len(states) == 1:
+                # In the main thread, so Ctrl-C lands inside the step that is running.
+                outcomes = [one(states[0])]
+            else:
+                with ThreadPoolExecutor(len(states), thread_name_prefix="build") as pool:
+                    futures = [pool.submit(one, s) for s in states]
+                    try:
+                        outcomes = [f.result() for f in futures]
+                    except KeyboardInterrupt:
+                        # Threads never see the signal: tell each build to stop and unwind.
+                        context.cancel.set()
+                        log.warning("interrupted: cleaning up every build")
+                        for future in futures:
+                            future.exception()
+                        raise
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted; everything the run created was cleaned up") from None
+        if context.cancel.is_set():
+            raise Interrupted("interrupted; everything the run created was cleaned up")
+        return outcomes

@@ -1,0 +1,152 @@
+"""Recipes: ``build_recipes/<app>/recipe.toml`` and the files beside it.
+
+A recipe names its source (a local path, or archives each with a sha256), the packages it
+needs, the build script template, the artifact paths, a smoke test and how to benchmark it.
+Errors name the file (and the line, where TOML gives one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amibake.catalog import ARCHITECTURES
+from amibake.errors import UnknownNameError, UserError
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "build_recipes"
+
+
+@dataclass(frozen=True)
+class Archive:
+    filename: str
+    sha256: str
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    directory: Path
+    description: str
+    architectures: tuple[str, ...]
+    packages: tuple[str, ...]
+    template: str
+    base_cflags: str
+    artifacts: tuple[str, ...]
+    tmpfs_max_mb: int | None
+    source_path: Path | None
+    archives: tuple[Archive, ...]
+    smoke_command: str
+    smoke_expect: str
+    bench: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def file(self) -> Path:
+        return self.directory / "recipe.toml"
+
+    def digest(self) -> str:
+        """Hash of what defines the build: the recipe file and its template."""
+        h = hashlib.sha256()
+        for path in (self.file, self.directory / self.template):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        return h.hexdigest()
+
+
+def available(root: Path = RECIPES_DIR) -> list[str]:
+    return sorted(p.parent.name for p in root.glob("*/recipe.toml"))
+
+
+def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
+    directory = root / name
+    path = directory / "recipe.toml"
+    if not path.exists():
+        raise UnknownNameError("recipe", name, available(root), f"recipes live in {root}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    problems: list[str] = []
+
+    def need(table: dict[str, Any], key: str, kind: type, where: str) -> Any:
+        value = table.get(key)
+        if not isinstance(value, kind):
+            problems.append(f"{where}{key} must be {kind.__name__}")
+            return kind()
+        return value
+
+    known = {
+        "name",
+        "description",
+        "architectures",
+        "packages",
+        "source",
+        "build",
+        "smoke",
+        "bench",
+    }
+    problems += [f"unknown key {k!r}" for k in data if k not in known]
+    source = need(data, "source", dict, "")
+    build = need(data, "build", dict, "")
+    smoke = data.get("smoke", {})
+    architectures = tuple(need(data, "architectures", list, ""))
+    for arch in architectures:
+        if arch not in ARCHITECTURES:
+            problems.append(f"architectures: {arch!r} is not one of {', '.join(ARCHITECTURES)}")
+    template = need(build, "template", str, "build.")
+    if template and not (directory / template).exists():
+        problems.append(f"build.template: {template} not found beside the recipe")
+    source_path = None
+    archives: list[Archive] = []
+    if "path" in source:
+        source_path = (directory / str(source["path"])).resolve()
+        if not source_path.exists():
+            problems.append(f"source.path: {source_path} does not exist")
+    for i, entry in enumerate(source.get("archives", [])):
+        sha = str(entry.get("sha256", ""))
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            problems.append(f"source.archives[{i}].sha256 must be 64 lowercase hex digits")
+        archives.append(Archive(str(entry.get("filename", "")), sha, str(entry.get("url", ""))))
+    if source_path is None and not archives:
+        problems.append("source needs a path or archives")
+    tmpfs_max = build.get("tmpfs_max_mb")
+    if tmpfs_max is not None and (not isinstance(tmpfs_max, int) or tmpfs_max < 64):
+        problems.append("build.tmpfs_max_mb must be an integer of at least 64")
+    if problems:
+        raise UserError(f"{path}: " + "; ".join(problems))
+    return Recipe(
+        name=str(data.get("name", name)),
+        directory=directory,
+        description=str(data.get("description", "")),
+        architectures=architectures,
+        packages=tuple(str(p) for p in data.get("packages", [])),
+        template=template,
+        base_cflags=str(build.get("base_cflags", "-O2")),
+        artifacts=tuple(str(a) for a in need(build, "artifacts", list, "build.")),
+        tmpfs_max_mb=tmpfs_max,
+        source_path=source_path,
+        archives=tuple(archives),
+        smoke_command=str(smoke.get("command", "")),
+        smoke_expect=str(smoke.get("expect", "")),
+        bench=dict(data.get("bench", {})),
+    )
+
+
+def pack_directory(path: Path) -> bytes:
+    """A reproducible tar.gz of a source directory: same files, same bytes, same sha256."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            info = tar.gettarinfo(str(file), arcname=str(file.relative_to(path)))
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with file.open("rb") as handle:
+                tar.addfile(info, handle)
+    raw = buffer.getvalue()
+    # gzip stores a timestamp in its header; zero it so the bytes depend on content alone.
+    return raw[:4] + b"\0\0\0\0" + raw[8:]

@@ -1,0 +1,160 @@
+"""Runs a pipeline's steps and unwinds their cleanups, whatever happens.
+
+Like Packer's multistep: a step's cleanup is registered as soon as its ``run`` *starts* (so a
+half-done step still cleans up what it recorded), and cleanups run in reverse order on success,
+failure, Ctrl-C and SIGTERM. A cleanup that fails is logged with how to finish by hand, and the
+unwinding goes on. With ``keep_on_error`` a failed run keeps its resources for debugging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Generic, Protocol, TypeVar
+
+from amibake.cloud.session import Cloud
+from amibake.errors import AmibakeError
+from amibake.journal import Journal
+
+log = logging.getLogger("amibake")
+S = TypeVar("S")
+S_contra = TypeVar("S_contra", contravariant=True)
+
+
+class Interrupted(AmibakeError):
+    """The run was cancelled (Ctrl-C, SIGTERM, or a sibling run asked all to stop)."""
+
+    exit_code = 130
+
+
+class Step(Protocol[S_contra]):
+    name: str
+
+    def run(self, state: S_contra) -> None: ...
+
+    def cleanup(self, state: S_contra) -> None: ...
+
+
+def new_run_id() -> str:
+    return "ab-" + uuid.uuid4().hex[:12]
+
+
+@dataclass
+class RunContext:
+    """What every step of one run shares: where it runs, how it records, when it must stop."""
+
+    run_id: str
+    cloud: Cloud
+    journal: Journal
+    tags: dict[str, str]
+    log_dir: Path
+    cancel: threading.Event = field(default_factory=threading.Event)
+    keep_on_error: bool = False
+
+    def check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise Interrupted("interrupted")
+
+    def created(self, kind: str, resource_id: str) -> None:
+        self.journal.created(
+            self.run_id, kind, resource_id, self.cloud.config.region, self.cloud.config.cloud
+        )
+
+    def deleted(self, kind: str, resource_id: str) -> None:
+        self.journal.deleted(kind, resource_id)
+
+
+# Called after each step completes, with the step's name: tests kill runs here.
+Boundary = Callable[[str], None]
+
+
+class Runner(Generic[S]):
+    def __init__(
+        self, context: RunContext, steps: Sequence[Step[S]], on_boundary: Boundary | None = None
+    ) -> None:
+        self.context = context
+        self.steps = steps
+        self.on_boundary = on_boundary
+
+    def run(self, state: S) -> S:
+        started: list[Step[S]] = []
+        failure: BaseException | None = None
+        try:
+            for step in self.steps:
+                self.context.check_cancel()
+                if getattr(state, "finished_early", False):
+                    break
+                log.info("[%s] %s", self.context.run_id, step.name)
+                started.append(step)
+                step.run(state)
+                if self.on_boundary is not None:
+                    self.on_boundary(step.name)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            if failure is not None and self.context.keep_on_error:
+                log.warning(
+                    "[%s] failed; resources kept for debugging (--keep-on-error). Clean up with: "
+                    "amibake gc --run-id %s",
+                    self.context.run_id,
+                    self.context.run_id,
+                )
+            else:
+                with _no_interrupts():
+                    self._unwind(started, state)
+        return state
+
+    def _unwind(self, started: list[Step[S]], state: S) -> None:
+        for step in reversed(started):
+            try:
+                step.cleanup(state)
+            except Exception as exc:
+                log.error(
+                    "[%s] cleanup of %s failed: %s; finish by hand with: amibake gc --run-id %s",
+                    self.context.run_id,
+                    step.name,
+                    exc,
+                    self.context.run_id,
+                )
+
+
+@contextlib.contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """While cleaning up, a second Ctrl-C must not abandon the cleanup half-way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def still_cleaning(signum: int, frame: FrameType | None) -> None:
+        log.warning("still cleaning up; resources would leak if stopped now")
+
+    previous = signal.signal(signal.SIGINT, still_cleaning)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C, so `kill` unwinds a run as cleanly as the keyboard does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupt(signum: int, frame: FrameType | None) -> Any:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

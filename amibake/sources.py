@@ -1,0 +1,79 @@
+"""The controller's source cache, keyed by sha256: a source is checked once, uploaded as is."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from amibake.errors import UserError
+from amibake.recipes import Recipe, available, load, pack_directory
+
+
+def cache_dir() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = Path(os.environ.get("AMIBAKE_SOURCE_CACHE", base / "amibake" / "sources"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path  # in the cache, named by its sha256
+    sha256: str
+    filename: str  # the name the build script sees
+
+
+def resolve(recipe: Recipe) -> Source:
+    """The recipe's source, in the cache: packed from its directory, or one of its archives."""
+    if recipe.source_path is not None:
+        data = pack_directory(recipe.source_path)
+        digest = hashlib.sha256(data).hexdigest()
+        target = cache_dir() / digest
+        if not target.exists():
+            tmp = target.with_suffix(".part")
+            tmp.write_bytes(data)
+            tmp.replace(target)
+        return Source(target, digest, f"{recipe.name}-src.tar.gz")
+    for archive in recipe.archives:
+        cached = cache_dir() / archive.sha256
+        if cached.exists():
+            return Source(cached, archive.sha256, archive.filename)
+    names = ", ".join(a.filename for a in recipe.archives)
+    raise UserError(
+        f"recipe {recipe.name}: no accepted source archive in the cache ({names}); get one and "
+        f"run `amibake source add FILE`"
+    )
+
+
+def add(file: Path) -> tuple[Source, list[str]]:
+    """Check a file against every recipe's accepted archives and store it; say which recipes."""
+    if not file.is_file():
+        raise UserError(f"{file}: no such file")
+    digest = sha256_of(file)
+    matches = []
+    for name in available():
+        recipe = load(name)
+        for archive in recipe.archives:
+            if archive.sha256 == digest:
+                matches.append((recipe.name, archive))
+    if not matches:
+        raise UserError(
+            f"{file}: sha256 {digest} matches no accepted source of any recipe; refusing to cache "
+            "it (check the download, or add its sha256 to the recipe)"
+        )
+    target = cache_dir() / digest
+    if not target.exists():
+        shutil.copyfile(file, target.with_suffix(".part"))
+        target.with_suffix(".part").replace(target)
+    return Source(target, digest, matches[0][1].filename), [name for name, _ in matches]

@@ -1,0 +1,104 @@
+"""Steps that make the instance reachable by this run only: a fresh key pair, and a security
+group open on port 22 to the caller's address alone."""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+
+from amibake.cloud import tags
+from amibake.cloud.calls import ignore_missing, retry_on
+from amibake.errors import CloudError
+from amibake.runner import RunContext
+from amibake.steps.state import BuildState
+
+log = logging.getLogger("amibake")
+
+
+class KeyPair:
+    name = "key-pair"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BuildState) -> None:
+        name = f"{self.context.run_id}-{state.family.name}"
+        created = self.context.cloud.ec2.create_key_pair(
+            KeyName=name,
+            KeyType="ed25519",
+            TagSpecifications=[tags.specification("key-pair", self.context.tags)],
+        )
+        state.key_name = name
+        state.private_key = created["KeyMaterial"]
+        self.context.created("key-pair", name)
+
+    def cleanup(self, state: BuildState) -> None:
+        if not state.key_name:
+            return
+        ec2 = self.context.cloud.ec2
+        ignore_missing(lambda: ec2.delete_key_pair(KeyName=state.key_name))
+        self.context.deleted("key-pair", state.key_name)
+        state.private_key = ""
+
+
+def caller_cidr(context: RunContext) -> str:
+    """The caller's public address as a /32: the only source SSH is opened to."""
+    config = context.cloud.config
+    if config.is_local:
+        return "127.0.0.1/32"
+    try:
+        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=10) as response:
+            address = response.read().decode().strip()
+    except OSError as exc:
+        raise CloudError(f"cannot find this machine's public address: {exc}") from exc
+    return f"{address}/32"
+
+
+class SecurityGroup:
+    name = "security-group"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BuildState) -> None:
+        ec2 = self.context.cloud.ec2
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+        if not vpcs:
+            raise CloudError("no default VPC in this region; create one or set a subnet")
+        created = ec2.create_security_group(
+            GroupName=f"{self.context.run_id}-{state.family.name}",
+            Description="amibake build: SSH from the caller only",
+            VpcId=vpcs[0]["VpcId"],
+            TagSpecifications=[tags.specification("security-group", self.context.tags)],
+        )
+        state.security_group_id = created["GroupId"]
+        self.context.created("security-group", state.security_group_id)
+        cidr = caller_cidr(self.context)
+        retry_on(
+            {"InvalidGroup.NotFound"},
+            lambda: ec2.authorize_security_group_ingress(
+                GroupId=state.security_group_id,
+                IpPermissions=[
+                    {
+                        "IpProtocol": "tcp",
+                        "FromPort": 22,
+                        "ToPort": 22,
+                        "IpRanges": [{"CidrIp": cidr, "Description": "amibake caller"}],
+                    }
+                ],
+            ),
+        )
+
+    def cleanup(self, state: BuildState) -> None:
+        if not state.security_group_id:
+            return
+        ec2 = self.context.cloud.ec2
+        # The instance's network interface can hold the group for a while after it terminates.
+        retry_on(
+            {"DependencyViolation"},
+            lambda: ignore_missing(
+                lambda: ec2.delete_security_group(GroupId=state.security_group_id)
+            ),
+            attempts=12,
+        )
+        self.context.deleted("security-group", state.security_group_id)

@@ -1,0 +1,251 @@
+"""Steps on the instance: connect, build in a tmpfs with the family's flags, verify the artifact,
+and fetch it with its manifest. Each sends one script per round trip."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+import sys
+import time
+
+import archspec.cpu
+
+from amibake import flags as flags_module
+from amibake.cloud.reach import reach
+from amibake.errors import RemoteError
+from amibake.render import check_shell, render
+from amibake.runner import RunContext
+from amibake.sources import sha256_of
+from amibake.steps.state import BuildState
+
+log = logging.getLogger("amibake")
+SHARED = "/shared"
+
+
+class Connect:
+    name = "connect"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BuildState) -> None:
+        log_path = self.context.log_dir / f"{state.family.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        prefix = f"[{state.family.name}] "
+
+        def to_terminal(text: str) -> None:
+            for line in text.splitlines():
+                print(prefix + line, file=sys.stderr, flush=True)
+
+        handle = log_path.open("a")
+        state.remote = reach(
+            self.context.cloud,
+            state.instance_id,
+            state.private_key,
+            sink=to_terminal,
+            log=handle,
+            cancel=self.context.cancel,
+        )
+
+    def cleanup(self, state: BuildState) -> None:
+        if state.remote is not None:
+            state.remote.close()
+            if state.remote.log is not None:
+                state.remote.log.close()
+            state.remote = None
+
+
+class Build:
+    name = "build"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BuildState) -> None:
+        remote = state.remote
+        assert remote is not None
+        facts = remote.run(
+            "gcc -dumpfullversion 2>/dev/null || echo none; "
+            "awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo; nproc; "
+            "grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2",
+            stream=False,
+        ).stdout.splitlines()
+        if len(facts) < 3 or facts[0] == "none":
+            raise RemoteError(f"{state.instance_id}: no gcc on the build host")
+        state.compiler = flags_module.Compiler("gcc", facts[0].strip())
+        memory_mb, cpus = int(facts[1]), int(facts[2])
+        cpu_flags = set(facts[3].split()) if len(facts) > 3 else set()
+        state.flags = flags_module.for_family(state.family, state.compiler)
+        if state.flags.warning:
+            log.warning("%s", state.flags.warning)
+            state.warnings.append(state.flags.warning)
+        tmpfs_mb = memory_mb // 2
+        if state.recipe.tmpfs_max_mb:
+            tmpfs_mb = min(tmpfs_mb, state.recipe.tmpfs_max_mb)
+        work = state.work_dir
+        state.build_script = render_build_script(state, cpus)
+        user = self.context.cloud.config.ssh_user
+        remote.script(
+            f"""
+            mkdir -p {SHARED}
+            mountpoint -q {SHARED} || mount -t tmpfs -o size={tmpfs_mb}m,mode=1777 tmpfs {SHARED}
+            rm -rf {work} && mkdir -p {work}/src {work}/out && chown -R {user} {work}
+            """,
+            stream=False,
+        )
+        local_script = self.context.log_dir / f"{state.family.name}.build.sh"
+        local_script.write_text(state.build_script)
+        remote.put(state.source.path, f"{work}/{state.source.filename}")
+        remote.put(local_script, f"{work}/build.sh")
+        started = time.monotonic()
+        remote.script(
+            f"""
+            cd {work}/src
+            tar -xf ../{shlex.quote(state.source.filename)}
+            bash {work}/build.sh
+            """
+        )
+        state.remote_seconds += time.monotonic() - started
+        state.cpu_flags = cpu_flags
+
+    def cleanup(self, state: BuildState) -> None:
+        pass  # the tmpfs dies with the instance
+
+
+def render_build_script(state: BuildState, jobs: int) -> str:
+    assert state.flags is not None and state.compiler is not None
+    work = state.work_dir
+    script = render(
+        state.recipe.directory / state.recipe.template,
+        family=state.family.name,
+        target=state.flags.used,
+        cc=state.compiler.name,
+        base_cflags=state.recipe.base_cflags,
+        cflags=state.flags.cflags,
+        src_dir=f"{work}/src",
+        out_dir=f"{work}/out",
+        jobs=jobs,
+    )
+    check_shell(script, f"{state.recipe.name}/{state.recipe.template}")
+    return script
+
+
+# Registers (and their families) whose use needs an ISA extension.
+_ISA_PATTERNS = {
+    "avx512f": re.compile(r"%zmm\d+|%k[1-7]\b"),
+    "avx": re.compile(r"%ymm\d+"),
+    "sve": re.compile(r"\bz\d+\.[bhsdq]\b|\bp\d+\.[bhsdq]\b|\bp\d+/[mz]\b"),
+}
+
+
+def isa_features_used(disassembly: str) -> set[str]:
+    return {feature for feature, pattern in _ISA_PATTERNS.items() if pattern.search(disassembly)}
+
+
+class Verify:
+    name = "verify"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BuildState) -> None:
+        remote = state.remote
+        assert remote is not None and state.flags is not None
+        out = f"{state.work_dir}/out"
+        files = " ".join(shlex.quote(a) for a in state.recipe.artifacts)
+        missing = remote.run(
+            f'cd {out} && for f in {files}; do [ -f "$f" ] || echo "$f"; done', stream=False
+        ).stdout.split()
+        if missing:
+            raise RemoteError(f"build produced no {', '.join(missing)} in {out}")
+        # One line per distinct register name keeps the transfer small for large binaries.
+        registers = remote.run(
+            f'cd {out} && for f in {files}; do objdump -d --no-show-raw-insn "$f" 2>/dev/null; '
+            "done | grep -oE '%[xyz]mm[0-9]+|%k[0-7]|\\b[zp][0-9]+(\\.[bhsdq]|/[mz])' | sort -u",
+            stream=False,
+        ).stdout
+        used = isa_features_used(registers)
+        target = archspec.cpu.TARGETS[state.flags.used]
+        beyond = sorted(f for f in used if f not in target.features)
+        if beyond:
+            raise RemoteError(
+                f"ISA scan: {', '.join(state.recipe.artifacts)} use {', '.join(beyond)}, beyond "
+                f"target {target.name}: the flags or the recipe add instructions the family lacks"
+            )
+        state.isa_features = sorted(used)
+        lacking = flags_module.missing_features(target.name, state.cpu_flags)
+        if not state.recipe.smoke_command:
+            state.smoke = "no smoke test in the recipe"
+        elif lacking:
+            state.smoke = (
+                f"skipped: this host's CPU cannot run {target.name} "
+                f"(lacks {', '.join(lacking[:5])})"
+            )
+            log.warning("smoke test %s", state.smoke)
+        else:
+            result = remote.run(f"cd {out} && {state.recipe.smoke_command}", stream=False)
+            if state.recipe.smoke_expect and state.recipe.smoke_expect not in result.stdout:
+                raise RemoteError(
+                    f"smoke test: output lacks {state.recipe.smoke_expect!r}: {result.tail}"
+                )
+            state.smoke = "passed"
+
+    def cleanup(self, state: BuildState) -> None:
+        pass
+
+
+class Fetch:
+    name = "fetch"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BuildState) -> None:
+        remote = state.remote
+        assert remote is not None and state.flags is not None and state.compiler is not None
+        out = f"{state.work_dir}/out"
+        files = " ".join(shlex.quote(a) for a in state.recipe.artifacts)
+        sums = remote.run(f"cd {out} && sha256sum {files}", stream=False).stdout
+        file_hashes = {
+            name.lstrip("*"): digest
+            for digest, name in (line.split(None, 1) for line in sums.splitlines() if line.strip())
+        }
+        manifest = {
+            "app": state.recipe.name,
+            "family": state.family.name,
+            "architecture": state.family.architecture,
+            "recipe_sha256": state.recipe.digest(),
+            "source_sha256": state.source.sha256,
+            "target": state.flags.target,
+            "target_used": state.flags.used,
+            "compiler": str(state.compiler),
+            "cflags": f"{state.recipe.base_cflags} {state.flags.cflags}".strip(),
+            "files": file_hashes,
+            "isa_features": state.isa_features,
+            "smoke": state.smoke,
+            "base_ami": state.base_ami,
+            "instance_type": state.instance_type,
+            "run_id": self.context.run_id,
+        }
+        local_manifest = self.context.log_dir / f"{state.label}.manifest.json"
+        local_manifest.write_text(json.dumps(manifest, indent=2))
+        remote.put(local_manifest, f"{out}/manifest.json")
+        archive = f"{state.work_dir}/{state.label}.tar.xz"
+        remote.run(f"tar -C {out} -cJf {archive} .", stream=False)
+        state.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        target = state.artifacts_dir / f"{state.label}.tar.xz"
+        partial = target.with_suffix(".part")
+        remote.get(archive, partial)
+        partial.replace(target)
+        # The sidecar adds what only the controller knows: the archive's own hash and cache key.
+        manifest["artifact_sha256"] = sha256_of(target)
+        manifest["cache_key"] = state.cache_key
+        sidecar = state.artifacts_dir / f"{state.label}.manifest.json"
+        sidecar.write_text(json.dumps(manifest, indent=2))
+        state.manifest = manifest
+        state.artifact = target
+
+    def cleanup(self, state: BuildState) -> None:
+        pass
