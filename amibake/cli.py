@@ -147,6 +147,7 @@ def _build(args: argparse.Namespace) -> int:
         on_demand_fallback=args.on_demand_fallback,
         keep_on_error=args.keep_on_error,
         dry_run=args.dry_run,
+        recipes_dir=cfg.recipes_dir,
     )
     pipelines.prepare(request, cfg.results_dir)  # bad input fails here, before any cloud call
     logs.to_terminal()

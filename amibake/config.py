@@ -33,6 +33,7 @@ class Config:
     retry_mode: str = "standard"
     max_attempts: int = 10
     results_dir: Path = Path("results")
+    recipes_dir: Path = Path(__file__).resolve().parent.parent / "build_recipes"
     recipe: str = "kernels"
     size: str = "large"
     spot: bool = True

@@ -66,6 +66,10 @@ class Journal:
         rows = self._exec("SELECT state FROM runs WHERE run_id = ?", (run_id,))
         return str(rows[0][0]) if rows else None
 
+    def last_run_id(self) -> str | None:
+        rows = self._exec("SELECT run_id FROM runs ORDER BY started DESC LIMIT 1")
+        return str(rows[0][0]) if rows else None
+
     def created(self, run_id: str, kind: str, resource_id: str, region: str, cloud: str) -> None:
         self._exec(
             "INSERT OR REPLACE INTO resources (run_id, kind, resource_id, region, cloud, created)"

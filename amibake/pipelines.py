@@ -53,6 +53,7 @@ class BuildRequest:
     keep_on_error: bool = False
     dry_run: bool = False
     compiler: Compiler = AL2023_COMPILER
+    recipes_dir: Path = recipes.RECIPES_DIR
 
 
 @dataclass
@@ -121,7 +122,7 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
     """Validate everything that needs no cloud: families, recipe, sizes, source. Creates nothing."""
     if not request.families:
         raise UserError("--family needs at least one family, e.g. --family c7i")
-    recipe = recipes.load(request.recipe)
+    recipe = recipes.load(request.recipe, request.recipes_dir)
     source = sources.resolve(recipe)
     states = []
     for name in request.families:

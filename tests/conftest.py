@@ -23,8 +23,13 @@ def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def local_env(local_dir: Path) -> Iterator[dict[str, str]]:
+def local_env(
+    local_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
     env = {
+        # Results, journal and source cache of the session's own, never the repo's.
+        "AMIBAKE_RESULTS_DIR": str(tmp_path_factory.mktemp("results")),
+        "AMIBAKE_SOURCE_CACHE": str(tmp_path_factory.mktemp("sources")),
         "AMIBAKE_CLOUD": "local",
         "AMIBAKE_LOCAL_DIR": str(local_dir),
         "AMIBAKE_LOCAL_PORT": str(TEST_PORT),

@@ -76,3 +76,32 @@ def wait_until_clean(directory: Path, timeout_s: float = 5.0) -> list[str]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+def tagged_alive(cloud: Cloud, run_id: str) -> list[str]:
+    """Everything in the cloud tagged with the run id that still exists (independent of gc)."""
+    ec2 = cloud.ec2
+    tag = [{"Name": "tag:amibake:run-id", "Values": [run_id]}]
+    alive = [
+        f"instance {i['InstanceId']} {i['State']['Name']}"
+        for r in ec2.describe_instances(Filters=tag)["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] != "terminated"
+    ]
+    alive += [f"key-pair {k['KeyName']}" for k in ec2.describe_key_pairs(Filters=tag)["KeyPairs"]]
+    alive += [
+        f"security-group {g['GroupId']}"
+        for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]
+    ]
+    alive += [
+        f"launch-template {t['LaunchTemplateId']}"
+        for t in ec2.describe_launch_templates(Filters=tag)["LaunchTemplates"]
+    ]
+    alive += [
+        f"fleet {f['FleetId']} {f['FleetState']}"
+        for f in ec2.describe_fleets()["Fleets"]
+        if {"Key": "amibake:run-id", "Value": run_id} in f.get("Tags", [])
+        and not f["FleetState"].startswith("deleted")
+    ]
+    alive += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]]
+    return alive

@@ -1,0 +1,157 @@
+"""`amibake build` on the local cloud: the artifact, the cache, and nothing left behind when a
+run is killed at any step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from amibake import pipelines
+from amibake.cloud import Cloud
+from amibake.journal import Journal
+from amibake.runner import Interrupted
+from tests.helpers import tagged_alive, wait_until_clean
+
+FIXTURES = Path(__file__).parent / "recipes"
+STEPS_THAT_CREATE = [
+    "key-pair",
+    "security-group",
+    "launch-template",
+    "launch",
+    "connect",
+    "build",
+    "verify",
+    "fetch",
+]
+
+
+def request(**kw: object) -> pipelines.BuildRequest:
+    defaults: dict[str, object] = {
+        "families": ["c5a"],
+        "recipe": "trivial",
+        "size": "large",
+        "recipes_dir": FIXTURES,
+    }
+    return pipelines.BuildRequest(**{**defaults, **kw})  # type: ignore[arg-type]
+
+
+def journal(cloud: Cloud) -> Journal:
+    return Journal(cloud.config.results_dir / "journal.sqlite")
+
+
+def assert_nothing_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
+    assert tagged_alive(cloud, run_id) == []
+    assert journal(cloud).alive(run_id) == []
+    assert wait_until_clean(local_dir) == []
+
+
+def test_kernels_build_for_this_machine_family(cloud: Cloud, local_dir: Path) -> None:
+    outcome = pipelines.build(
+        cloud, request(recipe="kernels", recipes_dir=pipelines.recipes.RECIPES_DIR)
+    )[0]
+    assert outcome.ok, outcome.error
+    state = outcome.state
+    assert state is not None and state.artifact is not None
+    assert state.artifact.name == "kernels_c5a.tar.xz"
+    manifest = json.loads(state.artifact.with_name("kernels_c5a.manifest.json").read_text())
+    assert manifest["target"] == "zen2"
+    assert "-march=znver2" in manifest["cflags"]
+    assert manifest["compiler"].startswith("gcc@")
+    assert manifest["smoke"] == "passed"  # this machine runs zen2 code
+    with tarfile.open(state.artifact) as tar:
+        names = set(tar.getnames())
+        inner = json.loads(tar.extractfile("./manifest.json").read())  # type: ignore[union-attr]
+    assert {"./bin/kernels", "./manifest.json"} <= names
+    assert inner["files"] == manifest["files"]
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None and journal(cloud).run_state(run_id) == "succeeded"
+    assert_nothing_left(cloud, run_id, local_dir)
+
+
+def test_the_same_inputs_never_build_twice(cloud: Cloud) -> None:
+    first = pipelines.build(cloud, request())[0]
+    assert first.ok and not first.state.cache_hit  # type: ignore[union-attr]
+    second = pipelines.build(cloud, request())[0]
+    assert second.ok and second.state is not None and second.state.cache_hit
+    assert second.state.instance_id == ""  # nothing was launched
+
+
+def test_an_avx512_family_builds_and_reports_the_skipped_smoke_test(cloud: Cloud) -> None:
+    outcome = pipelines.build(cloud, request(families=["c7i"]))[0]
+    assert outcome.ok, outcome.error
+    assert outcome.state is not None
+    assert outcome.state.flags is not None and outcome.state.flags.target == "sapphirerapids"
+    # This machine (zen2) cannot run Sapphire Rapids code: reported, not failed.
+    assert outcome.state.smoke.startswith("skipped: this host's CPU cannot run sapphirerapids")
+
+
+def test_several_families_build_concurrently(cloud: Cloud, local_dir: Path) -> None:
+    outcomes = pipelines.build(cloud, request(families=["c6a", "c6i", "m5"]))
+    assert [o.ok for o in outcomes] == [True, True, True], [o.error for o in outcomes]
+    targets = {o.family: o.state.flags.target for o in outcomes}  # type: ignore[union-attr]
+    assert targets == {"c6a": "zen3", "c6i": "icelake", "m5": "skylake_avx512"}
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None
+    assert_nothing_left(cloud, run_id, local_dir)
+
+
+def _fresh(cloud: Cloud) -> None:
+    """Drop cached trivial artifacts so the next run builds."""
+    for path in (cloud.config.results_dir / "artifacts").glob("trivial_*"):
+        path.unlink()
+
+
+@pytest.mark.parametrize("step", STEPS_THAT_CREATE)
+def test_ctrl_c_after_any_step_leaves_nothing(cloud: Cloud, local_dir: Path, step: str) -> None:
+    _fresh(cloud)
+
+    def interrupt(name: str) -> None:
+        if name == step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        pipelines.build(cloud, request(), on_boundary=interrupt)
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None and journal(cloud).run_state(run_id) == "interrupted"
+    assert_nothing_left(cloud, run_id, local_dir)
+
+
+@pytest.mark.parametrize("step", STEPS_THAT_CREATE)
+def test_an_error_after_any_step_leaves_nothing(cloud: Cloud, local_dir: Path, step: str) -> None:
+    _fresh(cloud)
+
+    def explode(name: str) -> None:
+        if name == step:
+            raise RuntimeError(f"injected after {name}")
+
+    with pytest.raises(RuntimeError, match="injected"):
+        pipelines.build(cloud, request(), on_boundary=explode)
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None and journal(cloud).run_state(run_id) == "failed"
+    assert_nothing_left(cloud, run_id, local_dir)
+
+
+def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_dir: Path) -> None:
+    from amibake import gc
+
+    _fresh(cloud)
+
+    def explode(name: str) -> None:
+        if name == "connect":
+            raise RuntimeError("injected")
+
+    with pytest.raises(RuntimeError):
+        pipelines.build(cloud, request(keep_on_error=True), on_boundary=explode)
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None
+    kept = tagged_alive(cloud, run_id)
+    assert any(k.startswith("instance") for k in kept)
+    leftovers = gc.find(cloud, journal(cloud), run_id=run_id)
+    assert {x.kind for x in leftovers} >= {"instance", "key-pair", "security-group"}
+    assert gc.delete(cloud, journal(cloud), leftovers) == []
+    assert_nothing_left(cloud, run_id, local_dir)

@@ -1,0 +1,116 @@
+"""Family -> target -> flags, for the compilers that matter, including the fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from amibake import catalog, flags
+from amibake.errors import UnknownNameError, UserError
+
+# family, compiler, target, what the flags are for, a flag that must be there
+TABLE = [
+    ("c5", "gcc@11.4.1", "skylake_avx512", "skylake_avx512", "-march=skylake-avx512"),
+    ("c5a", "gcc@12.2.0", "zen2", "zen2", "-march=znver2"),
+    ("c6i", "gcc@11.4.1", "icelake", "icelake", "-march=icelake-client"),
+    ("c6a", "gcc@11.4.1", "zen3", "zen3", "-march=znver3"),
+    ("c6g", "gcc@11.4.1", "neoverse_n1", "neoverse_n1", "-mcpu=neoverse-n1"),
+    ("c7i", "gcc@11.4.1", "sapphirerapids", "sapphirerapids", "-march=sapphirerapids"),
+    ("c7a", "gcc@13.2.0", "zen4", "zen4", "-march=znver4"),
+    # gcc before 12.3 has no -march=znver4: archspec spells zen4 as znver3 plus AVX-512.
+    ("c7a", "gcc@12.2.0", "zen4", "zen4", "-mavx512f"),
+    # gcc 10.2 knows neither zen4 nor zen3 (10.3+): the best it can do is zen2.
+    ("c7a", "gcc@10.2.1", "zen4", "zen2", "-march=znver2"),
+    ("c7i", "gcc@10.2.1", "sapphirerapids", "icelake", "-march=icelake-client"),
+    ("c7g", "gcc@11.4.1", "neoverse_v1", "neoverse_v1", "-mcpu=neoverse-v1"),
+    ("c8g", "gcc@13.2.0", "neoverse_v2", "neoverse_v2", "-mcpu=neoverse-v2"),
+    ("c8g", "clang@11", "neoverse_v2", "armv8.5a", "-march=armv8.5-a"),
+    ("m7i", "gcc@12.2.0", "sapphirerapids", "sapphirerapids", "-march=sapphirerapids"),
+    ("m7g", "gcc@12.2.0", "neoverse_v1", "neoverse_v1", "-mcpu=neoverse-v1"),
+    ("r7i", "gcc@11.4.1", "sapphirerapids", "sapphirerapids", "-march=sapphirerapids"),
+]
+
+
+@pytest.mark.parametrize(("family", "compiler", "target", "used", "flag"), TABLE)
+def test_family_compiler_table(
+    family: str, compiler: str, target: str, used: str, flag: str
+) -> None:
+    result = flags.for_family(catalog.family(family), flags.Compiler.parse(compiler))
+    assert (result.target, result.used) == (target, used)
+    assert flag in result.cflags.split()
+    assert result.fell_back == (target != used)
+    if result.fell_back:
+        assert result.warning is not None and f"using {used}" in result.warning
+
+
+def test_a_family_that_lands_on_two_generations_targets_what_both_run() -> None:
+    # c5 lands on Skylake or Cascade Lake; Cascade Lake code may not run on Skylake.
+    assert flags.family_target(catalog.family("c5")).name == "skylake_avx512"
+
+
+def test_the_issue_families_are_all_there_and_valid() -> None:
+    known = catalog.families()
+    for name in ("c5", "c6i", "c6a", "c6g", "c7i", "c7a", "c7g", "c8g", "m7i", "m7g", "r7i"):
+        assert name in known
+    for family in known.values():
+        catalog.validate(family)
+
+
+def test_catalog_validation_rejects_bad_data() -> None:
+    bad = catalog.Family("x9", "arm64", ("sapphirerapids",), "?", ("large",))
+    with pytest.raises(catalog.CatalogError, match="is not arm64"):
+        catalog.validate(bad)
+
+
+def test_unknown_family_lists_close_matches() -> None:
+    with pytest.raises(UnknownNameError, match=r"unknown family 'c7x'; did you mean .*c7i"):
+        catalog.family("c7x")
+
+
+@pytest.mark.parametrize("text", ["gcc", "gcc@", "icc@2021", "gcc@twelve"])
+def test_compiler_spelling_errors(text: str) -> None:
+    with pytest.raises(UserError, match="is not NAME@VERSION"):
+        flags.Compiler.parse(text)
+
+
+def test_missing_features_reads_linux_cpuinfo_names() -> None:
+    zen2_cpuinfo = set(
+        [
+            "fpu",
+            "sse",
+            "sse2",
+            "pni",
+            "ssse3",
+            "sse4_1",
+            "sse4_2",
+            "avx",
+            "avx2",
+            "fma",
+            "f16c",
+            "bmi1",
+            "bmi2",
+            "popcnt",
+            "aes",
+            "pclmulqdq",
+            "movbe",
+            "abm",
+            "sse4a",
+            "mmx",
+            "mmxext",
+            "clflushopt",
+            "clwb",
+            "clzero",
+            "adx",
+            "rdrand",
+            "rdseed",
+            "sha_ni",
+            "xsavec",
+            "xsaveopt",
+            "xsaves",
+            "xsave",
+            "fsgsbase",
+            "cx16",
+            "lahf_lm",
+        ]
+    )
+    assert flags.missing_features("zen2", zen2_cpuinfo) == []
+    assert "avx512f" in flags.missing_features("sapphirerapids", zen2_cpuinfo)

@@ -1,0 +1,79 @@
+"""Recipes: loading, their errors (file and line), sources and their hashes, templates."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from amibake import recipes, render, sources
+from amibake.errors import UnknownNameError, UserError
+
+FIXTURES = Path(__file__).parent / "recipes"
+
+
+def copy_recipe(tmp_path: Path, name: str = "trivial") -> Path:
+    target = tmp_path / "recipes" / name
+    shutil.copytree(FIXTURES / "trivial", target)
+    return target
+
+
+def test_the_shipped_recipes_load() -> None:
+    kernels = recipes.load("kernels")
+    assert kernels.artifacts == ("bin/kernels",)
+    assert "-ffp-contract=off" in kernels.base_cflags
+
+
+def test_toml_error_names_file_and_line(tmp_path: Path) -> None:
+    recipe = copy_recipe(tmp_path)
+    (recipe / "recipe.toml").write_text('name = "trivial"\narchitectures = [x86_64]\n')
+    with pytest.raises(UserError, match=r"recipe.toml: .*line 2"):
+        recipes.load("trivial", recipe.parent)
+
+
+def test_structural_problems_are_reported_together(tmp_path: Path) -> None:
+    recipe = copy_recipe(tmp_path)
+    text = (recipe / "recipe.toml").read_text()
+    text = text.replace('"x86_64", "arm64"', '"x86_64", "sparc"').replace("build.sh.j2", "nope.j2")
+    (recipe / "recipe.toml").write_text(text)
+    with pytest.raises(UserError) as caught:
+        recipes.load("trivial", recipe.parent)
+    assert "'sparc' is not one of" in str(caught.value)
+    assert "nope.j2 not found" in str(caught.value)
+
+
+def test_unknown_recipe_suggests_close_names() -> None:
+    with pytest.raises(UnknownNameError, match="did you mean kernels"):
+        recipes.load("kernel")
+
+
+def test_a_template_with_an_undefined_variable_is_an_error(tmp_path: Path) -> None:
+    template = tmp_path / "build.sh.j2"
+    template.write_text("#!/bin/bash\nmake -j{{ jobs }} CFLAGS='{{ cflgas }}'\n")
+    with pytest.raises(UserError, match=r"build.sh.j2: 'cflgas' is undefined"):
+        render.render(template, jobs=2)
+
+
+def test_a_rendered_script_that_does_not_parse_is_refused() -> None:
+    with pytest.raises(UserError, match="does not parse"):
+        render.check_shell("#!/bin/bash\nif true; then\n", "broken.sh")
+
+
+def test_source_packing_is_reproducible(tmp_path: Path) -> None:
+    recipe = copy_recipe(tmp_path)
+    first = recipes.pack_directory(recipe / "src")
+    (recipe / "src" / "hello.c").touch()  # a new mtime must not change the bytes
+    assert recipes.pack_directory(recipe / "src") == first
+
+
+def test_source_add_refuses_a_file_no_recipe_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMIBAKE_SOURCE_CACHE", str(tmp_path / "cache"))
+    stray = tmp_path / "zstd-1.5.6.tar.gz"
+    stray.write_bytes(b"not the real tarball")
+    with pytest.raises(UserError, match="matches no accepted source"):
+        sources.add(stray)
+    cache = tmp_path / "cache"
+    assert not cache.exists() or not any(cache.iterdir())
