@@ -38,11 +38,14 @@ lint: install
 	$(BIN)/ruff format --check amibake fleet tests benchmarks
 	$(BIN)/mypy
 
-# The main job on the local cloud: start it, build the kernels recipe for c7i, leave nothing.
+# The main job on the local cloud: start it, show the plan, build the kernels recipe for c7i
+# (AVX-512) and c5a (this machine's zen2, so its smoke test runs), then prove nothing is left.
 demo: install
-	$(BIN)/amibake --cloud local build --family c7i --recipe kernels
-	$(BIN)/amibake --cloud local gc
-	$(BIN)/amibake local down --cloud local
+	$(BIN)/amibake families --compiler gcc@12.2
+	$(BIN)/amibake build --cloud local --family c7i --recipe kernels --dry-run
+	$(BIN)/amibake build --cloud local --family c7i,c5a --recipe kernels
+	$(BIN)/amibake gc --cloud local --dry-run
+	$(BIN)/amibake local down
 
 bench: install
 	$(BIN)/python -m benchmarks

@@ -149,9 +149,11 @@ def _build(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         recipes_dir=cfg.recipes_dir,
     )
-    pipelines.prepare(request, cfg.results_dir)  # bad input fails here, before any cloud call
+    states = pipelines.prepare(request, cfg.results_dir)  # bad input fails before any cloud call
+    cloud = connect(cfg)
+    pipelines.preflight_all(cloud, states)  # ... or here, before anything is created
     logs.to_terminal()
-    outcomes = pipelines.build(connect(cfg), request)
+    outcomes = pipelines.build(cloud, request, states=states)
     summaries = [o.summary() for o in outcomes]
     _print(args, summaries, _build_text)
     return 0 if all(o.ok for o in outcomes) else 1

@@ -19,7 +19,7 @@ from amibake.logs import to_file
 from amibake.runner import Boundary, Interrupted, RunContext, Runner, Step, new_run_id
 from amibake.steps.access import KeyPair, SecurityGroup
 from amibake.steps.launch import LaunchFleet, LaunchTemplate
-from amibake.steps.preflight import ArtifactCache, Preflight, candidate_sizes
+from amibake.steps.preflight import ArtifactCache, candidate_sizes, preflight
 from amibake.steps.remote_build import Build, Connect, Fetch, Verify, render_build_script
 from amibake.steps.state import BuildState
 
@@ -28,19 +28,23 @@ log = logging.getLogger("amibake")
 AL2023_COMPILER = Compiler("gcc", "11.4.1")
 
 
+# After the preflight phase (which creates nothing and so is not a step with a cleanup).
+BUILD_STEPS = (
+    ArtifactCache,
+    KeyPair,
+    SecurityGroup,
+    LaunchTemplate,
+    LaunchFleet,
+    Connect,
+    Build,
+    Verify,
+    Fetch,
+)
+PLAN = ["preflight", *(step.name for step in BUILD_STEPS)]
+
+
 def build_steps(context: RunContext) -> list[Step[BuildState]]:
-    return [
-        Preflight(context),
-        ArtifactCache(),
-        KeyPair(context),
-        SecurityGroup(context),
-        LaunchTemplate(context),
-        LaunchFleet(context),
-        Connect(context),
-        Build(context),
-        Verify(context),
-        Fetch(context),
-    ]
+    return [step(context) for step in BUILD_STEPS]
 
 
 @dataclass
@@ -144,35 +148,33 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
                 f"recipe {recipe.name} builds for {', '.join(recipe.architectures)} only; "
                 f"family {name} is {family.architecture}"
             )
+        # A trial render: an undefined variable or a script that does not parse fails here,
+        # not after an instance was launched. The real render uses the instance's compiler.
+        render_build_script(state, for_family(family, request.compiler), jobs=2)
         states.append(state)
     return states
 
 
-def dry_run(cloud: Cloud, states: list[BuildState]) -> list[BuildOutcome]:
-    """Preflight against the cloud (creates nothing), then show the plan and the script."""
-    from amibake.journal import Journal
-
-    outcomes = []
-    context = RunContext(
-        run_id="dry-run",
-        cloud=cloud,
-        journal=Journal(cloud.config.results_dir / "journal.sqlite"),
-        tags={},
-        log_dir=cloud.config.results_dir / "logs" / "dry-run",
-    )
+def preflight_all(cloud: Cloud, states: list[BuildState]) -> None:
+    """Check every build against the cloud; creates nothing, so it is not journaled."""
     for state in states:
-        Preflight(context).run(state)
+        preflight(cloud, state)
+
+
+def dry_run(states: list[BuildState]) -> list[BuildOutcome]:
+    """The plan and the rendered script of each (preflighted) build."""
+    outcomes = []
+    for state in states:
         state.compiler = state.expected_compiler
         state.flags = for_family(state.family, state.compiler)
-        script = render_build_script(state, jobs=2)
-        plan = [step.name for step in build_steps(context)]
+        script = render_build_script(state, state.flags, jobs=2)
         outcomes.append(
             BuildOutcome(
                 state.family.name,
                 True,
                 state,
                 extra={
-                    "plan": plan,
+                    "plan": PLAN,
                     "base_ami": state.base_ami,
                     "instance_types": [
                         state.family.instance_type(s) for s in candidate_sizes(state)
@@ -184,16 +186,21 @@ def dry_run(cloud: Cloud, states: list[BuildState]) -> list[BuildOutcome]:
                 },
             )
         )
-    context.journal.close()
     return outcomes
 
 
 def build(
-    cloud: Cloud, request: BuildRequest, on_boundary: Boundary | None = None
+    cloud: Cloud,
+    request: BuildRequest,
+    on_boundary: Boundary | None = None,
+    states: list[BuildState] | None = None,
 ) -> list[BuildOutcome]:
-    states = prepare(request, cloud.config.results_dir)
+    """Build every requested family. `states`, if given, are already prepared and preflighted."""
+    if states is None:
+        states = prepare(request, cloud.config.results_dir)
+        preflight_all(cloud, states)
     if request.dry_run:
-        return dry_run(cloud, states)
+        return dry_run(states)
     with open_run(cloud, f"build {','.join(request.families)} {request.recipe}") as context:
         context.keep_on_error = request.keep_on_error
 

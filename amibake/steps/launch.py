@@ -19,6 +19,7 @@ from amibake.steps.state import BuildState
 log = logging.getLogger("amibake")
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow"}
 CAPACITY_ATTEMPTS = 3
+CAPACITY_BACKOFF_S = 0.5
 
 
 class LaunchTemplate:
@@ -158,7 +159,8 @@ class LaunchFleet:
                 ]
                 if not codes & CAPACITY_ERRORS:
                     break
-                time.sleep(min(0.5 * 2**attempt, 5.0))
+                if attempt < CAPACITY_ATTEMPTS - 1:
+                    time.sleep(min(CAPACITY_BACKOFF_S * 2**attempt, 5.0))
         pools = ", ".join(dict.fromkeys(state.pools_tried))
         hint = (
             ""

@@ -9,6 +9,7 @@ import logging
 
 import botocore.exceptions
 
+from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
@@ -36,71 +37,58 @@ def candidate_sizes(state: BuildState) -> list[str]:
     return sizes[at : at + 2]
 
 
-class Preflight:
-    name = "preflight"
+def preflight(cloud: Cloud, state: BuildState) -> None:
+    """Everything that can be checked against the cloud without creating anything."""
+    family, recipe = state.family, state.recipe
+    ec2 = cloud.ec2
+    sizes = candidate_sizes(state)
+    types = [family.instance_type(s) for s in sizes]
+    try:
+        parameter = BASE_AMI_PARAMETER[family.architecture]
+        state.base_ami = cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
+        offered = ec2.describe_instance_type_offerings(
+            Filters=[{"Name": "instance-type", "Values": types}]
+        )["InstanceTypeOfferings"]
+        described = ec2.describe_instance_types(InstanceTypes=types)["InstanceTypes"]
+    except botocore.exceptions.ClientError as exc:
+        raise CloudError(f"preflight for {family.name}: {exc}") from exc
+    if not offered:
+        raise UserError(f"none of {', '.join(types)} is offered in {cloud.config.region}")
+    memory = {t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"] for t in described}
+    smallest = min(memory.values()) if memory else 0
+    if recipe.tmpfs_max_mb and smallest and recipe.tmpfs_max_mb > smallest:
+        raise UserError(
+            f"{recipe.file}: build.tmpfs_max_mb {recipe.tmpfs_max_mb} is larger than the "
+            f"memory of {types[0]} ({smallest} MiB); lower it or pick a larger --size"
+        )
+    try:
+        ec2.run_instances(
+            DryRun=True, ImageId=state.base_ami, InstanceType=types[0], MinCount=1, MaxCount=1
+        )
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) != "DryRunOperation":
+            raise CloudError(f"dry-run launch of {types[0]} refused: {exc}") from exc
+    state.cache_key = cache_key(state)
 
-    def __init__(self, context: RunContext) -> None:
-        self.context = context
 
-    def run(self, state: BuildState) -> None:
-        family, recipe = state.family, state.recipe
-        if family.architecture not in recipe.architectures:
-            raise UserError(
-                f"recipe {recipe.name} builds for {', '.join(recipe.architectures)} only; "
-                f"family {family.name} is {family.architecture}"
-            )
-        ec2 = self.context.cloud.ec2
-        sizes = candidate_sizes(state)
-        types = [family.instance_type(s) for s in sizes]
-        try:
-            parameter = BASE_AMI_PARAMETER[family.architecture]
-            state.base_ami = self.context.cloud.ssm.get_parameter(Name=parameter)["Parameter"][
-                "Value"
-            ]
-            offered = ec2.describe_instance_type_offerings(
-                Filters=[{"Name": "instance-type", "Values": types}]
-            )["InstanceTypeOfferings"]
-            described = ec2.describe_instance_types(InstanceTypes=types)["InstanceTypes"]
-        except botocore.exceptions.ClientError as exc:
-            raise CloudError(f"preflight for {family.name}: {exc}") from exc
-        if not offered:
-            raise UserError(
-                f"none of {', '.join(types)} is offered in {self.context.cloud.config.region}"
-            )
-        memory = {t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"] for t in described}
-        smallest = min(memory.values()) if memory else 0
-        if recipe.tmpfs_max_mb and smallest and recipe.tmpfs_max_mb > smallest:
-            raise UserError(
-                f"{recipe.file}: build.tmpfs_max_mb {recipe.tmpfs_max_mb} is larger than the "
-                f"memory of {types[0]} ({smallest} MiB); lower it or pick a larger --size"
-            )
-        try:
-            ec2.run_instances(
-                DryRun=True, ImageId=state.base_ami, InstanceType=types[0], MinCount=1, MaxCount=1
-            )
-        except botocore.exceptions.ClientError as exc:
-            if error_code(exc) != "DryRunOperation":
-                raise CloudError(f"dry-run launch of {types[0]} refused: {exc}") from exc
-        state.cache_key = self._cache_key(state)
-
-    def _cache_key(self, state: BuildState) -> str:
-        # The base AMI fixes the compiler (and so the flags) the build will get.
-        inputs = {
-            "recipe": state.recipe.digest(),
-            "source": state.source.sha256,
-            "target": family_target(state.family).name,
-            "base_ami": state.base_ami,
-        }
-        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-
-    def cleanup(self, state: BuildState) -> None:
-        pass
+def cache_key(state: BuildState) -> str:
+    # The base AMI fixes the compiler (and so the flags) the build will get.
+    inputs = {
+        "recipe": state.recipe.digest(),
+        "source": state.source.sha256,
+        "target": family_target(state.family).name,
+        "base_ami": state.base_ami,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 class ArtifactCache:
     """The same inputs never build twice: a matching, intact artifact ends the run here."""
 
     name = "artifact-cache"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
 
     def run(self, state: BuildState) -> None:
         manifest_path = state.artifacts_dir / f"{state.label}.manifest.json"

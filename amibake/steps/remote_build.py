@@ -85,7 +85,7 @@ class Build:
         if state.recipe.tmpfs_max_mb:
             tmpfs_mb = min(tmpfs_mb, state.recipe.tmpfs_max_mb)
         work = state.work_dir
-        state.build_script = render_build_script(state, cpus)
+        state.build_script = render_build_script(state, state.flags, cpus)
         user = self.context.cloud.config.ssh_user
         remote.script(
             f"""
@@ -114,16 +114,15 @@ class Build:
         pass  # the tmpfs dies with the instance
 
 
-def render_build_script(state: BuildState, jobs: int) -> str:
-    assert state.flags is not None and state.compiler is not None
+def render_build_script(state: BuildState, flags: flags_module.Flags, jobs: int) -> str:
     work = state.work_dir
     script = render(
         state.recipe.directory / state.recipe.template,
         family=state.family.name,
-        target=state.flags.used,
-        cc=state.compiler.name,
+        target=flags.used,
+        cc=flags.compiler.name,
         base_cflags=state.recipe.base_cflags,
-        cflags=state.flags.cflags,
+        cflags=flags.cflags,
         src_dir=f"{work}/src",
         out_dir=f"{work}/out",
         jobs=jobs,

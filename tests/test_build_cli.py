@@ -1,0 +1,114 @@
+"""`amibake build` bad input: one line, exit 2, and nothing created."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from amibake.cli import main
+from amibake.cloud import Cloud
+from amibake.journal import Journal
+
+FIXTURES = Path(__file__).parent / "recipes"
+
+
+@pytest.fixture
+def recipes_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "recipes"
+    shutil.copytree(FIXTURES / "trivial", root / "trivial")
+    monkeypatch.setenv("AMIBAKE_RECIPES_DIR", str(root))
+    return root / "trivial"
+
+
+def _resources(cloud: Cloud) -> int:
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    return len(journal.alive()) + len(cloud.ec2.describe_key_pairs()["KeyPairs"])
+
+
+def _fails_cleanly(cloud: Cloud, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    before = _resources(cloud)
+    assert main(["build", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("amibake: error: ")
+    assert _resources(cloud) == before, "bad input created something"
+    return err
+
+
+def test_unknown_family_lists_close_matches(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _fails_cleanly(cloud, capsys, "--family", "c7ii", "--recipe", "kernels")
+    assert "unknown family 'c7ii'; did you mean c7i" in err
+
+
+def test_recipe_toml_error_names_file_and_line(
+    cloud: Cloud, recipes_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (recipes_dir / "recipe.toml").write_text('name = "trivial"\n[build\ntemplate = "x"\n')
+    err = _fails_cleanly(cloud, capsys, "--family", "c5a", "--recipe", "trivial")
+    assert "recipe.toml" in err and "line 2" in err
+
+
+def test_template_with_undefined_variable(
+    cloud: Cloud, recipes_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (recipes_dir / "build.sh.j2").write_text("#!/bin/bash\n{{ cc }} {{ optimisation }} hello.c\n")
+    err = _fails_cleanly(cloud, capsys, "--family", "c5a", "--recipe", "trivial")
+    assert "'optimisation' is undefined" in err
+
+
+def test_arm64_family_with_an_x86_only_recipe(
+    cloud: Cloud, recipes_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    toml = recipes_dir / "recipe.toml"
+    toml.write_text(toml.read_text().replace('["x86_64", "arm64"]', '["x86_64"]'))
+    err = _fails_cleanly(cloud, capsys, "--family", "c7g", "--recipe", "trivial")
+    assert "builds for x86_64 only; family c7g is arm64" in err
+
+
+def test_tmpfs_larger_than_memory(
+    cloud: Cloud, recipes_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    toml = recipes_dir / "recipe.toml"
+    toml.write_text(toml.read_text().replace("tmpfs_max_mb = 256", "tmpfs_max_mb = 999999"))
+    err = _fails_cleanly(cloud, capsys, "--family", "c5a", "--recipe", "trivial")
+    assert "tmpfs_max_mb 999999 is larger than the memory of c5a.large" in err
+
+
+def test_size_the_family_does_not_offer(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _fails_cleanly(cloud, capsys, "--family", "c5a", "--size", "huge", "--recipe", "kernels")
+    assert "size 'huge' is not offered for c5a" in err
+
+
+def test_source_with_the_wrong_sha256(
+    cloud: Cloud, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "zstd-1.5.6.tar.gz"
+    fake.write_bytes(b"tampered")
+    assert main(["source", "add", str(fake)]) == 2
+    assert "matches no accepted source" in capsys.readouterr().err
+
+
+def test_dry_run_shows_plan_and_script_and_creates_nothing(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _resources(cloud)
+    assert main(["build", "--family", "c7a", "--recipe", "kernels", "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)[0]
+    assert plan["plan"][0] == "preflight" and plan["plan"][-1] == "fetch"
+    assert "-mavx512f" in plan["flags"]  # zen4 on AL2023's gcc 11.4
+    assert "-O3 -ffp-contract=off -fopenmp" in plan["build_script"]
+    assert plan["created"] == []
+    assert _resources(cloud) == before
+
+
+def test_families_lists_targets_and_fallbacks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["families", "--compiler", "gcc@10.2", "--json"]) == 0
+    rows = {r["family"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["c7a"]["target"] == "zen4"
+    assert "(fallback: zen2)" in rows["c7a"]["flags"]
+    assert rows["c6g"]["arch"] == "arm64"

@@ -1,0 +1,273 @@
+"""Faults injected into real runs on the local cloud: each ends in a recovered run or a clear
+error, and never in a leak."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from amibake import pipelines
+from amibake.cli import main
+from amibake.cloud import Cloud
+from amibake.journal import Journal
+from amibake.steps import launch
+from tests.helpers import tagged_alive, wait_until_clean
+from tests.test_build import FIXTURES, assert_nothing_left, request
+
+
+class _Body:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.body
+
+
+def _ec2_error(code: str, status: int) -> AWSResponse:
+    body = (
+        f"<Response><Errors><Error><Code>{code}</Code><Message>injected</Message></Error>"
+        "</Errors><RequestID>injected</RequestID></Response>"
+    ).encode()
+    return AWSResponse("https://ec2.local", status, {}, _Body(body))  # type: ignore[arg-type]
+
+
+@contextmanager
+def failing(
+    cloud: Cloud, operation: str, code: str, times: int, status: int = 400
+) -> Iterator[list[int]]:
+    """The next `times` calls of an operation fail on the wire with `code` (botocore parses and
+    retries them as it would a real response)."""
+    hits = [0]
+
+    def handler(**_: Any) -> AWSResponse | None:
+        if hits[0] < times:
+            hits[0] += 1
+            return _ec2_error(code, status)
+        return None
+
+    event = f"before-send.ec2.{operation}"
+    cloud.ec2.meta.events.register(event, handler)
+    try:
+        yield hits
+    finally:
+        cloud.ec2.meta.events.unregister(event, handler)
+
+
+@pytest.fixture(autouse=True)
+def fresh_artifacts(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    for path in (cloud.config.results_dir / "artifacts").glob("trivial_*"):
+        path.unlink()
+    monkeypatch.setattr(launch, "CAPACITY_BACKOFF_S", 0.05)
+
+
+def _last_run(cloud: Cloud) -> str:
+    run_id = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
+    assert run_id is not None
+    return run_id
+
+
+@pytest.mark.parametrize(
+    "operation",
+    ["CreateKeyPair", "CreateSecurityGroup", "DescribeInstances", "DeleteSecurityGroup"],
+)
+def test_throttling_on_create_describe_and_cleanup_is_retried(
+    cloud: Cloud, local_dir: Path, operation: str
+) -> None:
+    with failing(cloud, operation, "RequestLimitExceeded", times=2, status=503) as hits:
+        outcome = pipelines.build(cloud, request())[0]
+    assert hits[0] == 2
+    assert outcome.ok, outcome.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def _no_capacity(markets: set[str]) -> Any:
+    def handler(params: dict[str, Any], **_: Any) -> Any:
+        # before-call sees the serialized EC2 query request.
+        market = params["body"]["TargetCapacitySpecification.DefaultTargetCapacityType"]
+        if market not in markets:
+            return None
+        parsed = {
+            "Errors": [
+                {
+                    "ErrorCode": "InsufficientInstanceCapacity",
+                    "ErrorMessage": "injected",
+                    "Lifecycle": market,
+                }
+            ],
+            "Instances": [],
+            "ResponseMetadata": {"HTTPStatusCode": 200},
+        }
+        return AWSResponse("https://ec2.local", 200, {}, None), parsed  # type: ignore[arg-type]
+
+    return handler
+
+
+def test_no_capacity_in_any_pool_names_the_pools_and_leaves_nothing(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    handler = _no_capacity({"spot", "on-demand"})
+    cloud.ec2.meta.events.register("before-call.ec2.CreateFleet", handler)
+    try:
+        outcomes = pipelines.build(cloud, request(families=["c5a", "c6a"]))
+    finally:
+        cloud.ec2.meta.events.unregister("before-call.ec2.CreateFleet", handler)
+    assert len(outcomes) == 2
+    for o in outcomes:
+        assert not o.ok
+        assert f"no capacity for {o.family} after trying {o.family}.large/" in o.error
+        assert f"{o.family}.xlarge/" in o.error
+        assert "--on-demand-fallback" in o.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def test_spot_without_capacity_falls_back_to_on_demand_when_allowed(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    handler = _no_capacity({"spot"})
+    cloud.ec2.meta.events.register("before-call.ec2.CreateFleet", handler)
+    try:
+        outcome = pipelines.build(cloud, request(on_demand_fallback=True))[0]
+    finally:
+        cloud.ec2.meta.events.unregister("before-call.ec2.CreateFleet", handler)
+    assert outcome.ok, outcome.error
+    assert outcome.state is not None and outcome.state.market == "on-demand"
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def test_instance_not_found_right_after_launch_is_eventual_consistency(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    with failing(cloud, "DescribeInstances", "InvalidInstanceID.NotFound", times=2) as hits:
+        outcome = pipelines.build(cloud, request())[0]
+    assert hits[0] == 2
+    assert outcome.ok, outcome.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def _recipe_variant(tmp_path: Path, build_line: str) -> Path:
+    root = tmp_path / "recipes"
+    shutil.copytree(FIXTURES / "trivial", root / "trivial")
+    template = root / "trivial" / "build.sh.j2"
+    template.write_text(
+        template.read_text().replace("cd {{ src_dir }}", f"cd {{{{ src_dir }}}}\n{build_line}")
+    )
+    return root
+
+
+def test_a_failing_build_script_is_a_clear_error(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    root = _recipe_variant(tmp_path, "echo 'compiler says no' >&2; exit 3")
+    outcome = pipelines.build(cloud, request(recipes_dir=root))[0]
+    assert not outcome.ok
+    assert "exited 3" in outcome.error and "compiler says no" in outcome.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def _runs(results: Path) -> set[Path]:
+    return set(results.glob("logs/*"))
+
+
+def _wait_for_log(results: Path, marker: str, before: set[Path], timeout_s: float = 30) -> None:
+    """Wait for a marker in the log of a run that was not there before (not an older test's)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for log in (p for run in _runs(results) - before for p in run.glob("*.log")):
+            if marker in log.read_text(errors="replace"):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{marker!r} never appeared in the build logs")
+
+
+def test_ssh_dropping_mid_build_is_a_clear_error(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    root = _recipe_variant(tmp_path, "echo amibake-test-sleeping; sleep 60")
+    marker = str(local_dir.resolve() / "sandboxes")
+
+    before = _runs(cloud.config.results_dir)
+
+    def drop_connections() -> None:
+        _wait_for_log(cloud.config.results_dir, "amibake-test-sleeping", before)
+        # Kill the sandbox's per-connection sshd processes, as a network drop would end them.
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+                root_dir = os.readlink(proc / "root")
+            except OSError:
+                continue
+            if root_dir.startswith(marker) and "sshd: ec2-user" in cmdline:
+                os.kill(int(proc.name), signal.SIGKILL)
+
+    dropper = threading.Thread(target=drop_connections)
+    dropper.start()
+    started = time.monotonic()
+    outcome = pipelines.build(cloud, request(recipes_dir=root))[0]
+    dropper.join()
+    assert not outcome.ok
+    assert "connection lost" in outcome.error
+    assert time.monotonic() - started < 30  # it did not wait for the 60 s sleep
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def test_sigkill_mid_build_then_gc_leaves_nothing(
+    cloud: Cloud, local_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _recipe_variant(tmp_path, "echo amibake-test-sleeping; sleep 60")
+    env = {**os.environ, "AMIBAKE_RECIPES_DIR": str(root)}
+    before = _runs(cloud.config.results_dir)
+    build = subprocess.Popen(
+        [sys.executable, "-m", "amibake", "build", "--family", "c5a", "--recipe", "trivial"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for_log(cloud.config.results_dir, "amibake-test-sleeping", before)
+    finally:
+        build.kill()
+        build.wait()
+    run_id = _last_run(cloud)
+    assert tagged_alive(cloud, run_id), "the killed build should have left its resources"
+    assert main(["gc"]) == 0
+    assert "deleted instance" in capsys.readouterr().out
+    assert tagged_alive(cloud, run_id) == []
+    assert Journal(cloud.config.results_dir / "journal.sqlite").alive(run_id) == []
+    assert wait_until_clean(local_dir) == []
+
+
+def test_gc_dry_run_lists_without_deleting(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def explode(name: str) -> None:
+        if name == "launch":
+            raise RuntimeError("injected")
+
+    with pytest.raises(RuntimeError):
+        pipelines.build(cloud, request(keep_on_error=True), on_boundary=explode)
+    run_id = _last_run(cloud)
+    assert main(["gc", "--dry-run", "--run-id", run_id]) == 0
+    listed = capsys.readouterr().out
+    assert "would delete instance" in listed and "would delete key-pair" in listed
+    assert tagged_alive(cloud, run_id)
+    assert main(["gc", "--run-id", run_id]) == 0
+    assert tagged_alive(cloud, run_id) == []
+
+
+def test_unknown_older_than_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gc", "--older-than", "two hours"]) == 2
+    assert "use a number and a unit" in capsys.readouterr().err
