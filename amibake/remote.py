@@ -130,6 +130,11 @@ class Remote:
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise RemoteError(f"{self.name}: cannot connect: {exc}") from exc
+        # paramiko leaves Nagle's algorithm on: each small request then waits for a delayed
+        # ACK, about 40 ms a command (measured: 49.7 ms -> 6.0 ms for /bin/true).
+        transport = self.connection.transport
+        if transport is not None:
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def close(self) -> None:
         self.connection.close()

@@ -17,7 +17,7 @@ from amibake import config
 from amibake.cloud import connect
 from amibake.local import control
 
-MODULES = ["benchmarks.bench_local_cloud"]
+MODULES = ["benchmarks.bench_local_cloud", "benchmarks.bench_build"]
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
             AMIBAKE_LOCAL_DIR=tmp,
             AMIBAKE_LOCAL_PORT="5180",
             AMIBAKE_LOCAL_SUBNET="127.80.0.0/16",
+            AMIBAKE_RESULTS_DIR=str(Path(tmp) / "results"),
         )
         cfg = config.load()
         cloud = connect(cfg)
