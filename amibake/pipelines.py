@@ -189,6 +189,25 @@ def dry_run(states: list[BuildState]) -> list[BuildOutcome]:
     return outcomes
 
 
+def _how_to_debug(context: RunContext, state: BuildState) -> None:
+    """--keep-on-error: say how to reach the kept instance, and how to clean up after."""
+    if not state.instance_id or not state.private_key:
+        return
+    key_file = context.log_dir / f"{state.family.name}.pem"
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.touch(mode=0o600)
+    key_file.write_text(state.private_key)
+    try:
+        from amibake.cloud.reach import describe
+
+        host, port = context.cloud.ssh_endpoint(describe(context.cloud, state.instance_id))
+        where = f"ssh -i {key_file} -p {port} {context.cloud.config.ssh_user}@{host}"
+    except AmibakeError as exc:
+        where = f"(no address yet: {exc})"
+    log.warning("kept %s for debugging: %s", state.instance_id, where)
+    log.warning("when done: amibake gc --run-id %s", context.run_id)
+
+
 def build(
     cloud: Cloud,
     request: BuildRequest,
@@ -206,7 +225,12 @@ def build(
 
         def one(state: BuildState) -> BuildOutcome:
             try:
-                Runner(context, build_steps(context), on_boundary).run(state)
+                try:
+                    Runner(context, build_steps(context), on_boundary, state.family.name).run(state)
+                except BaseException:
+                    if request.keep_on_error:
+                        _how_to_debug(context, state)
+                    raise
                 return BuildOutcome(state.family.name, True, state)
             except AmibakeError as exc:
                 if isinstance(exc, UserError) and len(states) == 1:

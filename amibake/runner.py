@@ -77,11 +77,17 @@ Boundary = Callable[[str], None]
 
 class Runner(Generic[S]):
     def __init__(
-        self, context: RunContext, steps: Sequence[Step[S]], on_boundary: Boundary | None = None
+        self,
+        context: RunContext,
+        steps: Sequence[Step[S]],
+        on_boundary: Boundary | None = None,
+        label: str = "",
     ) -> None:
         self.context = context
         self.steps = steps
         self.on_boundary = on_boundary
+        # Several runners share a run (one per family): the label tells their lines apart.
+        self.prefix = f"[{context.run_id}{' ' + label if label else ''}]"
 
     def run(self, state: S) -> S:
         started: list[Step[S]] = []
@@ -91,7 +97,7 @@ class Runner(Generic[S]):
                 self.context.check_cancel()
                 if getattr(state, "finished_early", False):
                     break
-                log.info("[%s] %s", self.context.run_id, step.name)
+                log.info("%s %s", self.prefix, step.name)
                 started.append(step)
                 step.run(state)
                 if self.on_boundary is not None:
@@ -118,8 +124,8 @@ class Runner(Generic[S]):
                 step.cleanup(state)
             except Exception as exc:
                 log.error(
-                    "[%s] cleanup of %s failed: %s; finish by hand with: amibake gc --run-id %s",
-                    self.context.run_id,
+                    "%s cleanup of %s failed: %s; finish by hand with: amibake gc --run-id %s",
+                    self.prefix,
                     step.name,
                     exc,
                     self.context.run_id,

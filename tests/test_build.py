@@ -151,6 +151,8 @@ def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_
     assert run_id is not None
     kept = tagged_alive(cloud, run_id)
     assert any(k.startswith("instance") for k in kept)
+    key_file = cloud.config.results_dir / "logs" / run_id / "c5a.pem"
+    assert key_file.stat().st_mode & 0o777 == 0o600
     leftovers = gc.find(cloud, journal(cloud), run_id=run_id)
     assert {x.kind for x in leftovers} >= {"instance", "key-pair", "security-group"}
     assert gc.delete(cloud, journal(cloud), leftovers) == []
