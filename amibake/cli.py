@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     add = source_commands.add_parser("add", help="check a source archive's sha256 and cache it")
     add.add_argument("file")
     _common(add)
+    has = source_commands.add_parser("has", help="exit 0 if a recipe's source is in the cache")
+    has.add_argument("recipe")
+    _common(has)
 
     interrupt = local_commands.add_parser(
         "interrupt", help="raise a spot interruption notice on an instance's IMDS"
@@ -244,6 +247,17 @@ def _source(args: argparse.Namespace) -> int:
 
     from amibake import sources
 
+    if args.source_command == "has":
+        from amibake import recipes as recipes_module
+
+        cfg = _config(args)
+        found = sources.resolve(recipes_module.load(args.recipe, cfg.recipes_dir))
+        _print(
+            args,
+            {"sha256": found.sha256, "path": str(found.path)},
+            lambda r: f"{args.recipe}: {r['path']}",
+        )
+        return 0
     source, recipes = sources.add(Path(args.file))
     _print(
         args,
