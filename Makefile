@@ -6,8 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Debian packages: sshd for the local cloud's sandboxes, sudo and passwd for its cloud-init
 # emulation, curl for IMDS calls inside sandboxes, shellcheck for rendered scripts,
-# binutils (objdump) for the ISA scan, xz for artifacts.
-APT_PACKAGES := openssh-server sudo passwd curl shellcheck binutils xz-utils util-linux
+# binutils (objdump) for the ISA scan, xz for artifacts, and an arm64 cross compiler because
+# every local-cloud instance runs on this machine's CPU, Graviton families included.
+APT_PACKAGES := openssh-server sudo passwd curl shellcheck binutils xz-utils util-linux \
+	gcc-aarch64-linux-gnu libc6-dev-arm64-cross
 
 .PHONY: install system-packages zstd-source test lint demo bench ci clean
 

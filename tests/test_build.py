@@ -157,3 +157,40 @@ def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_
     assert {x.kind for x in leftovers} >= {"instance", "key-pair", "security-group"}
     assert gc.delete(cloud, journal(cloud), leftovers) == []
     assert_nothing_left(cloud, run_id, local_dir)
+
+
+def test_a_graviton_family_builds_and_its_isa_scan_reads_arm64(cloud: Cloud) -> None:
+    # Every local instance runs on this machine's CPU: arm64 builds go through the cross gcc.
+    outcome = pipelines.build(
+        cloud,
+        request(families=["c7g"], recipe="kernels", recipes_dir=pipelines.recipes.RECIPES_DIR),
+    )[0]
+    assert outcome.ok, outcome.error
+    assert outcome.state is not None and outcome.state.cc == "aarch64-linux-gnu-gcc"
+    assert "-mcpu=neoverse-v1" in outcome.state.manifest["cflags"]
+    assert outcome.state.isa_features == ["sve"]  # neoverse-v1 has SVE, and the scan saw it
+
+
+def test_instructions_beyond_the_target_fail_the_isa_scan(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    root = tmp_path / "recipes"
+    shutil.copytree(FIXTURES / "trivial", root / "trivial")
+    source = root / "trivial" / "src" / "hello.c"
+    # A vector loop that -mavx512f turns into zmm code; zen2 (c5a) has no AVX-512.
+    source.write_text(
+        "#include <stdio.h>\nfloat a[4096], b[4096];\n"
+        "int main(void) { for (int i = 0; i < 4096; i++) a[i] = a[i] * 2.0f + b[i];\n"
+        '  printf("hello from %f\\n", a[7]); return 0; }\n'
+    )
+    template = root / "trivial" / "build.sh.j2"
+    template.write_text(template.read_text().replace("{{ cflags }}", "{{ cflags }} -O3 -mavx512f"))
+    _fresh(cloud)
+    outcome = pipelines.build(cloud, request(recipes_dir=root))[0]
+    assert not outcome.ok
+    assert "ISA scan" in outcome.error and "avx512f, beyond target zen2" in outcome.error
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None
+    assert_nothing_left(cloud, run_id, local_dir)

@@ -66,17 +66,33 @@ class Build:
     def run(self, state: BuildState) -> None:
         remote = state.remote
         assert remote is not None
+        # The family's machine type, as uname says it. On AWS the instance is of the family, so
+        # the native gcc is used; on the local cloud every instance runs on this machine's CPU,
+        # so an arm64 family is cross-compiled when a cross compiler is there.
+        want = {"x86_64": "x86_64", "arm64": "aarch64"}[state.family.architecture]
         facts = remote.run(
-            "gcc -dumpfullversion 2>/dev/null || echo none; "
-            "awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo; nproc; "
-            "grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2",
+            f"""arch=$(uname -m); want={want}
+            if [ "$arch" = "$want" ]; then cc=gcc; objdump=objdump
+            else cc=$want-linux-gnu-gcc; objdump=$want-linux-gnu-objdump; fi
+            if ! command -v "$cc" >/dev/null; then echo "missing $arch $cc"; exit 0; fi
+            echo "$cc"; echo "$objdump"; "$cc" -dumpfullversion
+            awk '/MemTotal/ {{print int($2/1024)}}' /proc/meminfo; nproc
+            grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2""",
             stream=False,
         ).stdout.splitlines()
-        if len(facts) < 3 or facts[0] == "none":
-            raise RemoteError(f"{state.instance_id}: no gcc on the build host")
-        state.compiler = flags_module.Compiler("gcc", facts[0].strip())
-        memory_mb, cpus = int(facts[1]), int(facts[2])
-        cpu_flags = set(facts[3].split()) if len(facts) > 3 else set()
+        if facts and facts[0].startswith("missing "):
+            _, arch, cc = facts[0].split()
+            raise RemoteError(
+                f"{state.instance_id} is {arch} and has no {cc} to build {state.family.name} "
+                f"({state.family.architecture}); on the local cloud install the cross compiler "
+                f"(make install does: gcc-{want.replace('_', '-')}-linux-gnu)"
+            )
+        if len(facts) < 5:
+            raise RemoteError(f"{state.instance_id}: could not read the build host's facts")
+        state.cc, state.objdump = facts[0], facts[1]
+        state.compiler = flags_module.Compiler("gcc", facts[2].strip())
+        memory_mb, cpus = int(facts[3]), int(facts[4])
+        cpu_flags = set(facts[5].split()) if len(facts) > 5 else set()
         state.flags = flags_module.for_family(state.family, state.compiler)
         if state.flags.warning:
             log.warning("%s", state.flags.warning)
@@ -85,7 +101,7 @@ class Build:
         if state.recipe.tmpfs_max_mb:
             tmpfs_mb = min(tmpfs_mb, state.recipe.tmpfs_max_mb)
         work = state.work_dir
-        state.build_script = render_build_script(state, state.flags, cpus)
+        state.build_script = render_build_script(state, state.flags, cpus, state.cc)
         user = self.context.cloud.config.ssh_user
         remote.script(
             f"""
@@ -114,13 +130,15 @@ class Build:
         pass  # the tmpfs dies with the instance
 
 
-def render_build_script(state: BuildState, flags: flags_module.Flags, jobs: int) -> str:
+def render_build_script(
+    state: BuildState, flags: flags_module.Flags, jobs: int, cc: str = "gcc"
+) -> str:
     work = state.work_dir
     script = render(
         state.recipe.directory / state.recipe.template,
         family=state.family.name,
         target=flags.used,
-        cc=flags.compiler.name,
+        cc=cc,
         base_cflags=state.recipe.base_cflags,
         cflags=flags.cflags,
         src_dir=f"{work}/src",
@@ -159,12 +177,18 @@ class Verify:
         ).stdout.split()
         if missing:
             raise RemoteError(f"build produced no {', '.join(missing)} in {out}")
-        # One line per distinct register name keeps the transfer small for large binaries.
-        registers = remote.run(
-            f'cd {out} && for f in {files}; do objdump -d --no-show-raw-insn "$f" 2>/dev/null; '
-            "done | grep -oE '%[xyz]mm[0-9]+|%k[0-7]|\\b[zp][0-9]+(\\.[bhsdq]|/[mz])' | sort -u",
+        # One line per distinct register name keeps the transfer small for large binaries; the
+        # instruction count proves objdump understood the binary (else the scan proves nothing).
+        scan = remote.run(
+            f'cd {out} && for f in {files}; do {state.objdump} -d --no-show-raw-insn "$f"; '
+            "done > /tmp/amibake-disasm && grep -cE '^ +[0-9a-f]+:' /tmp/amibake-disasm; "
+            "grep -oE '%[xyz]mm[0-9]+|%k[0-7]|\\b[zp][0-9]+(\\.[bhsdq]|/[mz])' /tmp/amibake-disasm "
+            "| sort -u; rm -f /tmp/amibake-disasm",
             stream=False,
-        ).stdout
+        ).stdout.split("\n", 1)
+        if int(scan[0] or 0) == 0:
+            raise RemoteError(f"ISA scan: {state.objdump} disassembled no instruction")
+        registers = scan[1] if len(scan) > 1 else ""
         used = isa_features_used(registers)
         target = archspec.cpu.TARGETS[state.flags.used]
         beyond = sorted(f for f in used if f not in target.features)

@@ -38,6 +38,8 @@ class BuildState:
     pools_tried: list[str] = field(default_factory=list)
     remote: Remote | None = None
     compiler: Compiler | None = None
+    cc: str = "gcc"  # the compiler command: gcc, or a cross gcc when the host differs
+    objdump: str = "objdump"
     flags: Flags | None = None
     cpu_flags: set[str] = field(default_factory=set)  # the build host's, from /proc/cpuinfo
     build_script: str = ""
