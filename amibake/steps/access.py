@@ -10,7 +10,7 @@ from amibake.cloud import tags
 from amibake.cloud.calls import ignore_missing, retry_on
 from amibake.errors import CloudError
 from amibake.runner import RunContext
-from amibake.steps.state import BuildState
+from amibake.steps.state import InstanceState
 
 log = logging.getLogger("amibake")
 
@@ -21,7 +21,7 @@ class KeyPair:
     def __init__(self, context: RunContext) -> None:
         self.context = context
 
-    def run(self, state: BuildState) -> None:
+    def run(self, state: InstanceState) -> None:
         name = f"{self.context.run_id}-{state.family.name}"
         created = self.context.cloud.ec2.create_key_pair(
             KeyName=name,
@@ -32,7 +32,7 @@ class KeyPair:
         state.private_key = created["KeyMaterial"]
         self.context.created("key-pair", name)
 
-    def cleanup(self, state: BuildState) -> None:
+    def cleanup(self, state: InstanceState) -> None:
         if not state.key_name:
             return
         ec2 = self.context.cloud.ec2
@@ -60,7 +60,7 @@ class SecurityGroup:
     def __init__(self, context: RunContext) -> None:
         self.context = context
 
-    def run(self, state: BuildState) -> None:
+    def run(self, state: InstanceState) -> None:
         ec2 = self.context.cloud.ec2
         vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
         if not vpcs:
@@ -89,7 +89,7 @@ class SecurityGroup:
             ),
         )
 
-    def cleanup(self, state: BuildState) -> None:
+    def cleanup(self, state: InstanceState) -> None:
         if not state.security_group_id:
             return
         ec2 = self.context.cloud.ec2

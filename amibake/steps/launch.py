@@ -14,7 +14,7 @@ from amibake.cloud.calls import error_code, ignore_missing, retry_on, wait_until
 from amibake.errors import CloudError
 from amibake.runner import RunContext
 from amibake.steps.preflight import candidate_sizes
-from amibake.steps.state import BuildState
+from amibake.steps.state import InstanceState
 
 log = logging.getLogger("amibake")
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow"}
@@ -28,7 +28,7 @@ class LaunchTemplate:
     def __init__(self, context: RunContext) -> None:
         self.context = context
 
-    def run(self, state: BuildState) -> None:
+    def run(self, state: InstanceState) -> None:
         instance_tags = [
             tags.specification("instance", self.context.tags),
             tags.specification("volume", self.context.tags),
@@ -64,7 +64,7 @@ class LaunchTemplate:
         state.launch_template_id = created["LaunchTemplate"]["LaunchTemplateId"]
         self.context.created("launch-template", state.launch_template_id)
 
-    def cleanup(self, state: BuildState) -> None:
+    def cleanup(self, state: InstanceState) -> None:
         if not state.launch_template_id:
             return
         ec2 = self.context.cloud.ec2
@@ -80,7 +80,7 @@ class LaunchFleet:
     def __init__(self, context: RunContext) -> None:
         self.context = context
 
-    def _overrides(self, state: BuildState) -> list[dict[str, Any]]:
+    def _overrides(self, state: InstanceState) -> list[dict[str, Any]]:
         ec2 = self.context.cloud.ec2
         subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])[
             "Subnets"
@@ -98,7 +98,7 @@ class LaunchFleet:
                 overrides.append(override)
         return overrides
 
-    def _request(self, state: BuildState, market: str, attempt: int) -> dict[str, Any]:
+    def _request(self, state: InstanceState, market: str, attempt: int) -> dict[str, Any]:
         overrides = self._overrides(state)
         state.pools_tried += [
             f"{o['InstanceType']}/{o.get('AvailabilityZone', '-')}/{market}" for o in overrides
@@ -127,7 +127,7 @@ class LaunchFleet:
             request["OnDemandOptions"] = {"AllocationStrategy": "prioritized"}
         return request
 
-    def run(self, state: BuildState) -> None:
+    def run(self, state: InstanceState) -> None:
         markets = ["spot"] if state.spot else ["on-demand"]
         if state.spot and state.on_demand_fallback:
             markets.append("on-demand")
@@ -172,7 +172,7 @@ class LaunchFleet:
             f"{'; '.join(dict.fromkeys(errors)) or 'no instance returned'}{hint}"
         )
 
-    def cleanup(self, state: BuildState) -> None:
+    def cleanup(self, state: InstanceState) -> None:
         ec2 = self.context.cloud.ec2
         if state.fleet_id:
             delete_fleet(ec2, state.fleet_id)

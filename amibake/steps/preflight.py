@@ -15,7 +15,7 @@ from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
 from amibake.runner import RunContext
 from amibake.sources import sha256_of
-from amibake.steps.state import BuildState
+from amibake.steps.state import BuildState, InstanceState
 
 log = logging.getLogger("amibake")
 
@@ -25,7 +25,7 @@ BASE_AMI_PARAMETER = {
 }
 
 
-def candidate_sizes(state: BuildState) -> list[str]:
+def candidate_sizes(state: InstanceState) -> list[str]:
     """The requested size first, then the next larger one as a second capacity pool."""
     sizes = list(state.family.sizes)
     if state.size not in sizes:

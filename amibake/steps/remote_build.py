@@ -18,7 +18,7 @@ from amibake.errors import RemoteError
 from amibake.render import check_shell, render
 from amibake.runner import RunContext
 from amibake.sources import sha256_of
-from amibake.steps.state import BuildState
+from amibake.steps.state import BuildState, InstanceState
 
 log = logging.getLogger("amibake")
 SHARED = "/shared"
@@ -30,7 +30,7 @@ class Connect:
     def __init__(self, context: RunContext) -> None:
         self.context = context
 
-    def run(self, state: BuildState) -> None:
+    def run(self, state: InstanceState) -> None:
         log_path = self.context.log_dir / f"{state.family.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         prefix = f"[{state.family.name}] "
@@ -49,7 +49,7 @@ class Connect:
             cancel=self.context.cancel,
         )
 
-    def cleanup(self, state: BuildState) -> None:
+    def cleanup(self, state: InstanceState) -> None:
         if state.remote is not None:
             state.remote.close()
             if state.remote.log is not None:

@@ -13,20 +13,15 @@ from amibake.remote import Remote
 from amibake.sources import Source
 
 
-@dataclass
-class BuildState:
+@dataclass(kw_only=True)
+class InstanceState:
+    """What the steps that launch and reach one instance share (build, bake, boot test)."""
+
     family: Family
-    recipe: Recipe
-    source: Source
     size: str
-    spot: bool
-    on_demand_fallback: bool
-    artifacts_dir: Path
-    expected_compiler: Compiler
-    dry_run: bool = False
-    # Filled in as steps run.
+    spot: bool = True
+    on_demand_fallback: bool = False
     base_ami: str = ""
-    cache_key: str = ""
     key_name: str = ""
     private_key: str = ""
     security_group_id: str = ""
@@ -37,6 +32,22 @@ class BuildState:
     market: str = ""
     pools_tried: list[str] = field(default_factory=list)
     remote: Remote | None = None
+    finished_early: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.family.name
+
+
+@dataclass(kw_only=True)
+class BuildState(InstanceState):
+    recipe: Recipe
+    source: Source
+    artifacts_dir: Path
+    expected_compiler: Compiler
+    dry_run: bool = False
+    cache_key: str = ""
     compiler: Compiler | None = None
     cc: str = "gcc"  # the compiler command: gcc, or a cross gcc when the host differs
     objdump: str = "objdump"
@@ -50,8 +61,6 @@ class BuildState:
     manifest: dict[str, Any] = field(default_factory=dict)
     artifact: Path | None = None
     cache_hit: bool = False
-    finished_early: bool = False
-    warnings: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
