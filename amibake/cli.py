@@ -59,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--dry-run", action="store_true", help="validate and show the plan")
     _common(build)
 
+    bake = commands.add_parser("bake", help="bake the built artifacts into ECS-optimized AMIs")
+    bake.add_argument("--family", help="families whose artifacts to bake (default: all built)")
+    bake.add_argument("--name", default="amibake", help="image name prefix")
+    bake.add_argument("--tmpfs-reserve-mb-per-vcpu", type=int, default=700)
+    bake.add_argument("--base-ami", help="bake from this image instead of the AL2023 ECS one")
+    bake.add_argument("--allow-eol", action="store_true", help="accept an Amazon Linux 2 base")
+    bake.add_argument("--keep-on-error", action="store_true")
+    bake.add_argument("--dry-run", action="store_true", help="render, verify, show the plan")
+    _common(bake)
+
     families = commands.add_parser("families", help="known EC2 families, targets and flags")
     families.add_argument(
         "--compiler", default="gcc@11.4.1", help="e.g. gcc@12.2 (default AL2023's)"
@@ -182,6 +192,46 @@ def _build_text(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _bake(args: argparse.Namespace) -> int:
+    from amibake import pipelines
+    from amibake.cloud import connect
+
+    cfg = _config(args)
+    families = [f.strip() for f in args.family.split(",")] if args.family else None
+    request = pipelines.BakeRequest(
+        families=families,
+        name=args.name,
+        reserve_mb_per_vcpu=args.tmpfs_reserve_mb_per_vcpu,
+        base_ami=args.base_ami,
+        allow_eol=args.allow_eol,
+        keep_on_error=args.keep_on_error,
+        dry_run=args.dry_run,
+    )
+    cloud = connect(cfg)
+    states = pipelines.prepare_bake(cloud, request)  # bad input fails here, creating nothing
+    logs.to_terminal()
+    outcomes = pipelines.bake(cloud, request, states=states)
+    summaries = [o.summary() for o in outcomes]
+
+    def text(rows: list[dict[str, Any]]) -> str:
+        lines = []
+        for r in rows:
+            if "plan" in r:
+                lines.append(f"{r['family']}: plan {' -> '.join(r['plan'])}")
+                lines += [f"  {path}" for path in r["files"]]
+            elif r["ok"]:
+                lines.append(
+                    f"{r['family']}: {r['image_id']} from {r['base_ami']} "
+                    f"({', '.join(r['artifacts'])}); boot test passed"
+                )
+            else:
+                lines.append(f"{r['family']}: FAILED: {r['error']}")
+        return "\n".join(lines)
+
+    _print(args, summaries, text)
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
 def _families(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -270,6 +320,7 @@ def _source(args: argparse.Namespace) -> int:
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "local": _local,
     "build": _build,
+    "bake": _bake,
     "families": _families,
     "gc": _gc,
     "source": _source,

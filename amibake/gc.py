@@ -18,7 +18,7 @@ import botocore.exceptions
 
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, ignore_missing, retry_on, wait_until
-from amibake.cloud.tags import EXPIRES, RUN_ID, parse_expires
+from amibake.cloud.tags import EXPIRES, KEPT, RUN_ID, parse_expires
 from amibake.journal import Journal
 from amibake.steps.launch import delete_fleet
 
@@ -67,7 +67,7 @@ def _by_tag(cloud: Cloud) -> dict[tuple[str, str], Leftover]:
 
     def add(kind: str, resource_id: str, item: dict[str, Any]) -> None:
         item_tags = _tags(item)
-        if RUN_ID in item_tags:
+        if RUN_ID in item_tags and KEPT not in item_tags:
             found[(kind, resource_id)] = Leftover(
                 kind, resource_id, item_tags[RUN_ID], _created(item_tags)
             )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amibake import bake as bake_module
 from amibake import catalog, recipes, sources
 from amibake.cloud import Cloud, tags
 from amibake.errors import AmibakeError, UserError
@@ -18,10 +19,11 @@ from amibake.journal import Journal
 from amibake.logs import to_file
 from amibake.runner import Boundary, Interrupted, RunContext, Runner, Step, new_run_id
 from amibake.steps.access import KeyPair, SecurityGroup
+from amibake.steps.image import BakeState, BootTest, CreateImage, Hygiene, Install, Record
 from amibake.steps.launch import LaunchFleet, LaunchTemplate
 from amibake.steps.preflight import ArtifactCache, candidate_sizes, preflight
 from amibake.steps.remote_build import Build, Connect, Fetch, Verify, render_build_script
-from amibake.steps.state import BuildState
+from amibake.steps.state import BuildState, InstanceState
 
 log = logging.getLogger("amibake")
 # Amazon Linux 2023's gcc: what --dry-run renders flags for (a real build asks the instance).
@@ -61,10 +63,12 @@ class BuildRequest:
 
 
 @dataclass
-class BuildOutcome:
+class Outcome:
+    """How one runner of a run ended: a family's build, or an architecture's bake."""
+
     family: str
     ok: bool
-    state: BuildState | None = None
+    state: InstanceState | None = None
     error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,7 +77,16 @@ class BuildOutcome:
         if self.error:
             out["error"] = self.error
         state = self.state
-        if state is not None:
+        if isinstance(state, BakeState):
+            out.update(
+                architecture=state.architecture,
+                image_id=state.image_id if state.keep_image else None,
+                base_ami=state.base_ami,
+                artifacts=[a.path.name for a in state.artifacts],
+                boot_test=state.boot_report,
+                phases={k: round(v, 3) for k, v in state.phases.items()},
+            )
+        elif isinstance(state, BuildState):
             out.update(
                 cache_hit=state.cache_hit,
                 artifact=str(state.artifact) if state.artifact else None,
@@ -161,7 +174,7 @@ def preflight_all(cloud: Cloud, states: list[BuildState]) -> None:
         preflight(cloud, state)
 
 
-def dry_run(states: list[BuildState]) -> list[BuildOutcome]:
+def dry_run(states: list[BuildState]) -> list[Outcome]:
     """The plan and the rendered script of each (preflighted) build."""
     outcomes = []
     for state in states:
@@ -169,7 +182,7 @@ def dry_run(states: list[BuildState]) -> list[BuildOutcome]:
         state.flags = for_family(state.family, state.compiler)
         script = render_build_script(state, state.flags, jobs=2)
         outcomes.append(
-            BuildOutcome(
+            Outcome(
                 state.family.name,
                 True,
                 state,
@@ -189,7 +202,7 @@ def dry_run(states: list[BuildState]) -> list[BuildOutcome]:
     return outcomes
 
 
-def _how_to_debug(context: RunContext, state: BuildState) -> None:
+def _how_to_debug(context: RunContext, state: InstanceState) -> None:
     """--keep-on-error: say how to reach the kept instance, and how to clean up after."""
     if not state.instance_id or not state.private_key:
         return
@@ -213,7 +226,7 @@ def build(
     request: BuildRequest,
     on_boundary: Boundary | None = None,
     states: list[BuildState] | None = None,
-) -> list[BuildOutcome]:
+) -> list[Outcome]:
     """Build every requested family. `states`, if given, are already prepared and preflighted."""
     if states is None:
         states = prepare(request, cloud.config.results_dir)
@@ -222,39 +235,140 @@ def build(
         return dry_run(states)
     with open_run(cloud, f"build {','.join(request.families)} {request.recipe}") as context:
         context.keep_on_error = request.keep_on_error
+        return run_each(context, states, build_steps, on_boundary)
 
-        def one(state: BuildState) -> BuildOutcome:
-            try:
-                try:
-                    Runner(context, build_steps(context), on_boundary, state.family.name).run(state)
-                except BaseException:
-                    if request.keep_on_error:
-                        _how_to_debug(context, state)
-                    raise
-                return BuildOutcome(state.family.name, True, state)
-            except AmibakeError as exc:
-                if isinstance(exc, UserError) and len(states) == 1:
-                    raise
-                return BuildOutcome(state.family.name, False, state, error=str(exc))
 
+def run_each(
+    context: RunContext,
+    states: Sequence[InstanceState],
+    make_steps: Callable[[RunContext], list[Step[Any]]],
+    on_boundary: Boundary | None = None,
+) -> list[Outcome]:
+    """One runner per state (family or architecture), concurrently; Ctrl-C unwinds them all."""
+
+    def one(state: InstanceState) -> Outcome:
         try:
-            if len(states) == 1:
-                # In the main thread, so Ctrl-C lands inside the step that is running.
-                outcomes = [one(states[0])]
-            else:
-                with ThreadPoolExecutor(len(states), thread_name_prefix="build") as pool:
-                    futures = [pool.submit(one, s) for s in states]
-                    try:
-                        outcomes = [f.result() for f in futures]
-                    except KeyboardInterrupt:
-                        # Threads never see the signal: tell each build to stop and unwind.
-                        context.cancel.set()
-                        log.warning("interrupted: cleaning up every build")
-                        for future in futures:
-                            future.exception()
-                        raise
-        except KeyboardInterrupt:
-            raise Interrupted("interrupted; everything the run created was cleaned up") from None
-        if context.cancel.is_set():
-            raise Interrupted("interrupted; everything the run created was cleaned up")
-        return outcomes
+            try:
+                Runner(context, make_steps(context), on_boundary, state.label).run(state)
+            except BaseException:
+                if context.keep_on_error:
+                    _how_to_debug(context, state)
+                raise
+            return Outcome(state.family.name, True, state)
+        except AmibakeError as exc:
+            if isinstance(exc, UserError) and len(states) == 1:
+                raise
+            return Outcome(state.family.name, False, state, error=str(exc))
+
+    try:
+        if len(states) == 1:
+            # In the main thread, so Ctrl-C lands inside the step that is running.
+            outcomes = [one(states[0])]
+        else:
+            with ThreadPoolExecutor(len(states), thread_name_prefix="run") as pool:
+                futures = [pool.submit(one, s) for s in states]
+                try:
+                    outcomes = [f.result() for f in futures]
+                except KeyboardInterrupt:
+                    # Threads never see the signal: tell each run to stop and unwind.
+                    context.cancel.set()
+                    log.warning("interrupted: cleaning up every run")
+                    for future in futures:
+                        future.exception()
+                    raise
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; everything the run created was cleaned up") from None
+    if context.cancel.is_set():
+        raise Interrupted("interrupted; everything the run created was cleaned up")
+    return outcomes
+
+
+BAKE_STEPS = (
+    KeyPair,
+    SecurityGroup,
+    LaunchTemplate,
+    LaunchFleet,
+    Connect,
+    Install,
+    Hygiene,
+    CreateImage,
+    BootTest,
+    Record,
+)
+
+
+def bake_steps(context: RunContext) -> list[Step[BakeState]]:
+    return [step(context) for step in BAKE_STEPS]
+
+
+@dataclass
+class BakeRequest:
+    families: list[str] | None = None  # None: every artifact in results/artifacts
+    name: str = "amibake"
+    reserve_mb_per_vcpu: int = 700
+    base_ami: str | None = None
+    allow_eol: bool = False
+    keep_on_error: bool = False
+    dry_run: bool = False
+
+
+def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
+    """One bake per architecture, checked and rendered; creates nothing."""
+    if request.reserve_mb_per_vcpu < 0:
+        raise UserError("--tmpfs-reserve-mb-per-vcpu must be zero or more")
+    for name in request.families or []:
+        catalog.family(name)
+    artifacts = bake_module.load_artifacts(cloud.config.results_dir / "artifacts", request.families)
+    states = []
+    for architecture in sorted({a.architecture for a in artifacts}):
+        mine = [a for a in artifacts if a.architecture == architecture]
+        if request.base_ami is not None and len({a.architecture for a in artifacts}) > 1:
+            raise UserError("--base-ami names one image, but the artifacts span architectures")
+        base = bake_module.base_image(cloud, architecture, request.base_ami, request.allow_eol)
+        families = sorted({a.family for a in mine})
+        bake_module.check_shapes(cloud, families, request.reserve_mb_per_vcpu)
+        files = bake_module.render_files(
+            mine, architecture, request.reserve_mb_per_vcpu, cloud.imds_endpoint
+        )
+        # Bake (and boot-test) on the most generic family: every artifact's fallback runs there.
+        generic = next(iter(bake_module.fallbacks(mine).values()))
+        states.append(
+            BakeState(
+                family=catalog.family(generic),
+                size="large",
+                base_ami=base,
+                architecture=architecture,
+                name=request.name,
+                artifacts=mine,
+                files=files,
+                reserve_mb_per_vcpu=request.reserve_mb_per_vcpu,
+                amis_file=cloud.config.results_dir / "amis.json",
+            )
+        )
+    return states
+
+
+def bake(
+    cloud: Cloud,
+    request: BakeRequest,
+    on_boundary: Boundary | None = None,
+    states: list[BakeState] | None = None,
+) -> list[Outcome]:
+    states = prepare_bake(cloud, request) if states is None else states
+    if request.dry_run:
+        return [
+            Outcome(
+                s.architecture,
+                True,
+                s,
+                extra={
+                    "plan": [step.name for step in BAKE_STEPS],
+                    "files": {path: content for path, (content, _) in s.files.items()},
+                    "created": [],
+                },
+            )
+            for s in states
+        ]
+    with open_run(cloud, f"bake {request.name}") as context:
+        context.keep_on_error = request.keep_on_error
+        return run_each(context, states, bake_steps, on_boundary)

@@ -58,6 +58,15 @@ class Cloud:
     def ssm(self) -> Any:
         return self.client("ssm")
 
+    @property
+    def imds_endpoint(self) -> str:
+        """The metadata endpoint as seen from an instance (templates take it as a variable)."""
+        if not self.config.is_local:
+            return "http://169.254.169.254"
+        # Each sandbox resolves instance-data (as EC2's DNS does) to its own IMDS server.
+        port = self.config.local_imds_port
+        return "http://instance-data" + ("" if port == 80 else f":{port}")
+
     def ssh_endpoint(self, instance: dict[str, Any]) -> tuple[str, int]:
         """Where to SSH to a described instance."""
         if self.config.is_local:

@@ -8,6 +8,7 @@ from typing import Any
 RUN_ID = "amibake:run-id"
 OWNER = "amibake:owner"
 EXPIRES = "amibake:expires"
+KEPT = "amibake:kept"  # a product (a baked image), not a leftover: gc leaves it alone
 TOOL = "amibake"
 
 

@@ -61,7 +61,7 @@ def _configure_moto(directory: Path) -> None:
     os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
     amis = directory / "base-amis.json"
     os.environ.pop("MOTO_AMIS_PATH", None)
-    amis.write_text(json.dumps(_base_images()))
+    amis.write_text(json.dumps(_base_images(), default=str))
     os.environ["MOTO_AMIS_PATH"] = str(amis)
     from moto.core.config import default_user_config
 
@@ -81,6 +81,8 @@ def serve(settings: LocalSettings) -> None:
 
     cloud = LocalCloud(settings)
     cloud.start()
+    for image in _base_images():
+        cloud.images.seed_ecs_base(image["ami_id"])
     stop = threading.Event()
     gateway = Gateway(DomainDispatcherApplication(create_backend_app), cloud, stop)
     try:

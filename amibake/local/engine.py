@@ -200,6 +200,7 @@ class LocalCloud:
                 for iid, s in sorted(self.sandboxes.items())
             },
             "images": self.images.image_ids(),
+            "image_store": str(self.images.root),
         }
 
     def shutdown(self) -> None:

@@ -27,6 +27,19 @@ from amibake.local.sandbox import remove_tree
 LAUNCHER_NS_ENV = "AMIBAKE_LAUNCHER_MNT_NS"
 
 
+ECS_UNIT = """[Unit]
+Description=Amazon Elastic Container Service - container agent (local cloud stand-in)
+After=cloud-final.service
+
+[Service]
+Type=simple
+ExecStart=/usr/libexec/amazon-ecs-init start
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 class ImageStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -82,6 +95,24 @@ class ImageStore:
                     return False
             remove_tree(self.root / image_id)
             return True
+
+    def seed_ecs_base(self, image_id: str) -> None:
+        """A base AMI's layer: what makes the host's "/" look like the ECS-optimized AMI.
+
+        The ECS agent's unit (enabled, as on the real AMI), its config and some agent state
+        under /var/lib/ecs/data, so a bake's hygiene and boot test have the real things to act
+        on. The agent itself does not run: the unit is not a oneshot (see amibake.local.boot).
+        """
+        layer = self.layer(image_id)
+        units = layer / "usr/lib/systemd/system"
+        wants = layer / "etc/systemd/system/multi-user.target.wants"
+        for directory in (units, wants, layer / "etc/ecs", layer / "var/lib/ecs/data"):
+            directory.mkdir(parents=True, exist_ok=True)
+        (units / "ecs.service").write_text(ECS_UNIT)
+        (wants / "ecs.service").symlink_to("/usr/lib/systemd/system/ecs.service")
+        (layer / "etc/ecs/ecs.config").write_text("ECS_CLUSTER=default\n")
+        (layer / "var/lib/ecs/data/agent.db").write_text("agent state of the instance\n")
+        (self.root / image_id / "image.json").write_text(json.dumps({"layers": [str(layer)]}))
 
     def image_ids(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if (p / "image.json").exists())

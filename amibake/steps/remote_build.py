@@ -248,6 +248,8 @@ class Fetch:
             "files": file_hashes,
             "isa_features": state.isa_features,
             "smoke": state.smoke,
+            "smoke_command": state.recipe.smoke_command,
+            "smoke_expect": state.recipe.smoke_expect,
             "base_ami": state.base_ami,
             "instance_type": state.instance_type,
             "run_id": self.context.run_id,

@@ -1,0 +1,205 @@
+"""What goes into a baked image, checked before any instance starts: the artifacts, the base
+image, the tmpfs arithmetic, and the rendered units and scripts (verified by systemd-analyze,
+bash -n and shellcheck)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import archspec.cpu
+import botocore.exceptions
+
+from amibake import catalog
+from amibake.cloud import Cloud
+from amibake.errors import UserError
+from amibake.render import USER_DATA_LIMIT, check_shell, render
+from amibake.sources import sha256_of
+
+ROOT = Path(__file__).resolve().parent.parent
+UNITS_DIR = ROOT / "systemd_units"
+USERDATA_DIR = ROOT / "userdata_templates"
+DATA_DIR = "/usr/local/data"
+LIBEXEC = "/usr/local/libexec/amibake"
+UNITS = ("amibake-shared-tmpfs.service", "amibake-stage.service")
+SCRIPTS = ("shared-tmpfs", "stage")
+MIN_TMPFS_MB = 256
+AL2023_PARAMETER = {
+    "x86_64": "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id",
+    "arm64": "/aws/service/ecs/optimized-ami/amazon-linux-2023/arm64/recommended/image_id",
+}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    app: str
+    family: str
+    architecture: str
+    target: str
+    path: Path
+    manifest: dict[str, Any]
+
+
+def tmpfs_mb(available_mb: int, vcpus: int, reserve_mb_per_vcpu: int) -> int:
+    """The size of /shared: memory available at boot minus a reserve per vCPU."""
+    size = available_mb - reserve_mb_per_vcpu * vcpus
+    if size < MIN_TMPFS_MB:
+        raise UserError(
+            f"--tmpfs-reserve-mb-per-vcpu {reserve_mb_per_vcpu} leaves {size} MiB for /shared on "
+            f"{vcpus} vCPUs with {available_mb} MiB (at least {MIN_TMPFS_MB} needed): lower the "
+            "reserve or use larger instances"
+        )
+    return size
+
+
+def load_artifacts(artifacts_dir: Path, families: list[str] | None) -> list[Artifact]:
+    """The built artifacts to bake, checked against their manifests."""
+    found = []
+    for manifest_path in sorted(artifacts_dir.glob("*.manifest.json")):
+        manifest = json.loads(manifest_path.read_text())
+        if families is not None and manifest.get("family") not in families:
+            continue
+        path = manifest_path.with_name(manifest_path.name.replace(".manifest.json", ".tar.xz"))
+        if not path.exists() or sha256_of(path) != manifest.get("artifact_sha256"):
+            raise UserError(f"{path} is missing or does not match {manifest_path.name}: rebuild it")
+        found.append(
+            Artifact(
+                app=manifest["app"],
+                family=manifest["family"],
+                architecture=manifest["architecture"],
+                target=manifest["target"],
+                path=path,
+                manifest=manifest,
+            )
+        )
+    wanted = set(families or [])
+    missing = sorted(wanted - {a.family for a in found})
+    if missing or not found:
+        names = ",".join(missing) or "FAMILY"
+        raise UserError(
+            f"no built artifact for {', '.join(missing) or 'any family'} in {artifacts_dir}: run "
+            f"`amibake build --family {names}` first, or bake with --build"
+        )
+    return found
+
+
+def fallbacks(artifacts: list[Artifact]) -> dict[str, str]:
+    """Per app, the family whose build is the most generic (its target has the least ancestry)."""
+    best: dict[str, Artifact] = {}
+    for artifact in artifacts:
+        depth = len(archspec.cpu.TARGETS[artifact.target].ancestors)
+        current = best.get(artifact.app)
+        if current is None or depth < len(archspec.cpu.TARGETS[current.target].ancestors):
+            best[artifact.app] = artifact
+    return {app: artifact.family for app, artifact in sorted(best.items())}
+
+
+def base_image(cloud: Cloud, architecture: str, base_ami: str | None, allow_eol: bool) -> str:
+    """The ECS-optimized Amazon Linux 2023 image for the architecture, or the one asked for."""
+    ec2 = cloud.ec2
+    if base_ami is None:
+        parameter = AL2023_PARAMETER[architecture]
+        base_ami = str(cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"])
+    try:
+        images = ec2.describe_images(ImageIds=[base_ami])["Images"]
+    except botocore.exceptions.ClientError:
+        images = []
+    if not images:
+        raise UserError(f"base image {base_ami} does not exist in {cloud.config.region}")
+    image = images[0]
+    if image.get("Architecture") != architecture:
+        raise UserError(
+            f"base image {base_ami} is {image.get('Architecture')}, but the artifacts are "
+            f"{architecture}: give an {architecture} image"
+        )
+    name = str(image.get("Name", "")) + " " + str(image.get("Description", ""))
+    if ("amzn2-" in name or "Amazon Linux AMI 2.0" in name) and not allow_eol:
+        raise UserError(
+            f"base image {base_ami} is Amazon Linux 2, which reached end of support on 2026-06-30; "
+            "use the Amazon Linux 2023 ECS image (the default), or --allow-eol"
+        )
+    return base_ami
+
+
+def check_shapes(cloud: Cloud, families: list[str], reserve: int) -> None:
+    """Every size of every family must leave room for /shared (a render-time error otherwise)."""
+    types = [catalog.family(f).instance_type(s) for f in families for s in catalog.family(f).sizes]
+    described = cloud.ec2.describe_instance_types(InstanceTypes=types)["InstanceTypes"]
+    for shape in sorted(described, key=lambda t: t["MemoryInfo"]["SizeInMiB"])[:1]:
+        try:
+            tmpfs_mb(shape["MemoryInfo"]["SizeInMiB"], shape["VCpuInfo"]["DefaultVCpus"], reserve)
+        except UserError as exc:
+            raise UserError(f"{shape['InstanceType']}: {exc}") from None
+
+
+def render_files(
+    artifacts: list[Artifact], architecture: str, reserve: int, imds_endpoint: str
+) -> dict[str, tuple[str, int]]:
+    """Path on the instance -> (content, mode) for every unit and script the image gets."""
+    variables = {
+        "reserve_mb_per_vcpu": reserve,
+        "min_tmpfs_mb": MIN_TMPFS_MB,
+        "libexec": LIBEXEC,
+        "data_dir": DATA_DIR,
+        "imds_endpoint": imds_endpoint,
+        "architecture": architecture,
+        "fallbacks": fallbacks(artifacts),
+    }
+    files: dict[str, tuple[str, int]] = {}
+    for unit in UNITS:
+        files[f"/etc/systemd/system/{unit}"] = (
+            render(UNITS_DIR / f"{unit}.j2", **variables),
+            0o644,
+        )
+    for script in SCRIPTS:
+        text = render(UNITS_DIR / f"{script}.sh.j2", **variables)
+        check_shell(text, f"{script}.sh.j2")
+        files[f"{LIBEXEC}/{script}"] = (text, 0o755)
+    verify_units(files)
+    return files
+
+
+def verify_units(files: dict[str, tuple[str, int]]) -> None:
+    """systemd-analyze verify in a scratch root holding the units, their scripts and the targets."""
+    if shutil.which("systemd-analyze") is None:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        system = Path("/usr/lib/systemd/system")
+        (root / "usr/lib/systemd/system").mkdir(parents=True)
+        for target in system.glob("*.target"):
+            shutil.copy(target, root / "usr/lib/systemd/system" / target.name)
+        for path, (content, mode) in files.items():
+            local = root / path.lstrip("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(content)
+            local.chmod(mode)
+        units = [p for p in files if p.endswith(".service")]
+        result = subprocess.run(
+            ["systemd-analyze", f"--root={root}", "verify", *units],
+            capture_output=True,
+            text=True,
+        )
+        # It reports some mistakes (a bad Type=) as warnings with exit 0: any output is a fault.
+        problems = (result.stderr + result.stdout).strip()
+        if result.returncode != 0 or problems:
+            first = problems.splitlines()[0].replace(str(root), "") if problems else "failed"
+            raise UserError(f"systemd-analyze verify: {first}")
+
+
+def user_data(ecs_cluster: str = "") -> str:
+    text = render(USERDATA_DIR / "bake-userdata.sh.j2", ecs_cluster=ecs_cluster)
+    check_user_data(text)
+    return text
+
+
+def check_user_data(text: str) -> None:
+    size = len(text.encode())
+    if size > USER_DATA_LIMIT:
+        raise UserError(f"user data is {size} bytes; EC2 accepts at most {USER_DATA_LIMIT}")
+    check_shell(text, "user data")

@@ -1,0 +1,349 @@
+"""Steps that turn a running base instance into an image: install, clean, snapshot, boot-test.
+
+A failed bake deregisters the image and deletes its snapshots (CreateImage's cleanup, unless the
+last step marked the image as kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from amibake import bake
+from amibake import flags as flags_module
+from amibake.cloud import tags
+from amibake.cloud.calls import ignore_missing, wait_until
+from amibake.cloud.reach import reach
+from amibake.errors import CloudError, RemoteError
+from amibake.runner import RunContext
+from amibake.steps.launch import instance_gone
+from amibake.steps.state import InstanceState
+
+log = logging.getLogger("amibake")
+
+
+@dataclass(kw_only=True)
+class BakeState(InstanceState):
+    architecture: str
+    name: str
+    artifacts: list[bake.Artifact]
+    files: dict[str, tuple[str, int]]
+    reserve_mb_per_vcpu: int
+    amis_file: Path
+    image_id: str = ""
+    snapshot_ids: list[str] = field(default_factory=list)
+    image_request: dict[str, Any] = field(default_factory=dict)
+    boot_instance_id: str = ""
+    boot_report: dict[str, Any] = field(default_factory=dict)
+    keep_image: bool = False
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}-{self.architecture}"
+
+
+class Install:
+    """Artifacts into /usr/local/data, units and scripts in place, units enabled."""
+
+    name = "install"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BakeState) -> None:
+        remote = state.remote
+        assert remote is not None
+        started = time.monotonic()
+        staging = "/tmp/amibake-bake"
+        remote.run(f"rm -rf {staging} && mkdir -p {staging}", stream=False)
+        for artifact in state.artifacts:
+            remote.put(artifact.path, f"{staging}/{artifact.path.name}")
+        local = self.context.log_dir / state.label
+        local.mkdir(parents=True, exist_ok=True)
+        for index, (content, _) in enumerate(state.files.values()):
+            (local / f"{index}.file").write_text(content)
+            remote.put(local / f"{index}.file", f"{staging}/{index}.file")
+        state.phases["upload"] = time.monotonic() - started
+        started = time.monotonic()
+        # `systemctl enable` is, for these units, exactly this symlink (WantedBy=multi-user).
+        wants = "/etc/systemd/system/multi-user.target.wants"
+        lines = [f"install -d -m 755 {bake.DATA_DIR} {bake.LIBEXEC} {wants}"]
+        lines += [
+            f"install -m 644 {staging}/{a.path.name} {bake.DATA_DIR}/" for a in state.artifacts
+        ]
+        for index, (path, (_, mode)) in enumerate(state.files.items()):
+            lines.append(f"install -m {mode:o} {staging}/{index}.file {shlex.quote(path)}")
+            if path.endswith(".service"):
+                lines.append(f"ln -sf {path} {wants}/{Path(path).name}")
+        manifest = {a.path.name: a.manifest for a in state.artifacts}
+        lines.append(
+            f"cat > {bake.DATA_DIR}/amibake-bake.json <<'JSON'\n{json.dumps(manifest)}\nJSON"
+        )
+        lines.append(f"rm -rf {staging}")
+        remote.script("\n".join(lines), stream=False)
+        state.phases["install"] = time.monotonic() - started
+
+    def cleanup(self, state: BakeState) -> None:
+        pass  # it all lives on the bake instance, which dies with its own step
+
+
+HYGIENE = """
+if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+  systemctl stop ecs || true
+fi
+rm -rf /var/lib/ecs/data/*
+rm -f /etc/ssh/ssh_host_*
+rm -f /home/*/.ssh/authorized_keys /root/.ssh/authorized_keys
+rm -rf /var/lib/cloud/instances/* /var/lib/cloud/instance /var/lib/cloud/data/*
+truncate -s 0 /etc/machine-id 2>/dev/null || true
+rm -f /root/.bash_history /home/*/.bash_history
+sync
+"""
+
+
+class Hygiene:
+    """What must not be in an image: agent state, host keys, our key, instance identity, history."""
+
+    name = "hygiene"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BakeState) -> None:
+        assert state.remote is not None
+        state.remote.script(HYGIENE, stream=False)
+
+    def cleanup(self, state: BakeState) -> None:
+        pass
+
+
+class CreateImage:
+    name = "create-image"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BakeState) -> None:
+        ec2 = self.context.cloud.ec2
+        started = time.monotonic()
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        state.image_request = {
+            "InstanceId": state.instance_id,
+            "Name": f"{state.name}-{state.architecture}-{stamp}",
+            "Description": f"amibake: {', '.join(a.path.name for a in state.artifacts)}",
+            "TagSpecifications": [
+                tags.specification("image", self.context.tags),
+                tags.specification("snapshot", self.context.tags),
+            ],
+        }
+        state.image_id = ec2.create_image(**state.image_request)["ImageId"]
+        self.context.created("image", state.image_id)
+        # IMDSv2 only, for every instance of the image (moto accepts and ignores this).
+        ec2.modify_image_attribute(ImageId=state.image_id, ImdsSupport={"Value": "v2.0"})
+
+        def available() -> bool:
+            image = ec2.describe_images(ImageIds=[state.image_id])["Images"][0]
+            if image["State"] == "failed":
+                raise CloudError(f"image {state.image_id} failed: {image.get('StateReason')}")
+            return bool(image["State"] == "available")
+
+        wait_until(f"image {state.image_id} to become available", available, timeout_s=3600)
+        image = ec2.describe_images(ImageIds=[state.image_id])["Images"][0]
+        state.snapshot_ids = [
+            m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", []) if "Ebs" in m
+        ]
+        for snapshot_id in state.snapshot_ids:
+            self.context.created("snapshot", snapshot_id)
+        state.phases["snapshot"] = time.monotonic() - started
+
+    def cleanup(self, state: BakeState) -> None:
+        if not state.image_id or state.keep_image:
+            return
+        ec2 = self.context.cloud.ec2
+        if not state.snapshot_ids:
+            images = ec2.describe_images(ImageIds=[state.image_id]).get("Images", [])
+            state.snapshot_ids = [
+                m["Ebs"]["SnapshotId"]
+                for i in images
+                for m in i.get("BlockDeviceMappings", [])
+                if "Ebs" in m
+            ]
+        ignore_missing(lambda: ec2.deregister_image(ImageId=state.image_id))
+        self.context.deleted("image", state.image_id)
+        for snapshot_id in state.snapshot_ids:
+            ignore_missing(lambda s=snapshot_id: ec2.delete_snapshot(SnapshotId=s))  # type: ignore[misc]
+            self.context.deleted("snapshot", snapshot_id)
+
+
+_SIZE = re.compile(r"size_mb=(\d+) available_mb=(\d+) vcpus=(\d+) reserve_mb_per_vcpu=(\d+)")
+
+
+class BootTest:
+    """Launch a fresh instance of the image and check what its boot must have done."""
+
+    name = "boot-test"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BakeState) -> None:
+        ec2 = self.context.cloud.ec2
+        started = time.monotonic()
+        reservation = ec2.run_instances(
+            ImageId=state.image_id,
+            InstanceType=state.instance_type or state.family.instance_type(state.size),
+            MinCount=1,
+            MaxCount=1,
+            KeyName=state.key_name,
+            SecurityGroupIds=[state.security_group_id],
+            MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            TagSpecifications=[
+                tags.specification("instance", self.context.tags),
+                tags.specification("volume", self.context.tags),
+            ],
+        )
+        state.boot_instance_id = reservation["Instances"][0]["InstanceId"]
+        self.context.created("instance", state.boot_instance_id)
+        remote = reach(
+            self.context.cloud,
+            state.boot_instance_id,
+            state.private_key,
+            cancel=self.context.cancel,
+        )
+        try:
+            state.boot_report = self._check(state, remote)
+        finally:
+            remote.close()
+        state.phases["boot_test"] = time.monotonic() - started
+
+    def _check(self, state: BakeState, remote: Any) -> dict[str, Any]:
+        app = state.artifacts[0].app
+        out = remote.run(
+            "while [ ! -e /var/lib/cloud/instance/boot-finished ]; do sleep 0.2; done; "
+            "findmnt -n -b -o FSTYPE,SIZE /shared || echo 'none 0'; "
+            "tail -n 1 /var/log/amibake/shared-tmpfs.log || true; "
+            "tail -n 1 /var/log/amibake/stage.log || true; "
+            f"test -s /shared/{app}/manifest.json && echo staged || echo not-staged; "
+            "test -e /etc/systemd/system/multi-user.target.wants/ecs.service "
+            "&& echo ecs-enabled || echo ecs-disabled",
+            stream=False,
+            timeout_s=300,
+        ).stdout.splitlines()
+        fstype, size_bytes = [*out[0].split(), "0"][:2]
+        sized = _SIZE.search("\n".join(out))
+        report = {
+            "fstype": fstype,
+            "size_mb": int(size_bytes) // (1024 * 1024),
+            "tmpfs_log": out[1] if len(out) > 1 else "",
+            "stage_log": out[2] if len(out) > 2 else "",
+            "staged": "staged" in out,
+            "ecs_enabled": "ecs-enabled" in out,
+        }
+        problems = []
+        if fstype != "tmpfs":
+            problems.append(f"/shared is {fstype}, not a tmpfs")
+        if sized is None:
+            problems.append("the tmpfs unit logged no size")
+        else:
+            want = bake.tmpfs_mb(int(sized[2]), int(sized[3]), int(sized[4]))
+            if abs(report["size_mb"] - want) > 1:
+                problems.append(f"/shared is {report['size_mb']} MiB, expected {want}")
+        if not report["staged"]:
+            problems.append(f"nothing staged in /shared/{app}")
+        if not report["ecs_enabled"]:
+            problems.append("the ECS agent is not enabled")
+        problems += self._check_staged(state, remote, report)
+        if problems:
+            raise RemoteError(f"boot test of {state.image_id}: {'; '.join(problems)}")
+        return report
+
+    def _check_staged(self, state: BakeState, remote: Any, report: dict[str, Any]) -> list[str]:
+        """Each app's staged build is the one for this family (or the fallback) and it runs."""
+        expected = bake.fallbacks(state.artifacts)
+        family = state.family.name
+        problems = []
+        cpu = remote.run(
+            "grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2", stream=False
+        ).stdout.split()
+        report["apps"] = {}
+        for app, generic in expected.items():
+            built = {a.family for a in state.artifacts if a.app == app}
+            want = family if family in built else generic
+            staged = json.loads(remote.run(f"cat /shared/{app}/manifest.json", stream=False).stdout)
+            result = {"family": staged.get("family"), "smoke": "not run"}
+            if staged.get("family") != want:
+                problems.append(f"/shared/{app} holds the {staged.get('family')} build, not {want}")
+            command = staged.get("smoke_command")
+            if command and not flags_module.missing_features(staged["target_used"], set(cpu)):
+                ran = remote.run(f"cd /shared/{app} && {command}", stream=False, check=False)
+                ok = ran.exit_code == 0 and staged.get("smoke_expect", "") in ran.stdout
+                result["smoke"] = "passed" if ok else f"failed: {ran.tail}"
+                if not ok:
+                    problems.append(f"/shared/{app}: smoke run failed: {ran.tail}")
+            elif command:
+                result["smoke"] = f"skipped: this CPU cannot run {staged['target_used']}"
+            report["apps"][app] = result
+        return problems
+
+    def cleanup(self, state: BakeState) -> None:
+        if not state.boot_instance_id:
+            return
+        ec2 = self.context.cloud.ec2
+        ignore_missing(lambda: ec2.terminate_instances(InstanceIds=[state.boot_instance_id]))
+        wait_until(
+            f"{state.boot_instance_id} to terminate",
+            lambda: instance_gone(ec2, state.boot_instance_id),
+            timeout_s=600,
+        )
+        self.context.deleted("instance", state.boot_instance_id)
+
+
+class Record:
+    """The image passed: keep it, and write what went into it to results/amis.json."""
+
+    name = "record"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BakeState) -> None:
+        state.keep_image = True
+        # A kept image is the product, not a leftover: marked so gc leaves it, and no longer
+        # tracked by the journal.
+        self.context.cloud.ec2.create_tags(
+            Resources=[state.image_id, *state.snapshot_ids],
+            Tags=[{"Key": tags.KEPT, "Value": "true"}],
+        )
+        self.context.deleted("image", state.image_id)
+        for snapshot_id in state.snapshot_ids:
+            self.context.deleted("snapshot", snapshot_id)
+        record = {
+            "image_id": state.image_id,
+            "architecture": state.architecture,
+            "region": self.context.cloud.config.region,
+            "cloud": self.context.cloud.config.cloud,
+            "base_ami": state.base_ami,
+            "run_id": self.context.run_id,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "artifacts": {a.path.name: a.manifest for a in state.artifacts},
+            "units": {
+                path: hashlib.sha256(content.encode()).hexdigest()
+                for path, (content, _) in sorted(state.files.items())
+            },
+            "boot_test": state.boot_report,
+        }
+        existing = json.loads(state.amis_file.read_text()) if state.amis_file.exists() else []
+        state.amis_file.parent.mkdir(parents=True, exist_ok=True)
+        state.amis_file.write_text(json.dumps([*existing, record], indent=2))
+
+    def cleanup(self, state: BakeState) -> None:
+        pass
