@@ -89,12 +89,17 @@ def load_artifacts(artifacts_dir: Path, families: list[str] | None) -> list[Arti
 
 
 def fallbacks(artifacts: list[Artifact]) -> dict[str, str]:
-    """Per app, the family whose build is the most generic (its target has the least ancestry)."""
+    """Per app, the family whose build needs the fewest ISA features: the best bet for a CPU
+    the image has no build for (no single target is guaranteed to run on every CPU)."""
+
+    def demand(artifact: Artifact) -> tuple[int, int, str]:
+        target = archspec.cpu.TARGETS[artifact.target]
+        return (len(target.features), len(target.ancestors), artifact.family)
+
     best: dict[str, Artifact] = {}
     for artifact in artifacts:
-        depth = len(archspec.cpu.TARGETS[artifact.target].ancestors)
         current = best.get(artifact.app)
-        if current is None or depth < len(archspec.cpu.TARGETS[current.target].ancestors):
+        if current is None or demand(artifact) < demand(current):
             best[artifact.app] = artifact
     return {app: artifact.family for app, artifact in sorted(best.items())}
 

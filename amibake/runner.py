@@ -122,12 +122,13 @@ class Runner(Generic[S]):
         for step in reversed(started):
             try:
                 step.cleanup(state)
-            except Exception as exc:
+            except (Exception, KeyboardInterrupt) as exc:
+                # Even an interrupt here must not abandon the cleanups still to come.
                 log.error(
                     "%s cleanup of %s failed: %s; finish by hand with: amibake gc --run-id %s",
                     self.prefix,
                     step.name,
-                    exc,
+                    exc or type(exc).__name__,
                     self.context.run_id,
                 )
 

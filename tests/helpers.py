@@ -105,3 +105,17 @@ def tagged_alive(cloud: Cloud, run_id: str) -> list[str]:
     ]
     alive += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]]
     return alive
+
+
+def tagged_images_alive(cloud: Cloud, run_id: str) -> list[str]:
+    """Images and snapshots tagged with the run id (a failed bake must leave none)."""
+    ec2 = cloud.ec2
+    tag = [{"Name": "tag:amibake:run-id", "Values": [run_id]}]
+    alive = [
+        f"image {i['ImageId']}" for i in ec2.describe_images(Owners=["self"], Filters=tag)["Images"]
+    ]
+    alive += [
+        f"snapshot {s['SnapshotId']}"
+        for s in ec2.describe_snapshots(OwnerIds=["self"], Filters=tag)["Snapshots"]
+    ]
+    return alive

@@ -74,6 +74,7 @@ def test_kernels_build_for_this_machine_family(cloud: Cloud, local_dir: Path) ->
 
 
 def test_the_same_inputs_never_build_twice(cloud: Cloud) -> None:
+    _fresh(cloud)
     first = pipelines.build(cloud, request())[0]
     assert first.ok and not first.state.cache_hit  # type: ignore[union-attr]
     second = pipelines.build(cloud, request())[0]

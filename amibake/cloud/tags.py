@@ -8,6 +8,8 @@ from typing import Any
 RUN_ID = "amibake:run-id"
 OWNER = "amibake:owner"
 EXPIRES = "amibake:expires"
+STEP = "amibake:step"  # which step launched an instance, so its cleanup finds it by tag
+LABEL = "amibake:label"  # which runner of the run (family or architecture) it belongs to
 KEPT = "amibake:kept"  # a product (a baked image), not a leftover: gc leaves it alone
 TOOL = "amibake"
 

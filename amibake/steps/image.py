@@ -24,7 +24,7 @@ from amibake.cloud.calls import ignore_missing, wait_until
 from amibake.cloud.reach import reach
 from amibake.errors import CloudError, RemoteError
 from amibake.runner import RunContext
-from amibake.steps.launch import instance_gone
+from amibake.steps.launch import terminate_launched
 from amibake.steps.state import InstanceState
 
 log = logging.getLogger("amibake")
@@ -207,7 +207,10 @@ class BootTest:
             SecurityGroupIds=[state.security_group_id],
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
             TagSpecifications=[
-                tags.specification("instance", self.context.tags),
+                tags.specification(
+                    "instance",
+                    {**self.context.tags, tags.STEP: "boot-test", tags.LABEL: state.label},
+                ),
                 tags.specification("volume", self.context.tags),
             ],
         )
@@ -261,7 +264,8 @@ class BootTest:
             problems.append(f"nothing staged in /shared/{app}")
         if not report["ecs_enabled"]:
             problems.append("the ECS agent is not enabled")
-        problems += self._check_staged(state, remote, report)
+        if not problems:  # the details only mean something once the basics hold
+            problems += self._check_staged(state, remote, report)
         if problems:
             raise RemoteError(f"boot test of {state.image_id}: {'; '.join(problems)}")
         return report
@@ -295,16 +299,8 @@ class BootTest:
         return problems
 
     def cleanup(self, state: BakeState) -> None:
-        if not state.boot_instance_id:
-            return
-        ec2 = self.context.cloud.ec2
-        ignore_missing(lambda: ec2.terminate_instances(InstanceIds=[state.boot_instance_id]))
-        wait_until(
-            f"{state.boot_instance_id} to terminate",
-            lambda: instance_gone(ec2, state.boot_instance_id),
-            timeout_s=600,
-        )
-        self.context.deleted("instance", state.boot_instance_id)
+        known = [state.boot_instance_id] if state.boot_instance_id else []
+        terminate_launched(self.context, "boot-test", state.label, known)
 
 
 class Record:

@@ -29,8 +29,9 @@ class LaunchTemplate:
         self.context = context
 
     def run(self, state: InstanceState) -> None:
+        mine = {**self.context.tags, tags.STEP: "launch", tags.LABEL: state.label}
         instance_tags = [
-            tags.specification("instance", self.context.tags),
+            tags.specification("instance", mine),
             tags.specification("volume", self.context.tags),
         ]
         created = self.context.cloud.ec2.create_launch_template(
@@ -177,14 +178,39 @@ class LaunchFleet:
         if state.fleet_id:
             delete_fleet(ec2, state.fleet_id)
             self.context.deleted("fleet", state.fleet_id)
-        if state.instance_id:
-            ignore_missing(lambda: ec2.terminate_instances(InstanceIds=[state.instance_id]))
-            wait_until(
-                f"{state.instance_id} to terminate",
-                lambda: instance_gone(ec2, state.instance_id),
-                timeout_s=600,
-            )
-            self.context.deleted("instance", state.instance_id)
+        known = [state.instance_id] if state.instance_id else []
+        terminate_launched(self.context, "launch", state.label, known)
+
+
+def terminate_launched(context: RunContext, step: str, label: str, known: list[str]) -> None:
+    """Terminate what a step launched: the ids it got back, and anything carrying its tags.
+
+    The tags cover an instance whose id never reached the step (a failure between the launch
+    call returning and the id being stored), so even then nothing outlives the run.
+    """
+    ec2 = context.cloud.ec2
+    filters = [
+        {"Name": f"tag:{tags.RUN_ID}", "Values": [context.run_id]},
+        {"Name": f"tag:{tags.STEP}", "Values": [step]},
+        {"Name": f"tag:{tags.LABEL}", "Values": [label]},
+        {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
+    ]
+    found = [
+        i["InstanceId"]
+        for r in ec2.describe_instances(Filters=filters)["Reservations"]
+        for i in r["Instances"]
+    ]
+    ids = sorted(set(known) | set(found))
+    if not ids:
+        return
+    ignore_missing(lambda: ec2.terminate_instances(InstanceIds=ids))
+    for instance_id in ids:
+        wait_until(
+            f"{instance_id} to terminate",
+            lambda i=instance_id: instance_gone(ec2, i),  # type: ignore[misc]
+            timeout_s=600,
+        )
+        context.deleted("instance", instance_id)
 
 
 def instance_gone(ec2: Any, instance_id: str) -> bool:

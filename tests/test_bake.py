@@ -1,0 +1,257 @@
+"""`amibake bake` on the local cloud: the image, its hygiene, its boot test, and nothing left
+when a bake fails or is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amibake import bake, pipelines
+from amibake.cli import main
+from amibake.cloud import Cloud
+from amibake.errors import UserError
+from amibake.journal import Journal
+from amibake.local import control
+from amibake.runner import Interrupted
+from tests.helpers import tagged_alive, tagged_images_alive, wait_until_clean
+from tests.test_build import FIXTURES
+
+AL2_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2/recommended/image_id"
+ARM64_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/arm64/recommended/image_id"
+
+
+@pytest.fixture(scope="module")
+def built(cloud: Cloud) -> Iterator[None]:
+    """A trivial c5a artifact to bake (and nothing else in the artifacts directory)."""
+    artifacts = cloud.config.results_dir / "artifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    assert pipelines.build(cloud, request)[0].ok
+    yield
+
+
+def _last_run(cloud: Cloud) -> str:
+    run_id = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
+    assert run_id is not None
+    return run_id
+
+
+def _image_root(cloud: Cloud, image_id: str) -> Path:
+    """The image's snapshot as the local cloud stores it (in the daemon's mount namespace)."""
+    daemon = control.find(cloud.config)
+    status = control.status(cloud.config)
+    assert daemon is not None and status is not None
+    return Path(f"/proc/{daemon.pid}/root{status['image_store']}/{image_id}/layer")
+
+
+def test_tmpfs_size_for_several_shapes() -> None:
+    assert bake.tmpfs_mb(3800, 2, 700) == 2400  # c7i.large: 2 vCPUs
+    assert bake.tmpfs_mb(15000, 8, 700) == 9400  # 2xlarge
+    assert bake.tmpfs_mb(190000, 96, 700) == 122800  # 24xlarge
+    assert bake.tmpfs_mb(4096, 2, 0) == 4096
+    with pytest.raises(UserError, match="leaves -1904 MiB for /shared on 2 vCPUs"):
+        bake.tmpfs_mb(4096, 2, 3000)
+
+
+def _artifacts() -> list[bake.Artifact]:
+    return [
+        bake.Artifact("kernels", f, "x86_64", t, Path(f"/x/kernels_{f}.tar.xz"), {})
+        for f, t in (("c7i", "sapphirerapids"), ("c5", "skylake_avx512"), ("c6a", "zen3"))
+    ]
+
+
+def test_rendered_units_and_scripts_pass_their_checks() -> None:
+    files = bake.render_files(_artifacts(), "x86_64", 700, "http://169.254.169.254")
+    assert set(files) == {
+        "/etc/systemd/system/amibake-shared-tmpfs.service",
+        "/etc/systemd/system/amibake-stage.service",
+        "/usr/local/libexec/amibake/shared-tmpfs",
+        "/usr/local/libexec/amibake/stage",
+    }
+    stage = files["/usr/local/libexec/amibake/stage"][0]
+    assert "imds=http://169.254.169.254" in stage  # the real endpoint by default
+    # Of sapphirerapids (53 features), skylake_avx512 (33) and zen3 (32), zen3 asks least.
+    assert "kernels_c6a.tar.xz" in stage
+    unit = files["/etc/systemd/system/amibake-shared-tmpfs.service"][0]
+    assert "Before=ecs.service" in unit and "AMIBAKE_RESERVE_MB_PER_VCPU=700" in unit
+
+
+def test_a_unit_systemd_would_reject_is_refused_at_render_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    units = tmp_path / "units"
+    shutil.copytree(bake.UNITS_DIR, units)
+    unit = units / "amibake-stage.service.j2"
+    unit.write_text(unit.read_text().replace("Type=oneshot", "Type=oneshoot"))
+    monkeypatch.setattr(bake, "UNITS_DIR", units)
+    with pytest.raises(UserError, match=r"systemd-analyze verify: .*oneshoot"):
+        bake.render_files(_artifacts(), "x86_64", 700, "http://169.254.169.254")
+
+
+def test_user_data_over_16_kib_is_refused() -> None:
+    bake.check_user_data("#!/bin/bash\n" + "echo fits\n" * 100)
+    with pytest.raises(UserError, match="EC2 accepts at most 16384"):
+        bake.check_user_data("#!/bin/bash\n" + "echo too much\n" * 2000)
+
+
+def test_bake_boot_test_and_security_invariants(cloud: Cloud, built: None, local_dir: Path) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        sent.append(params)
+
+    cloud.ec2.meta.events.register("provide-client-params.ec2.ModifyImageAttribute", record)
+    try:
+        outcome = pipelines.bake(cloud, pipelines.BakeRequest())[0]
+    finally:
+        cloud.ec2.meta.events.unregister("provide-client-params.ec2.ModifyImageAttribute", record)
+    assert outcome.ok, outcome.error
+    state = outcome.state
+    assert state is not None
+    image_id = state.image_id  # type: ignore[attr-defined]
+    report = state.boot_report  # type: ignore[attr-defined]
+    assert report["fstype"] == "tmpfs" and report["ecs_enabled"]
+    assert report["apps"]["trivial"] == {"family": "c5a", "smoke": "passed"}
+    # moto ignores ImdsSupport on images: assert on the request amibake sent.
+    assert {"ImageId": image_id, "ImdsSupport": {"Value": "v2.0"}} in sent
+    image = cloud.ec2.describe_images(ImageIds=[image_id])["Images"][0]
+    assert image["Public"] is False
+    permissions = cloud.ec2.describe_image_attribute(ImageId=image_id, Attribute="launchPermission")
+    assert permissions["LaunchPermissions"] == []
+    run_id = _last_run(cloud)
+    snapshots = cloud.ec2.describe_snapshots(
+        Filters=[{"Name": "tag:amibake:run-id", "Values": [run_id]}]
+    )["Snapshots"]
+    assert snapshots, "the image's snapshots carry the run's tags"
+    # Hygiene, checked in the image's own layer. A deleted file that exists in a lower layer
+    # (the host's own /etc/ssh keys) stays as an overlay whiteout (a 0/0 character device),
+    # which every instance of the image sees as absent; only regular files are content.
+    root = _image_root(cloud, image_id)
+    assert (root / "usr/local/data/trivial_c5a.tar.xz").is_file()
+    host_keys = list((root / "etc/ssh").glob("ssh_host_*"))
+    assert host_keys and not [k for k in host_keys if k.is_file()]
+    assert not (root / "home/ec2-user/.ssh/authorized_keys").is_file()
+    assert not [f for f in (root / "var/lib/ecs/data").glob("*") if f.is_file()]
+    assert (root / "etc/machine-id").read_text() == ""
+    record = json.loads((cloud.config.results_dir / "amis.json").read_text())[-1]
+    assert record["image_id"] == image_id and "trivial_c5a.tar.xz" in record["artifacts"]
+    # The product is kept; everything temporary is gone, and gc leaves the image alone.
+    assert tagged_alive(cloud, run_id) == []
+    assert main(["gc", "--run-id", run_id]) == 0
+    assert cloud.ec2.describe_images(ImageIds=[image_id])["Images"]
+    assert wait_until_clean(local_dir) == []
+
+
+def _assert_bake_left_nothing(cloud: Cloud, local_dir: Path) -> None:
+    run_id = _last_run(cloud)
+    assert tagged_alive(cloud, run_id) == []
+    assert tagged_images_alive(cloud, run_id) == []
+    assert Journal(cloud.config.results_dir / "journal.sqlite").alive(run_id) == []
+    assert wait_until_clean(local_dir) == []
+
+
+def test_ctrl_c_before_create_image_leaves_nothing(
+    cloud: Cloud, built: None, local_dir: Path
+) -> None:
+    def interrupt(name: str) -> None:
+        if name == "hygiene":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        pipelines.bake(cloud, pipelines.BakeRequest(), on_boundary=interrupt)
+    _assert_bake_left_nothing(cloud, local_dir)
+
+
+def test_ctrl_c_while_waiting_for_the_image_leaves_nothing(
+    cloud: Cloud, built: None, local_dir: Path
+) -> None:
+    pressed = [False]
+    base = cloud.ssm.get_parameter(
+        Name="/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
+    )["Parameter"]["Value"]
+
+    def interrupt(params: dict[str, Any], **_: Any) -> None:
+        # One Ctrl-C, while the bake polls for its new image (not the base-image preflight).
+        if not pressed[0] and params["body"].get("ImageId.1") not in (None, base):
+            pressed[0] = True
+            raise KeyboardInterrupt
+
+    cloud.ec2.meta.events.register("before-call.ec2.DescribeImages", interrupt)
+    try:
+        with pytest.raises(Interrupted):
+            pipelines.bake(cloud, pipelines.BakeRequest())
+    finally:
+        cloud.ec2.meta.events.unregister("before-call.ec2.DescribeImages", interrupt)
+    _assert_bake_left_nothing(cloud, local_dir)
+
+
+def test_an_error_during_the_boot_test_leaves_nothing(
+    cloud: Cloud, built: None, local_dir: Path
+) -> None:
+    base = cloud.ssm.get_parameter(
+        Name="/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
+    )["Parameter"]["Value"]
+
+    def explode(parsed: dict[str, Any], **_: Any) -> None:
+        # The boot test's instance is the one launched from the new image.
+        if parsed["Instances"][0]["ImageId"] != base:
+            raise RuntimeError("injected during the boot test")
+
+    cloud.ec2.meta.events.register("after-call.ec2.RunInstances", explode)
+    try:
+        with pytest.raises(RuntimeError, match="injected during the boot test"):
+            pipelines.bake(cloud, pipelines.BakeRequest())
+    finally:
+        cloud.ec2.meta.events.unregister("after-call.ec2.RunInstances", explode)
+    _assert_bake_left_nothing(cloud, local_dir)
+
+
+def test_a_failed_boot_test_deregisters_the_image(
+    cloud: Cloud, built: None, local_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    units = tmp_path / "units"
+    shutil.copytree(bake.UNITS_DIR, units)
+    stage = units / "stage.sh.j2"
+    stage.write_text("#!/bin/bash\necho 'amibake-stage: (broken) staging nothing'\n")
+    monkeypatch.setattr(bake, "UNITS_DIR", units)
+    outcome = pipelines.bake(cloud, pipelines.BakeRequest())[0]
+    assert not outcome.ok
+    assert "nothing staged in /shared/trivial" in outcome.error
+    _assert_bake_left_nothing(cloud, local_dir)
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main(["bake", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("amibake: error: "), err
+    return err
+
+
+def test_bake_bad_input(cloud: Cloud, built: None, capsys: pytest.CaptureFixture[str]) -> None:
+    before = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
+    assert "no built artifact for c6a" in _one_line(capsys, "--family", "c6a")
+    assert "does not exist" in _one_line(capsys, "--base-ami", "ami-0123456789abcdef0")
+    arm = cloud.ssm.get_parameter(Name=ARM64_PARAMETER)["Parameter"]["Value"]
+    assert "is arm64, but the artifacts are x86_64" in _one_line(capsys, "--base-ami", arm)
+    al2 = cloud.ssm.get_parameter(Name=AL2_PARAMETER)["Parameter"]["Value"]
+    assert "end of support on 2026-06-30" in _one_line(capsys, "--base-ami", al2)
+    assert "leaves" in _one_line(capsys, "--tmpfs-reserve-mb-per-vcpu", "5000")
+    # None of that started a run, let alone created anything.
+    assert Journal(cloud.config.results_dir / "journal.sqlite").last_run_id() == before
+
+
+def test_bake_dry_run_renders_and_creates_nothing(
+    cloud: Cloud, built: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bake", "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)[0]
+    assert plan["plan"][-3:] == ["create-image", "boot-test", "record"]
+    assert "http://instance-data" in plan["files"]["/usr/local/libexec/amibake/stage"]
+    assert plan["created"] == []
