@@ -69,6 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
     bake.add_argument("--dry-run", action="store_true", help="render, verify, show the plan")
     _common(bake)
 
+    batch = commands.add_parser("batch", help="AWS Batch environments on the baked images")
+    batch_commands = batch.add_subparsers(dest="batch_command", required=True, parser_class=_Parser)
+    batch_up = batch_commands.add_parser("up", help="create or update environments and queues")
+    source_of_ami = batch_up.add_mutually_exclusive_group(required=True)
+    source_of_ami.add_argument("--ami", help="a baked image id")
+    source_of_ami.add_argument(
+        "--from-bake", action="store_true", help="the newest baked image of each architecture"
+    )
+    batch_up.add_argument("--on-demand", action="store_true", help="EC2 instead of spot")
+    _common(batch_up)
+    for name, text in (
+        ("down", "delete queues, then environments (safe to re-run)"),
+        ("status", "what amibake has registered in Batch"),
+    ):
+        _common(batch_commands.add_parser(name, help=text))
+
     families = commands.add_parser("families", help="known EC2 families, targets and flags")
     families.add_argument(
         "--compiler", default="gcc@11.4.1", help="e.g. gcc@12.2 (default AL2023's)"
@@ -232,6 +248,38 @@ def _bake(args: argparse.Namespace) -> int:
     return 0 if all(o.ok for o in outcomes) else 1
 
 
+def _batch(args: argparse.Namespace) -> int:
+    from amibake import batch
+    from amibake.cloud import connect
+
+    cfg = _config(args)
+    amis_file = cfg.results_dir / "amis.json"
+    cloud = connect(cfg)
+    if args.batch_command == "up":
+        images = (
+            batch.images_from_bake(amis_file)
+            if args.from_bake
+            else [batch.image_by_id(cloud, args.ami, amis_file)]
+        )
+        logs.to_terminal()
+        result = batch.up(cloud, images, spot=not args.on_demand)
+        _print(
+            args,
+            result,
+            lambda r: "\n".join(
+                [f"queue {q} -> {e}" for q, e in r["queues"].items()]
+                + [f"job definition {d}" for d in r["job_definitions"]]
+                + [f"retired {e}" for e in r["retired"]]
+            ),
+        )
+    elif args.batch_command == "down":
+        done = batch.down(cloud)
+        _print(args, done, lambda r: "\n".join(r) or "nothing registered")
+    else:
+        _print(args, batch.status(cloud), lambda r: json.dumps(r, indent=2))
+    return 0
+
+
 def _families(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -321,6 +369,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "local": _local,
     "build": _build,
     "bake": _bake,
+    "batch": _batch,
     "families": _families,
     "gc": _gc,
     "source": _source,

@@ -57,6 +57,8 @@ def _configure_moto(directory: Path) -> None:
     # moto reads these at import time, so they are set before anything imports it.
     os.environ["MOTO_ENABLE_AMI_VALIDATION"] = "true"
     os.environ["MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION"] = "true"
+    # AWS-managed IAM policies exist on AWS; Batch's instance role attaches one.
+    os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
     # No default AMIs: each would bring a snapshot of its own into every region.
     os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
     amis = directory / "base-amis.json"

@@ -1,0 +1,364 @@
+"""``amibake batch``: AWS Batch compute environments, job queues and job definitions on the baked
+images. Idempotent and tag-driven: ``up`` twice changes nothing the second time; a new image
+means a new compute environment swapped into the queue (never an edit in place); ``down`` is safe
+to re-run and tears down queues before compute environments.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import botocore.exceptions
+
+from amibake import catalog
+from amibake.cloud import Cloud
+from amibake.cloud.calls import error_code, wait_until
+from amibake.errors import CloudError, UserError
+
+log = logging.getLogger("amibake")
+TAG = "amibake:batch"
+INSTANCE_ROLE = "amibake-batch-instance"
+SECURITY_GROUP = "amibake-batch"
+ECS_INSTANCE_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role"
+CONTAINER_IMAGE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
+ACTIVE_JOBS = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+
+
+@dataclass(frozen=True)
+class Image:
+    image_id: str
+    architecture: str
+    families: tuple[str, ...]
+    apps: tuple[str, ...]
+
+
+def images_from_bake(amis_file: Path) -> list[Image]:
+    """The newest baked image of each architecture, from results/amis.json."""
+    if not amis_file.exists():
+        raise UserError(f"{amis_file} does not exist: run `amibake bake` first, or pass --ami")
+    newest: dict[str, dict[str, Any]] = {}
+    for record in json.loads(amis_file.read_text()):
+        newest[record["architecture"]] = record
+    return [
+        _image(r["image_id"], r["architecture"], r["artifacts"].values()) for r in newest.values()
+    ]
+
+
+def _image(image_id: str, architecture: str, manifests: Any) -> Image:
+    manifests = list(manifests)
+    return Image(
+        image_id=image_id,
+        architecture=architecture,
+        families=tuple(sorted({m["family"] for m in manifests})),
+        apps=tuple(sorted({m["app"] for m in manifests})),
+    )
+
+
+def image_by_id(cloud: Cloud, image_id: str, amis_file: Path) -> Image:
+    try:
+        found = cloud.ec2.describe_images(ImageIds=[image_id])["Images"]
+    except botocore.exceptions.ClientError:
+        found = []
+    if not found:
+        raise UserError(f"image {image_id} does not exist in {cloud.config.region}")
+    records = json.loads(amis_file.read_text()) if amis_file.exists() else []
+    for record in records:
+        if record["image_id"] == image_id:
+            return _image(image_id, record["architecture"], record["artifacts"].values())
+    raise UserError(f"image {image_id} was not baked by amibake (not in {amis_file})")
+
+
+def _ensure_iam(cloud: Cloud) -> tuple[str, str]:
+    """(service role ARN, instance profile ARN), created if missing."""
+    iam = cloud.client("iam")
+    service_path = "/aws-service-role/batch.amazonaws.com/"
+    # Looked up by its path: clouds spell its name differently (AWSServiceRoleForBatch).
+    found = iam.list_roles(PathPrefix=service_path)["Roles"]
+    service = (
+        found[0]
+        if found
+        else iam.create_service_linked_role(AWSServiceName="batch.amazonaws.com")["Role"]
+    )
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "ec2.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+    try:
+        iam.create_role(
+            RoleName=INSTANCE_ROLE,
+            AssumeRolePolicyDocument=json.dumps(trust),
+            Tags=[{"Key": TAG, "Value": "true"}],
+        )
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) != "EntityAlreadyExists":
+            raise
+    iam.attach_role_policy(RoleName=INSTANCE_ROLE, PolicyArn=ECS_INSTANCE_POLICY)  # idempotent
+    try:
+        iam.create_instance_profile(InstanceProfileName=INSTANCE_ROLE)
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) != "EntityAlreadyExists":
+            raise
+    profile = iam.get_instance_profile(InstanceProfileName=INSTANCE_ROLE)["InstanceProfile"]
+    if not any(r["RoleName"] == INSTANCE_ROLE for r in profile.get("Roles", [])):
+        iam.add_role_to_instance_profile(InstanceProfileName=INSTANCE_ROLE, RoleName=INSTANCE_ROLE)
+    return str(service["Arn"]), str(profile["Arn"])
+
+
+def _network(cloud: Cloud) -> tuple[list[str], str]:
+    """Default-VPC subnets, and a security group with no inbound rule (jobs need none)."""
+    ec2 = cloud.ec2
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    if not vpcs:
+        raise CloudError("no default VPC in this region")
+    vpc = vpcs[0]["VpcId"]
+    subnets = [
+        s["SubnetId"]
+        for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
+    ]
+    groups = ec2.describe_security_groups(
+        Filters=[
+            {"Name": "group-name", "Values": [SECURITY_GROUP]},
+            {"Name": "vpc-id", "Values": [vpc]},
+        ]
+    )["SecurityGroups"]
+    if groups:
+        return subnets, str(groups[0]["GroupId"])
+    created = ec2.create_security_group(
+        GroupName=SECURITY_GROUP,
+        Description="amibake Batch instances: no inbound",
+        VpcId=vpc,
+        TagSpecifications=[
+            {"ResourceType": "security-group", "Tags": [{"Key": TAG, "Value": "true"}]}
+        ],
+    )
+    return subnets, str(created["GroupId"])
+
+
+def names(image: Image) -> tuple[str, str]:
+    """(compute environment, queue) names: one environment per image, one queue per arch."""
+    return f"amibake-{image.architecture}-{image.image_id}", f"amibake-{image.architecture}"
+
+
+def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
+    batch = cloud.client("batch")
+    service_role, profile = _ensure_iam(cloud)
+    subnets, group = _network(cloud)
+    result: dict[str, Any] = {"queues": {}, "job_definitions": [], "retired": []}
+    for image in images:
+        env_name, queue_name = names(image)
+        types = sorted(
+            {
+                catalog.family(f).instance_type(s)
+                for f in image.families
+                for s in catalog.family(f).sizes[:3]
+            }
+        )
+        existing = batch.describe_compute_environments(computeEnvironments=[env_name])[
+            "computeEnvironments"
+        ]
+        if not existing:
+            resources: dict[str, Any] = {
+                "type": "SPOT" if spot else "EC2",
+                "allocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED"
+                if spot
+                else "BEST_FIT_PROGRESSIVE",
+                "minvCpus": 0,
+                "maxvCpus": 256,
+                "instanceTypes": types,
+                "subnets": subnets,
+                "securityGroupIds": [group],
+                "instanceRole": profile,
+                "ec2Configuration": [
+                    {"imageType": "ECS_AL2023", "imageIdOverride": image.image_id}
+                ],
+                "tags": {TAG: "true"},
+            }
+            batch.create_compute_environment(
+                computeEnvironmentName=env_name,
+                type="MANAGED",
+                state="ENABLED",
+                computeResources=resources,
+                serviceRole=service_role,
+                tags={TAG: "true"},
+            )
+        _wait_valid(batch, "compute environment", env_name)
+        env_arn = batch.describe_compute_environments(computeEnvironments=[env_name])[
+            "computeEnvironments"
+        ][0]["computeEnvironmentArn"]
+        result["retired"] += _swap_into_queue(batch, queue_name, env_arn)
+        result["queues"][queue_name] = env_name
+        for app in image.apps:
+            result["job_definitions"].append(_job_definition(batch, app, image.architecture))
+    return result
+
+
+def _wait_valid(batch: Any, kind: str, name: str) -> None:
+    def valid() -> bool:
+        if kind == "compute environment":
+            found = batch.describe_compute_environments(computeEnvironments=[name])[
+                "computeEnvironments"
+            ]
+        else:
+            found = batch.describe_job_queues(jobQueues=[name])["jobQueues"]
+        if found and found[0].get("status") == "INVALID":
+            raise CloudError(f"{kind} {name} is INVALID: {found[0].get('statusReason')}")
+        return bool(found) and found[0].get("status") == "VALID"
+
+    wait_until(f"{kind} {name}", valid, timeout_s=600)
+
+
+def _swap_into_queue(batch: Any, queue: str, env_arn: str) -> list[str]:
+    """Point the queue at the environment; retire the environments it replaced."""
+    found = batch.describe_job_queues(jobQueues=[queue])["jobQueues"]
+    order = [{"order": 1, "computeEnvironment": env_arn}]
+    if not found:
+        batch.create_job_queue(
+            jobQueueName=queue,
+            state="ENABLED",
+            priority=1,
+            computeEnvironmentOrder=order,
+            tags={TAG: "true"},
+        )
+        _wait_valid(batch, "job queue", queue)
+        return []
+    current = [_arn(batch, e["computeEnvironment"]) for e in found[0]["computeEnvironmentOrder"]]
+    if current == [env_arn]:
+        return []  # already pointing at this image's environment: nothing to do
+    batch.update_job_queue(jobQueue=queue, computeEnvironmentOrder=order)
+    _wait_valid(batch, "job queue", queue)
+    retired = [c for c in current if c != env_arn]
+    for old in retired:
+        _retire(batch, queue, old)
+    return retired
+
+
+def _arn(batch: Any, environment: str) -> str:
+    """An environment's ARN from its name or ARN (queues may report either)."""
+    if environment.startswith("arn:"):
+        return environment
+    found = batch.describe_compute_environments(computeEnvironments=[environment])[
+        "computeEnvironments"
+    ]
+    return str(found[0]["computeEnvironmentArn"]) if found else environment
+
+
+def _retire(batch: Any, queue: str, environment: str) -> None:
+    """Disable an environment the queue no longer uses; delete it once no job is left on it."""
+    batch.update_compute_environment(computeEnvironment=environment, state="DISABLED")
+    if any(batch.list_jobs(jobQueue=queue, jobStatus=s)["jobSummaryList"] for s in ACTIVE_JOBS):
+        log.warning("%s disabled; delete it once its jobs drain (amibake batch down)", environment)
+        return
+    _wait_valid(batch, "compute environment", environment.rsplit("/", 1)[-1])
+    batch.delete_compute_environment(computeEnvironment=environment)
+
+
+def _job_definition(batch: Any, app: str, architecture: str) -> str:
+    name = f"amibake-{app}-{architecture}"
+    container = {
+        "image": CONTAINER_IMAGE,
+        "command": ["/bin/sh", "-c", f"ls /shared/{app} && cat /shared/{app}/manifest.json"],
+        "resourceRequirements": [
+            {"type": "VCPU", "value": "2"},
+            {"type": "MEMORY", "value": "3072"},
+        ],
+        # The host's tmpfs /shared, with the staged build, seen by the container as /shared.
+        "volumes": [{"name": "shared", "host": {"sourcePath": "/shared"}}],
+        "mountPoints": [{"sourceVolume": "shared", "containerPath": "/shared", "readOnly": False}],
+    }
+    active = batch.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")[
+        "jobDefinitions"
+    ]
+    for definition in active:
+        props = definition.get("containerProperties", {})
+        if all(props.get(k) == v for k, v in container.items()):
+            return str(definition["jobDefinitionArn"])  # unchanged: no new revision
+    made = batch.register_job_definition(
+        jobDefinitionName=name,
+        type="container",
+        containerProperties=container,
+        tags={TAG: "true"},
+    )
+    return str(made["jobDefinitionArn"])
+
+
+def status(cloud: Cloud) -> dict[str, Any]:
+    batch = cloud.client("batch")
+    envs = [
+        e
+        for e in batch.describe_compute_environments()["computeEnvironments"]
+        if e["computeEnvironmentName"].startswith("amibake-")
+    ]
+    queues = [
+        q
+        for q in batch.describe_job_queues()["jobQueues"]
+        if q["jobQueueName"].startswith("amibake-")
+    ]
+    defs = [
+        d
+        for d in batch.describe_job_definitions(status="ACTIVE")["jobDefinitions"]
+        if d["jobDefinitionName"].startswith("amibake-")
+    ]
+    return {
+        "compute_environments": {
+            e["computeEnvironmentName"]: {
+                "state": e.get("state"),
+                "status": e.get("status"),
+                "image": (e.get("computeResources", {}).get("ec2Configuration") or [{}])[0].get(
+                    "imageIdOverride"
+                ),
+            }
+            for e in envs
+        },
+        "queues": {
+            q["jobQueueName"]: [c["computeEnvironment"] for c in q["computeEnvironmentOrder"]]
+            for q in queues
+        },
+        "job_definitions": sorted(f"{d['jobDefinitionName']}:{d['revision']}" for d in defs),
+    }
+
+
+def _queue_gone(batch: Any, queue: str) -> bool:
+    return not batch.describe_job_queues(jobQueues=[queue])["jobQueues"]
+
+
+def down(cloud: Cloud) -> list[str]:
+    """Disable and delete the queues, then the compute environments, then the job definitions."""
+    batch = cloud.client("batch")
+    done = []
+    queues = [
+        q["jobQueueName"]
+        for q in batch.describe_job_queues()["jobQueues"]
+        if q["jobQueueName"].startswith("amibake-")
+    ]
+    for queue in queues:
+        batch.update_job_queue(jobQueue=queue, state="DISABLED")
+        _wait_valid(batch, "job queue", queue)
+        batch.delete_job_queue(jobQueue=queue)
+        wait_until(f"job queue {queue} to go", functools.partial(_queue_gone, batch, queue))
+        done.append(f"deleted job queue {queue}")
+    envs = [
+        e["computeEnvironmentName"]
+        for e in batch.describe_compute_environments()["computeEnvironments"]
+        if e["computeEnvironmentName"].startswith("amibake-")
+    ]
+    for env in envs:
+        batch.update_compute_environment(computeEnvironment=env, state="DISABLED")
+        _wait_valid(batch, "compute environment", env)
+        batch.delete_compute_environment(computeEnvironment=env)
+        done.append(f"deleted compute environment {env}")
+    for definition in batch.describe_job_definitions(status="ACTIVE")["jobDefinitions"]:
+        if definition["jobDefinitionName"].startswith("amibake-"):
+            batch.deregister_job_definition(jobDefinition=definition["jobDefinitionArn"])
+            done.append(f"deregistered {definition['jobDefinitionName']}:{definition['revision']}")
+    return done

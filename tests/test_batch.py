@@ -1,0 +1,78 @@
+"""`amibake batch` on the local cloud: environments on the baked image, a job, the swap to a new
+image, and a teardown that is safe to repeat."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from amibake import batch, pipelines
+from amibake.cli import main
+from amibake.cloud import Cloud
+from tests.test_bake import built  # noqa: F401 - the module-scoped artifact fixture
+
+
+def _bake(cloud: Cloud) -> str:
+    outcome = pipelines.bake(cloud, pipelines.BakeRequest())[0]
+    assert outcome.ok, outcome.error
+    return outcome.state.image_id  # type: ignore[union-attr, no-any-return]
+
+
+def test_full_flow_up_job_swap_down(cloud: Cloud, built: None, local_dir: Path) -> None:  # noqa: F811
+    first = _bake(cloud)
+    amis = cloud.config.results_dir / "amis.json"
+    up = batch.up(cloud, batch.images_from_bake(amis))
+    env_name = f"amibake-x86_64-{first}"
+    assert up["queues"] == {"amibake-x86_64": env_name}
+    again = batch.up(cloud, batch.images_from_bake(amis))
+    assert again["job_definitions"] == up["job_definitions"]  # no new revision
+    assert again["retired"] == []
+
+    client = cloud.client("batch")
+    env = client.describe_compute_environments(computeEnvironments=[env_name])[
+        "computeEnvironments"
+    ][0]
+    resources = env["computeResources"]
+    assert resources["type"] == "SPOT"
+    assert resources["allocationStrategy"] == "SPOT_PRICE_CAPACITY_OPTIMIZED"
+    assert resources["minvCpus"] == 0
+    assert resources["ec2Configuration"] == [{"imageType": "ECS_AL2023", "imageIdOverride": first}]
+    definition = client.describe_job_definitions(
+        jobDefinitionName="amibake-trivial-x86_64", status="ACTIVE"
+    )["jobDefinitions"][0]["containerProperties"]
+    assert definition["volumes"] == [{"name": "shared", "host": {"sourcePath": "/shared"}}]
+    assert definition["mountPoints"][0]["containerPath"] == "/shared"
+
+    job = client.submit_job(
+        jobName="probe", jobQueue="amibake-x86_64", jobDefinition="amibake-trivial-x86_64"
+    )["jobId"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = client.describe_jobs(jobs=[job])["jobs"][0]["status"]
+        if state in ("SUCCEEDED", "FAILED"):
+            break
+        time.sleep(0.5)
+    assert state == "SUCCEEDED"
+
+    # A new image: a new environment swapped into the queue, the old one retired.
+    second = _bake(cloud)
+    swapped = batch.up(cloud, batch.images_from_bake(amis))
+    assert swapped["queues"] == {"amibake-x86_64": f"amibake-x86_64-{second}"}
+    assert any(first in retired for retired in swapped["retired"])
+    status = batch.status(cloud)
+    assert list(status["compute_environments"]) == [f"amibake-x86_64-{second}"]
+
+    done = batch.down(cloud)
+    assert "deleted job queue amibake-x86_64" in done
+    assert batch.status(cloud) == {"compute_environments": {}, "queues": {}, "job_definitions": []}
+    assert batch.down(cloud) == []  # safe to re-run
+
+
+def test_batch_bad_input(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["batch", "up", "--ami", "ami-0123456789abcdef0"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["batch", "up"]) == 2
+    assert "one of the arguments --ami --from-bake is required" in capsys.readouterr().err
+    assert main(["batch", "down"]) == 0  # nothing up: nothing to do, no error
