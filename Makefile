@@ -57,12 +57,18 @@ lint: install
 	$(BIN)/ruff format --check amibake fleet tests benchmarks
 	$(BIN)/mypy
 
-# The main job on the local cloud: start it, show the plan, build the kernels recipe for c7i
-# (AVX-512) and c5a (this machine's zen2, so its smoke test runs), then prove nothing is left.
+# The main job on the local cloud: show the plan, build the kernels recipe for c7i (AVX-512),
+# c5a (this machine's zen2, so its smoke test runs) and c7g (Graviton3, cross-compiled), bake
+# them into one AMI per architecture with a boot test, register Batch on them, tear Batch
+# down, and prove nothing temporary is left.
 demo: install
 	$(BIN)/amibake families --compiler gcc@12.2
 	$(BIN)/amibake build --cloud local --family c7i --recipe kernels --dry-run
-	$(BIN)/amibake build --cloud local --family c7i,c5a --recipe kernels
+	$(BIN)/amibake build --cloud local --family c7i,c5a,c7g --recipe kernels
+	$(BIN)/amibake bake --cloud local --family c7i,c5a,c7g
+	$(BIN)/amibake batch up --cloud local --from-bake
+	$(BIN)/amibake batch status --cloud local
+	$(BIN)/amibake batch down --cloud local
 	$(BIN)/amibake gc --cloud local --dry-run
 	$(BIN)/amibake local down
 
