@@ -79,6 +79,11 @@ def find(config: Config) -> Daemon | None:
         info = json.loads(info_path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+    except PermissionError:
+        raise EnvironmentProblem(
+            f"cannot read {info_path}: permission denied; set AMIBAKE_LOCAL_DIR to a directory "
+            "you own"
+        ) from None
     daemon = Daemon(pid=int(info["pid"]), endpoint=str(info["endpoint"]))
     if not _alive(daemon.pid):
         return None
@@ -96,7 +101,13 @@ def up(config: Config) -> Daemon:
         return running
     check_host()
     settings = settings_for(config)
-    settings.directory.mkdir(parents=True, exist_ok=True)
+    try:
+        settings.directory.mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        raise EnvironmentProblem(
+            f"cannot create {settings.directory}: permission denied; set AMIBAKE_LOCAL_DIR to a "
+            "directory you own"
+        ) from None
     _clean_leftovers(settings.directory)
     if not port_free("127.0.0.1", settings.port):
         raise EnvironmentProblem(

@@ -61,17 +61,29 @@ def check_host() -> None:
                 f"(apt-get install {package})"
             )
     if os.geteuid() != 0:
+        _check_rootless()
+
+
+def _check_rootless() -> None:
+    """Without root, sandboxes need a user namespace in which overlayfs may stack over "/"."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="amibake-probe-") as tmp:
+        script = (
+            f"mkdir -p {tmp}/u {tmp}/w {tmp}/m && mount -t overlay overlay "
+            f"-o userxattr,lowerdir=/,upperdir={tmp}/u,workdir={tmp}/w {tmp}/m"
+        )
         probe = subprocess.run(
-            ["unshare", "--user", "--map-root-user", "--mount", "true"],
+            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
             capture_output=True,
             text=True,
         )
-        if probe.returncode != 0:
-            raise EnvironmentProblem(
-                "the local cloud needs root, or unprivileged user namespaces "
-                f"(unshare --user failed: {probe.stderr.strip() or probe.returncode}); "
-                "run as root or enable kernel.unprivileged_userns_clone"
-            )
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["no reason given"])[0]
+        raise EnvironmentProblem(
+            "the local cloud needs root here: without it, sandboxes need overlayfs over / "
+            f"inside a user namespace, which this kernel refuses ({reason}); run as root"
+        )
 
 
 def port_free(address: str, port: int) -> bool:

@@ -116,3 +116,67 @@ def test_sandbox_ssh_port_in_use_is_a_one_line_error(
     err = _one_line_error(capsys)
     assert "ssh port 2200 on 127.79.0.1 is already in use" in err
     assert "AMIBAKE_LOCAL_SSH_PORT" in err
+
+
+def test_without_root_local_up_says_what_is_missing() -> None:
+    """As nobody: either rootless sandboxes work here, or `local up` says why, in one line."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    if shutil.which("setpriv") is None:
+        pytest.fail("setpriv (util-linux) is needed to run this test as an unprivileged user")
+    # pytest's own temporary tree is root's alone; nobody needs a directory it can write.
+    tmp_path = Path(tempfile.mkdtemp(prefix="amibake-rootless-"))
+    tmp_path.chmod(0o777)
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(tmp_path),
+        "AMIBAKE_LOCAL_DIR": str(tmp_path / "cloud"),
+        "AMIBAKE_LOCAL_PORT": "5181",
+        "AMIBAKE_LOCAL_SUBNET": "127.81.0.0/16",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "amibake",
+            "local",
+            "up",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode == 0:  # this kernel allows rootless sandboxes: then down must work too
+        subprocess.run(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                sys.executable,
+                "-m",
+                "amibake",
+                "local",
+                "down",
+            ],
+            cwd=tmp_path,
+            env=env,
+            check=True,
+            timeout=60,
+        )
+        return
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "needs root" in lines[0] or "unshare" in lines[0]
