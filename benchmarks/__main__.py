@@ -17,7 +17,11 @@ from amibake import config
 from amibake.cloud import connect
 from amibake.local import control
 
-MODULES = ["benchmarks.bench_local_cloud", "benchmarks.bench_build"]
+MODULES = [
+    "benchmarks.bench_local_cloud",
+    "benchmarks.bench_build",
+    "benchmarks.bench_bake",
+]
 
 
 def main(argv: list[str]) -> int:

@@ -44,7 +44,6 @@ class BakeState(InstanceState):
     boot_instance_id: str = ""
     boot_report: dict[str, Any] = field(default_factory=dict)
     keep_image: bool = False
-    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -134,6 +134,7 @@ class LaunchFleet:
             markets.append("on-demand")
         ec2 = self.context.cloud.ec2
         errors: list[str] = []
+        started = time.monotonic()
         for market in markets:
             for attempt in range(CAPACITY_ATTEMPTS):
                 self.context.check_cancel()
@@ -151,6 +152,7 @@ class LaunchFleet:
                             state.instance_type = group.get("InstanceType", "")
                             state.market = market
                 if state.instance_id:
+                    state.phases["launch"] = time.monotonic() - started
                     log.info("launched %s (%s, %s)", state.instance_id, state.instance_type, market)
                     return
                 codes = {e.get("ErrorCode", "") for e in response.get("Errors", [])}

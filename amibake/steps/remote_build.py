@@ -40,6 +40,7 @@ class Connect:
                 print(prefix + line, file=sys.stderr, flush=True)
 
         handle = log_path.open("a")
+        started = time.monotonic()
         state.remote = reach(
             self.context.cloud,
             state.instance_id,
@@ -48,6 +49,7 @@ class Connect:
             log=handle,
             cancel=self.context.cancel,
         )
+        state.phases["connect"] = time.monotonic() - started
 
     def cleanup(self, state: InstanceState) -> None:
         if state.remote is not None:

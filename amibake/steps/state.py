@@ -34,6 +34,7 @@ class InstanceState:
     remote: Remote | None = None
     finished_early: bool = False
     warnings: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds, by what was done
 
     @property
     def label(self) -> str:
