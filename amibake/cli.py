@@ -163,13 +163,18 @@ def _status_text(state: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _family_list(text: str) -> list[str]:
+    """--family c7i,c7g,c7a: names, blanks dropped (an empty list is refused downstream)."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _build(args: argparse.Namespace) -> int:
     from amibake import pipelines
     from amibake.cloud import connect
 
     cfg = _config(args, recipe=args.recipe, size=args.size, spot=args.spot)
     request = pipelines.BuildRequest(
-        families=[f.strip() for f in args.family.split(",") if f.strip()],
+        families=_family_list(args.family),
         recipe=cfg.recipe,
         size=cfg.size,
         spot=cfg.spot,
@@ -213,9 +218,8 @@ def _bake(args: argparse.Namespace) -> int:
     from amibake.cloud import connect
 
     cfg = _config(args)
-    families = [f.strip() for f in args.family.split(",")] if args.family else None
     request = pipelines.BakeRequest(
-        families=families,
+        families=_family_list(args.family) if args.family else None,
         name=args.name,
         reserve_mb_per_vcpu=args.tmpfs_reserve_mb_per_vcpu,
         base_ami=args.base_ami,

@@ -138,42 +138,22 @@ def test_without_root_local_up_says_what_is_missing() -> None:
         "AMIBAKE_LOCAL_SUBNET": "127.81.0.0/16",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
     }
-    done = subprocess.run(
-        [
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            sys.executable,
-            "-m",
-            "amibake",
-            "local",
-            "up",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if done.returncode == 0:  # this kernel allows rootless sandboxes: then down must work too
-        subprocess.run(
-            [
-                "setpriv",
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                sys.executable,
-                "-m",
-                "amibake",
-                "local",
-                "down",
-            ],
+
+    def as_nobody(*argv: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        return subprocess.run(
+            [*command, sys.executable, "-m", "amibake", *argv],
             cwd=tmp_path,
             env=env,
-            check=True,
+            capture_output=True,
+            text=True,
             timeout=60,
+            check=check,
         )
+
+    done = as_nobody("local", "up")
+    if done.returncode == 0:  # this kernel allows rootless sandboxes: then down must work too
+        as_nobody("local", "down", check=True)
         return
     shutil.rmtree(tmp_path, ignore_errors=True)
     assert done.returncode == 2, done.stderr
