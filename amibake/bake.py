@@ -17,6 +17,7 @@ import botocore.exceptions
 
 from amibake import catalog
 from amibake.cloud import Cloud
+from amibake.cloud.calls import error_code
 from amibake.errors import UserError
 from amibake.render import USER_DATA_LIMIT, check_shell, render
 from amibake.sources import sha256_of
@@ -112,7 +113,10 @@ def base_image(cloud: Cloud, architecture: str, base_ami: str | None, allow_eol:
         base_ami = str(cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"])
     try:
         images = ec2.describe_images(ImageIds=[base_ami])["Images"]
-    except botocore.exceptions.ClientError:
+    except botocore.exceptions.ClientError as exc:
+        # Only "no such image" means no such image; AccessDenied and the like must show.
+        if not error_code(exc).startswith("InvalidAMIID"):
+            raise
         images = []
     if not images:
         raise UserError(f"base image {base_ami} does not exist in {cloud.config.region}")

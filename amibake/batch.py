@@ -62,7 +62,10 @@ def _image(image_id: str, architecture: str, manifests: Any) -> Image:
 def image_by_id(cloud: Cloud, image_id: str, amis_file: Path) -> Image:
     try:
         found = cloud.ec2.describe_images(ImageIds=[image_id])["Images"]
-    except botocore.exceptions.ClientError:
+    except botocore.exceptions.ClientError as exc:
+        # Only "no such image" means no such image; AccessDenied and the like must show.
+        if not error_code(exc).startswith("InvalidAMIID"):
+            raise
         found = []
     if not found:
         raise UserError(f"image {image_id} does not exist in {cloud.config.region}")

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn
 
+import botocore.exceptions
+
 from amibake import config as config_module
 from amibake import logs
 from amibake.errors import AmibakeError, UserError
@@ -65,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     bake.add_argument("--tmpfs-reserve-mb-per-vcpu", type=int, default=700)
     bake.add_argument("--base-ami", help="bake from this image instead of the AL2023 ECS one")
     bake.add_argument("--allow-eol", action="store_true", help="accept an Amazon Linux 2 base")
+    bake.add_argument("--build", action="store_true", help="build the families missing first")
+    bake.add_argument("--recipe", help="with --build: the recipe (default from config)")
     bake.add_argument("--keep-on-error", action="store_true")
     bake.add_argument("--dry-run", action="store_true", help="render, verify, show the plan")
     _common(bake)
@@ -90,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--compiler", default="gcc@11.4.1", help="e.g. gcc@12.2 (default AL2023's)"
     )
     _common(families)
+
+    policy = commands.add_parser("iam-policy", help="print the least-privilege IAM policy")
+    policy.add_argument("--for", dest="commands", help="build,bake,batch,gc (default: all)")
 
     gc = commands.add_parser("gc", help="delete what amibake created that is still alive")
     gc.add_argument("--dry-run", action="store_true", help="list, delete nothing")
@@ -219,6 +226,7 @@ def _bake(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     request = pipelines.BakeRequest(
+        build_recipe=(args.recipe or cfg.recipe) if args.build else None,
         families=_family_list(args.family) if args.family else None,
         name=args.name,
         reserve_mb_per_vcpu=args.tmpfs_reserve_mb_per_vcpu,
@@ -228,6 +236,9 @@ def _bake(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
     )
     cloud = connect(cfg)
+    if request.build_recipe is not None:
+        logs.to_terminal()
+        pipelines.build_missing(cloud, request)
     states = pipelines.prepare_bake(cloud, request)  # bad input fails here, creating nothing
     logs.to_terminal()
     outcomes = pipelines.bake(cloud, request, states=states)
@@ -281,6 +292,13 @@ def _batch(args: argparse.Namespace) -> int:
         _print(args, done, lambda r: "\n".join(r) or "nothing registered")
     else:
         _print(args, batch.status(cloud), lambda r: json.dumps(r, indent=2))
+    return 0
+
+
+def _iam_policy(args: argparse.Namespace) -> int:
+    from amibake import iam_policy
+
+    print(iam_policy.render(_family_list(args.commands) if args.commands else None))
     return 0
 
 
@@ -376,6 +394,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "batch": _batch,
     "families": _families,
     "gc": _gc,
+    "iam-policy": _iam_policy,
     "source": _source,
 }
 
@@ -387,6 +406,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AmibakeError as exc:
         print(f"amibake: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except botocore.exceptions.NoCredentialsError:
+        print(
+            "amibake: error: no AWS credentials found: configure a profile (aws configure), "
+            "pass --profile, or use --cloud local",
+            file=sys.stderr,
+        )
+        return 2
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+        # AccessDenied and friends: the message names the action and the principal.
+        print(f"amibake: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("amibake: interrupted", file=sys.stderr)
         return 130

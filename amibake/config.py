@@ -46,6 +46,8 @@ class Config:
     local_subnet: str = "127.77.0.0/16"
     local_ssh_port: int = 22
     local_imds_port: int = 80
+    # "KEY_ID:SECRET" to call the local cloud as a given IAM user (default: any, unchecked).
+    local_credentials: str | None = None
 
     @property
     def is_local(self) -> bool:

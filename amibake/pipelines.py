@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
+
 from amibake import bake as bake_module
 from amibake import catalog, recipes, sources
 from amibake.cloud import Cloud, tags
@@ -255,7 +257,7 @@ def run_each(
                     _how_to_debug(context, state)
                 raise
             return Outcome(state.family.name, True, state)
-        except AmibakeError as exc:
+        except (AmibakeError, botocore.exceptions.ClientError) as exc:
             if isinstance(exc, UserError) and len(states) == 1:
                 raise
             return Outcome(state.family.name, False, state, error=str(exc))
@@ -310,6 +312,34 @@ class BakeRequest:
     allow_eol: bool = False
     keep_on_error: bool = False
     dry_run: bool = False
+    build_recipe: str | None = None  # --build: build the families that have no artifact yet
+
+
+def build_missing(cloud: Cloud, request: BakeRequest) -> list[Outcome]:
+    """--build: one build run for the requested families that have no artifact of the recipe."""
+    if request.build_recipe is None:
+        return []
+    if not request.families:
+        raise UserError("--build needs --family: which families to build")
+    artifacts = cloud.config.results_dir / "artifacts"
+    missing = [
+        family
+        for family in request.families
+        if not (artifacts / f"{request.build_recipe}_{family}.manifest.json").exists()
+    ]
+    if not missing:
+        return []
+    build_request = BuildRequest(
+        families=missing,
+        recipe=request.build_recipe,
+        size="large",
+        recipes_dir=cloud.config.recipes_dir,
+    )
+    outcomes = build(cloud, build_request)
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        raise UserError(f"--build: {failed[0].family}: {failed[0].error}")
+    return outcomes
 
 
 def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:

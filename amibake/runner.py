@@ -34,6 +34,10 @@ class Interrupted(AmibakeError):
     exit_code = 130
 
 
+class CleanupFailed(AmibakeError):
+    """The run's work may have succeeded, but something it created could not be removed."""
+
+
 class Step(Protocol[S_contra]):
     name: str
 
@@ -115,14 +119,22 @@ class Runner(Generic[S]):
                 )
             else:
                 with _no_interrupts():
-                    self._unwind(started, state)
+                    failures = self._unwind(started, state)
+                if failures and failure is None:
+                    # A run that leaves something behind has not succeeded.
+                    raise CleanupFailed(
+                        f"{'; '.join(failures)}; finish by hand with: "
+                        f"amibake gc --run-id {self.context.run_id}"
+                    )
         return state
 
-    def _unwind(self, started: list[Step[S]], state: S) -> None:
+    def _unwind(self, started: list[Step[S]], state: S) -> list[str]:
+        failures = []
         for step in reversed(started):
             try:
                 step.cleanup(state)
             except (Exception, KeyboardInterrupt) as exc:
+                failures.append(f"cleanup of {step.name} failed: {exc or type(exc).__name__}")
                 # Even an interrupt here must not abandon the cleanups still to come.
                 log.error(
                     "%s cleanup of %s failed: %s; finish by hand with: amibake gc --run-id %s",
@@ -131,6 +143,7 @@ class Runner(Generic[S]):
                     exc or type(exc).__name__,
                     self.context.run_id,
                 )
+        return failures
 
 
 @contextlib.contextmanager

@@ -255,3 +255,15 @@ def test_bake_dry_run_renders_and_creates_nothing(
     assert plan["plan"][-3:] == ["create-image", "boot-test", "record"]
     assert "http://instance-data" in plan["files"]["/usr/local/libexec/amibake/stage"]
     assert plan["created"] == []
+
+
+def test_bake_build_builds_what_is_missing_first(
+    cloud: Cloud, built: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMIBAKE_RECIPES_DIR", str(FIXTURES))
+    assert main(["bake", "--build", "--recipe", "trivial", "--family", "c5a,c6a", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)[0]
+    assert sorted(result["artifacts"]) == ["trivial_c5a.tar.xz", "trivial_c6a.tar.xz"]
+    assert result["boot_test"]["staged"]
+    assert main(["bake", "--build"]) == 2
+    assert "--build needs --family" in capsys.readouterr().err

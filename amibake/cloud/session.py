@@ -91,11 +91,11 @@ def connect(config: Config) -> Cloud:
         from amibake.local.control import ensure_running
 
         endpoint = ensure_running(config).endpoint
-        # moto accepts any credentials; fixed ones keep a user's real keys out of local traffic.
+        # moto accepts any credentials unless IAM enforcement is on; fixed ones keep a user's
+        # real keys out of local traffic.
+        key, _, secret = (config.local_credentials or "testing:testing").partition(":")
         session = boto3.session.Session(
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name=config.region,
+            aws_access_key_id=key, aws_secret_access_key=secret, region_name=config.region
         )
     else:
         try:

@@ -79,7 +79,10 @@ def serve(settings: LocalSettings) -> None:
     )
     from werkzeug.serving import make_server
 
+    from amibake.local import moto_gaps
     from amibake.local.gateway import Gateway
+
+    moto_gaps.apply()
 
     cloud = LocalCloud(settings)
     cloud.start()

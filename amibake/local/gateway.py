@@ -23,7 +23,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import parse_qs, parse_qsl, urlencode
+from urllib.parse import parse_qs
 
 from amibake.cloud.session import LOCAL_SSH_TAG
 from amibake.errors import AmibakeError
@@ -47,36 +47,6 @@ _OUTPUT = re.compile(r"<output>.*?</output>", re.S)
 GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
 
 StartResponse = Callable[..., Any]
-
-
-def _split_snapshot_tags(body: bytes) -> tuple[bytes, dict[str, str]]:
-    """CreateImage's snapshot TagSpecification, taken out of the request.
-
-    moto raises NotImplementedError for it; EC2 accepts it. The gateway applies the tags to the
-    image's snapshot itself, so amibake sends exactly what it sends to AWS.
-    """
-    pairs = parse_qsl(body.decode(), keep_blank_values=True)
-    snapshot_specs = {
-        key.split(".")[1]
-        for key, value in pairs
-        if key.startswith("TagSpecification.")
-        and key.endswith(".ResourceType")
-        and value == "snapshot"
-    }
-    if not snapshot_specs:
-        return body, {}
-    keys: dict[str, str] = {}
-    values: dict[str, str] = {}
-    kept = []
-    for key, value in pairs:
-        parts = key.split(".")
-        if len(parts) > 1 and parts[0] == "TagSpecification" and parts[1] in snapshot_specs:
-            if len(parts) == 5 and parts[2] == "Tag":
-                (keys if parts[4] == "Key" else values)[parts[3]] = value
-            continue
-        kept.append((key, value))
-    tags = {keys[n]: values.get(n, "") for n in keys}
-    return urlencode(kept).encode(), tags
 
 
 def _decode_user_data(value: Any) -> bytes | None:
@@ -111,11 +81,7 @@ class Gateway:
         body = environ["wsgi.input"].read(length) if length else b""
         params = {k: v[0] for k, v in parse_qs(body.decode(errors="replace")).items()}
         action = params.get("Action", "")
-        snapshot_tags: dict[str, str] = {}
-        if action == "CreateImage":
-            body, snapshot_tags = _split_snapshot_tags(body)
         environ["wsgi.input"] = io.BytesIO(body)
-        environ["CONTENT_LENGTH"] = str(len(body))
         if action not in WATCHED:
             return self.app(environ, start_response)
 
@@ -131,8 +97,6 @@ class Gateway:
             region = scope.group(2)
             try:
                 response = self._after(action, params, response, account, region)
-                if snapshot_tags:
-                    self._tag_image_snapshots(response, account, region, snapshot_tags)
             except AmibakeError as exc:
                 log.error("%s: %s", action, exc)
         headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
@@ -224,16 +188,6 @@ class Gateway:
             backend.terminate_instances([instance_id])
             return
         backend.create_tags([instance_id], {LOCAL_SSH_TAG: endpoint})
-
-    def _tag_image_snapshots(
-        self, response: bytes, account: str, region: str, snapshot_tags: dict[str, str]
-    ) -> None:
-        image = _IMAGE_ID.search(response.decode())
-        if image is None:
-            return
-        backend = self._backend(account, region)
-        snapshot = backend.amis[image.group(1)].ebs_snapshot
-        backend.create_tags([snapshot.id], snapshot_tags)
 
     def reconcile(self) -> None:
         """Destroy sandboxes whose instance died by any path (DeleteFleets, StopInstances...)."""
