@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := openssh-server sudo passwd curl shellcheck binutils xz-utils util-linux \
 	gcc-aarch64-linux-gnu libc6-dev-arm64-cross
 
-.PHONY: install system-packages zstd-source test lint demo bench ci clean
+.PHONY: install system-packages zstd-source prices test lint demo bench ci clean
 
 install: $(STAMP)
 
@@ -48,6 +48,12 @@ zstd-source: install
 	dir=$$(mktemp -d) && (cd $$dir && apt-get source --download-only -qq zstd >/dev/null 2>&1); \
 	$(BIN)/amibake source add $$dir/libzstd_1.5.4+dfsg2.orig.tar.xz; rm -rf $$dir; \
 	$(BIN)/amibake source has zstd || echo "zstd source not available: the zstd build test will say so"
+
+# The price snapshot fleet ships (fleet/catalog/prices_us-east-1.json), from the reference table.
+PRICE_TABLE ?= ../shared/data/aws_prices_us-east-1.csv
+prices: install
+	$(BIN)/python -m fleet.prices build $(PRICE_TABLE) --date 2026-11-22 \
+	  --source "SkyPilot catalog catalogs/v7/aws/vms.csv, skypilot-org/skypilot-catalog at commit 001367d22a0033fac286a8c71aeac7109e431bcb"
 
 test: install zstd-source
 	$(BIN)/python -m pytest -q
