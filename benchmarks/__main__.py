@@ -21,6 +21,7 @@ MODULES = [
     "benchmarks.bench_local_cloud",
     "benchmarks.bench_build",
     "benchmarks.bench_bake",
+    "benchmarks.bench_monitor",
 ]
 
 

@@ -49,7 +49,8 @@ class Monitor:
     def _tree_sample(self) -> tuple[int, float, float]:
         """(processes, RSS MiB, CPU %) of the workload and all its descendants."""
         try:
-            current = [self.root, *self.root.children(recursive=True)]
+            pids = _descendants(self.root.pid)
+            current = [self.root, *(self._tree.get(p) or psutil.Process(p) for p in pids)]
         except psutil.NoSuchProcess:
             return 0, 0.0, 0.0
         # Keep Process objects between samples: cpu_percent() measures since the previous call.
@@ -106,6 +107,31 @@ class Monitor:
                 handle.flush()
                 count += 1
         return count
+
+
+def _descendants(pid: int) -> list[int]:
+    """The process tree under pid, from /proc/PID/task/TID/children: a few reads, where psutil's
+    children(recursive=True) reads /proc/*/stat for every process on the machine."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        tasks = Path(f"/proc/{parent}/task")
+        try:
+            listing = list(tasks.iterdir())
+        except FileNotFoundError:
+            continue
+        for task in listing:
+            try:
+                children = (task / "children").read_text().split()
+            except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN, or a gone task
+                if not (task / "children").parent.exists():
+                    continue
+                return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+            for child in children:
+                found.append(int(child))
+                pending.append(int(child))
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
