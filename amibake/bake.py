@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import archspec.cpu
-import botocore.exceptions
 
 from amibake import catalog
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code
+from amibake.cloud.calls import describe_image
 from amibake.errors import UserError
 from amibake.render import USER_DATA_LIMIT, check_shell, render
 from amibake.sources import sha256_of
@@ -111,16 +110,9 @@ def base_image(cloud: Cloud, architecture: str, base_ami: str | None, allow_eol:
     if base_ami is None:
         parameter = AL2023_PARAMETER[architecture]
         base_ami = str(cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"])
-    try:
-        images = ec2.describe_images(ImageIds=[base_ami])["Images"]
-    except botocore.exceptions.ClientError as exc:
-        # Only "no such image" means no such image; AccessDenied and the like must show.
-        if not error_code(exc).startswith("InvalidAMIID"):
-            raise
-        images = []
-    if not images:
+    image = describe_image(ec2, base_ami)
+    if image is None:
         raise UserError(f"base image {base_ami} does not exist in {cloud.config.region}")
-    image = images[0]
     if image.get("Architecture") != architecture:
         raise UserError(
             f"base image {base_ami} is {image.get('Architecture')}, but the artifacts are "

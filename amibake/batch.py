@@ -17,7 +17,7 @@ import botocore.exceptions
 
 from amibake import catalog
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code, wait_until
+from amibake.cloud.calls import describe_image, error_code, wait_until
 from amibake.errors import CloudError, UserError
 
 log = logging.getLogger("amibake")
@@ -60,14 +60,7 @@ def _image(image_id: str, architecture: str, manifests: Any) -> Image:
 
 
 def image_by_id(cloud: Cloud, image_id: str, amis_file: Path) -> Image:
-    try:
-        found = cloud.ec2.describe_images(ImageIds=[image_id])["Images"]
-    except botocore.exceptions.ClientError as exc:
-        # Only "no such image" means no such image; AccessDenied and the like must show.
-        if not error_code(exc).startswith("InvalidAMIID"):
-            raise
-        found = []
-    if not found:
+    if describe_image(cloud.ec2, image_id) is None:
         raise UserError(f"image {image_id} does not exist in {cloud.config.region}")
     records = json.loads(amis_file.read_text()) if amis_file.exists() else []
     for record in records:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import botocore.exceptions
 
@@ -66,3 +66,15 @@ def wait_until(
         time.sleep(delay)
         delay = min(delay * 1.5, 5.0)
     progress.done()
+
+
+def describe_image(ec2: Any, image_id: str) -> dict[str, Any] | None:
+    """One image, or None if EC2 has no such image (other errors, AccessDenied say, are raised:
+    they must not pass for a missing image)."""
+    try:
+        images = ec2.describe_images(ImageIds=[image_id])["Images"]
+    except botocore.exceptions.ClientError as exc:
+        if not error_code(exc).startswith("InvalidAMIID"):
+            raise
+        return None
+    return images[0] if images else None
