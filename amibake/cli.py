@@ -252,11 +252,11 @@ def _bake(args: argparse.Namespace) -> int:
                 lines += [f"  {path}" for path in r["files"]]
             elif r["ok"]:
                 lines.append(
-                    f"{r['family']}: {r['image_id']} from {r['base_ami']} "
+                    f"{r['architecture']}: {r['image_id']} from {r['base_ami']} "
                     f"({', '.join(r['artifacts'])}); boot test passed"
                 )
             else:
-                lines.append(f"{r['family']}: FAILED: {r['error']}")
+                lines.append(f"{r.get('architecture', r['family'])}: FAILED: {r['error']}")
         return "\n".join(lines)
 
     _print(args, summaries, text)

@@ -267,3 +267,6 @@ def test_bake_build_builds_what_is_missing_first(
     assert result["boot_test"]["staged"]
     assert main(["bake", "--build"]) == 2
     assert "--build needs --family" in capsys.readouterr().err
+    assert main(["bake", "--family", "c5a"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("x86_64: ami-") and line.endswith("boot test passed"), line
