@@ -139,8 +139,11 @@ def build_overhead(cloud: Cloud) -> dict[str, Any]:
         eight = time.perf_counter() - started
         assert all(o.ok for o in outcomes), [o.error for o in outcomes]
         waiting = _waiting_recipe()
-        one_waiting = _timed_build(cloud, ["c5a"], waiting)
-        eight_waiting = _timed_build(cloud, EIGHT, waiting)
+        try:
+            one_waiting = _timed_build(cloud, ["c5a"], waiting)
+            eight_waiting = _timed_build(cloud, EIGHT, waiting)
+        finally:
+            shutil.rmtree(waiting, ignore_errors=True)
         for stale in artifacts.glob("trivial_*"):
             stale.unlink()
         request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
