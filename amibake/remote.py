@@ -240,19 +240,3 @@ class Remote:
             self.connection.get(remote, str(local))
         except (OSError, paramiko.SSHException) as exc:
             raise RemoteError(f"{self.name}: download of {remote} failed: {exc}") from exc
-
-
-def wait_for_port(host: str, port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    delay = 0.01
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=2):
-                return
-        except OSError as exc:
-            if time.monotonic() + delay > deadline:
-                raise RemoteError(
-                    f"{host}:{port} did not accept SSH within {timeout_s:.0f}s: {exc}"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)

@@ -95,6 +95,11 @@ def test_a_unit_systemd_would_reject_is_refused_at_render_time(
         bake.render_files(_artifacts(), "x86_64", 700, "http://169.254.169.254")
 
 
+def test_the_user_data_template_renders_and_passes_its_checks() -> None:
+    assert "ECS_CLUSTER=jobs" in bake.user_data(ecs_cluster="jobs")
+    assert "ECS_CLUSTER" not in bake.user_data()
+
+
 def test_user_data_over_16_kib_is_refused() -> None:
     bake.check_user_data("#!/bin/bash\n" + "echo fits\n" * 100)
     with pytest.raises(UserError, match="EC2 accepts at most 16384"):

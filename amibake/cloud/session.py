@@ -88,9 +88,9 @@ def connect(config: Config) -> Cloud:
     """Build the Cloud for a config; for the local cloud, start it when it is not running."""
     endpoint = config.endpoint_url
     if config.is_local:
-        from amibake.local.control import ensure_running
+        from amibake.local.control import up
 
-        endpoint = ensure_running(config).endpoint
+        endpoint = up(config).endpoint  # started unless already running
         # moto accepts any credentials unless IAM enforcement is on; fixed ones keep a user's
         # real keys out of local traffic.
         key, _, secret = (config.local_credentials or "testing:testing").partition(":")

@@ -159,10 +159,6 @@ def _raise_startup_error(directory: Path, log_path: Path, code: int) -> None:
     raise failure
 
 
-def ensure_running(config: Config) -> Daemon:
-    return up(config)
-
-
 def status(config: Config) -> dict[str, Any] | None:
     daemon = find(config)
     if daemon is None:
