@@ -22,13 +22,13 @@ from amibake import logs
 from amibake.errors import AmibakeError, UserError
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # argparse's own errors are user mistakes too: one line, exit 2, no usage dump.
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cloud", help="aws (default) or local: the embedded local cloud")
     parser.add_argument("--region", help="AWS region (default: from config, else us-east-1)")
     parser.add_argument("--profile", help="AWS profile name")
@@ -36,17 +36,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="amibake", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="amibake", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     local = commands.add_parser("local", help="the embedded local cloud (up, status, down)")
-    local_commands = local.add_subparsers(dest="local_command", required=True, parser_class=_Parser)
+    local_commands = local.add_subparsers(dest="local_command", required=True, parser_class=Parser)
     for name, text in (
         ("up", "start the local cloud (a background daemon) unless it is running"),
         ("status", "show the local cloud's endpoint, instances and images"),
         ("down", "stop the local cloud and remove every sandbox, mount and directory"),
     ):
-        _common(local_commands.add_parser(name, help=text))
+        common_options(local_commands.add_parser(name, help=text))
     build = commands.add_parser("build", help="build a recipe with flags tuned for EC2 families")
     build.add_argument("--family", required=True, help="family or comma-separated families")
     build.add_argument("--recipe", help="recipe name (default from amibake.toml: kernels)")
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--keep-on-error", action="store_true")
     build.add_argument("--dry-run", action="store_true", help="validate and show the plan")
-    _common(build)
+    common_options(build)
 
     bake = commands.add_parser("bake", help="bake the built artifacts into ECS-optimized AMIs")
     bake.add_argument("--family", help="families whose artifacts to bake (default: all built)")
@@ -71,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     bake.add_argument("--recipe", help="with --build: the recipe (default from config)")
     bake.add_argument("--keep-on-error", action="store_true")
     bake.add_argument("--dry-run", action="store_true", help="render, verify, show the plan")
-    _common(bake)
+    common_options(bake)
 
     batch = commands.add_parser("batch", help="AWS Batch environments on the baked images")
-    batch_commands = batch.add_subparsers(dest="batch_command", required=True, parser_class=_Parser)
+    batch_commands = batch.add_subparsers(dest="batch_command", required=True, parser_class=Parser)
     batch_up = batch_commands.add_parser("up", help="create or update environments and queues")
     source_of_ami = batch_up.add_mutually_exclusive_group(required=True)
     source_of_ami.add_argument("--ami", help="a baked image id")
@@ -82,18 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-bake", action="store_true", help="the newest baked image of each architecture"
     )
     batch_up.add_argument("--on-demand", action="store_true", help="EC2 instead of spot")
-    _common(batch_up)
+    common_options(batch_up)
     for name, text in (
         ("down", "delete queues, then environments (safe to re-run)"),
         ("status", "what amibake has registered in Batch"),
     ):
-        _common(batch_commands.add_parser(name, help=text))
+        common_options(batch_commands.add_parser(name, help=text))
 
     families = commands.add_parser("families", help="known EC2 families, targets and flags")
     families.add_argument(
         "--compiler", default="gcc@11.4.1", help="e.g. gcc@12.2 (default AL2023's)"
     )
-    _common(families)
+    common_options(families)
 
     policy = commands.add_parser("iam-policy", help="print the least-privilege IAM policy")
     policy.add_argument("--for", dest="commands", help="build,bake,batch,gc (default: all)")
@@ -102,43 +102,43 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="list, delete nothing")
     gc.add_argument("--older-than", help="only what is older than this, e.g. 2h or 30m")
     gc.add_argument("--run-id", help="only this run's resources")
-    _common(gc)
+    common_options(gc)
 
     source = commands.add_parser("source", help="the source cache")
     source_commands = source.add_subparsers(
-        dest="source_command", required=True, parser_class=_Parser
+        dest="source_command", required=True, parser_class=Parser
     )
     add = source_commands.add_parser("add", help="check a source archive's sha256 and cache it")
     add.add_argument("file")
-    _common(add)
+    common_options(add)
     has = source_commands.add_parser("has", help="exit 0 if a recipe's source is in the cache")
     has.add_argument("recipe")
-    _common(has)
+    common_options(has)
 
     interrupt = local_commands.add_parser(
         "interrupt", help="raise a spot interruption notice on an instance's IMDS"
     )
     interrupt.add_argument("instance_id")
-    _common(interrupt)
+    common_options(interrupt)
     return parser
 
 
-def _config(args: argparse.Namespace, **extra: Any) -> config_module.Config:
+def config_from(args: argparse.Namespace, **extra: Any) -> config_module.Config:
     flags = {"cloud": args.cloud, "region": args.region, "profile": args.profile, **extra}
     return config_module.load(flags)
 
 
-def _print(args: argparse.Namespace, result: Any, text: Callable[[Any], str]) -> None:
+def print_result(args: argparse.Namespace, result: Any, text: Callable[[Any], str]) -> None:
     print(json.dumps(result, indent=2, default=str) if args.json else text(result))
 
 
 def _local(args: argparse.Namespace) -> int:
     from amibake.local import control
 
-    cfg = _config(args)
+    cfg = config_from(args)
     if args.local_command == "up":
         daemon = control.up(cfg)
-        _print(
+        print_result(
             args,
             {"pid": daemon.pid, "endpoint": daemon.endpoint},
             lambda r: f"local cloud running at {r['endpoint']} (pid {r['pid']})",
@@ -146,15 +146,15 @@ def _local(args: argparse.Namespace) -> int:
     elif args.local_command == "status":
         state = control.status(cfg)
         if state is None:
-            _print(args, {"running": False}, lambda r: "local cloud is not running")
+            print_result(args, {"running": False}, lambda r: "local cloud is not running")
             return 3
-        _print(args, state, _status_text)
+        print_result(args, state, _status_text)
     elif args.local_command == "down":
         done = control.down(cfg)
-        _print(args, done, lambda r: "\n".join(r) if r else "local cloud was not running")
+        print_result(args, done, lambda r: "\n".join(r) if r else "local cloud was not running")
     elif args.local_command == "interrupt":
         notice = control.interrupt(cfg, args.instance_id)
-        _print(
+        print_result(
             args,
             notice,
             lambda r: f"{args.instance_id}: spot/instance-action {r['instance-action']}",
@@ -179,7 +179,7 @@ def _build(args: argparse.Namespace) -> int:
     from amibake import pipelines
     from amibake.cloud import connect
 
-    cfg = _config(args, recipe=args.recipe, size=args.size, spot=args.spot)
+    cfg = config_from(args, recipe=args.recipe, size=args.size, spot=args.spot)
     request = pipelines.BuildRequest(
         families=_family_list(args.family),
         recipe=cfg.recipe,
@@ -196,7 +196,7 @@ def _build(args: argparse.Namespace) -> int:
     logs.to_terminal()
     outcomes = pipelines.build(cloud, request, states=states)
     summaries = [o.summary() for o in outcomes]
-    _print(args, summaries, _build_text)
+    print_result(args, summaries, _build_text)
     return 0 if all(o.ok for o in outcomes) else 1
 
 
@@ -224,7 +224,7 @@ def _bake(args: argparse.Namespace) -> int:
     from amibake import pipelines
     from amibake.cloud import connect
 
-    cfg = _config(args)
+    cfg = config_from(args)
     request = pipelines.BakeRequest(
         build_recipe=(args.recipe or cfg.recipe) if args.build else None,
         families=_family_list(args.family) if args.family else None,
@@ -259,7 +259,7 @@ def _bake(args: argparse.Namespace) -> int:
                 lines.append(f"{r.get('architecture', r['family'])}: FAILED: {r['error']}")
         return "\n".join(lines)
 
-    _print(args, summaries, text)
+    print_result(args, summaries, text)
     return 0 if all(o.ok for o in outcomes) else 1
 
 
@@ -267,7 +267,7 @@ def _batch(args: argparse.Namespace) -> int:
     from amibake import batch
     from amibake.cloud import connect
 
-    cfg = _config(args)
+    cfg = config_from(args)
     amis_file = cfg.results_dir / "amis.json"
     cloud = connect(cfg)
     if args.batch_command == "up":
@@ -278,7 +278,7 @@ def _batch(args: argparse.Namespace) -> int:
         )
         logs.to_terminal()
         result = batch.up(cloud, images, spot=not args.on_demand)
-        _print(
+        print_result(
             args,
             result,
             lambda r: "\n".join(
@@ -289,9 +289,9 @@ def _batch(args: argparse.Namespace) -> int:
         )
     elif args.batch_command == "down":
         done = batch.down(cloud)
-        _print(args, done, lambda r: "\n".join(r) or "nothing registered")
+        print_result(args, done, lambda r: "\n".join(r) or "nothing registered")
     else:
-        _print(args, batch.status(cloud), lambda r: json.dumps(r, indent=2))
+        print_result(args, batch.status(cloud), lambda r: json.dumps(r, indent=2))
     return 0
 
 
@@ -321,7 +321,7 @@ def _families(args: argparse.Namespace) -> int:
                 + (f"  (fallback: {result.used})" if result.fell_back else ""),
             }
         )
-    _print(args, rows, lambda r: tabulate(r, headers="keys"))
+    print_result(args, rows, lambda r: tabulate(r, headers="keys"))
     return 0
 
 
@@ -339,7 +339,7 @@ def _gc(args: argparse.Namespace) -> int:
     from amibake.journal import Journal
 
     older = _duration(args.older_than) if args.older_than else None
-    cfg = _config(args)
+    cfg = config_from(args)
     logs.to_terminal()
     cloud = connect(cfg)
     journal = Journal(cfg.results_dir / "journal.sqlite")
@@ -351,7 +351,7 @@ def _gc(args: argparse.Namespace) -> int:
         "failures": failures,
     }
     verb = "would delete" if args.dry_run else "deleted"
-    _print(
+    print_result(
         args,
         result,
         lambda r: (
@@ -370,16 +370,16 @@ def _source(args: argparse.Namespace) -> int:
     if args.source_command == "has":
         from amibake import recipes as recipes_module
 
-        cfg = _config(args)
+        cfg = config_from(args)
         found = sources.resolve(recipes_module.load(args.recipe, cfg.recipes_dir))
-        _print(
+        print_result(
             args,
             {"sha256": found.sha256, "path": str(found.path)},
             lambda r: f"{args.recipe}: {r['path']}",
         )
         return 0
     source, recipes = sources.add(Path(args.file))
-    _print(
+    print_result(
         args,
         {"sha256": source.sha256, "path": str(source.path), "recipes": recipes},
         lambda r: f"cached {args.file} ({r['sha256'][:16]}...) for {', '.join(r['recipes'])}",
@@ -400,25 +400,38 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
+    def handle() -> int:
         args = build_parser().parse_args(argv)
         return HANDLERS[args.command](args)
+
+    return guarded("amibake", handle)
+
+
+def guarded(prog: str, handle: Callable[[], int]) -> int:
+    """Run a command; a user mistake or a cloud refusal is one line on stderr, never a
+    traceback, with the exit code of its kind (2: fix the input, 1: the cloud said no)."""
+    from amibake.runner import terminate_as_interrupt
+
+    try:
+        # SIGTERM (`kill`, `fleet kill`, a CI timeout) unwinds a run like Ctrl-C does.
+        with terminate_as_interrupt():
+            return handle()
     except AmibakeError as exc:
-        print(f"amibake: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except botocore.exceptions.NoCredentialsError:
         print(
-            "amibake: error: no AWS credentials found: configure a profile (aws configure), "
+            f"{prog}: error: no AWS credentials found: configure a profile (aws configure), "
             "pass --profile, or use --cloud local",
             file=sys.stderr,
         )
         return 2
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
         # AccessDenied and friends: the message names the action and the principal.
-        print(f"amibake: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("amibake: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -93,6 +93,20 @@ def for_family(family: Family, compiler: Compiler) -> Flags:
     raise UserError(f"{compiler} cannot target any microarchitecture of family {family.name}")
 
 
+# The baseline every CPU of the architecture runs: what a "generic" build targets.
+GENERIC_TARGET = {"x86_64": "x86_64", "arm64": "aarch64"}
+
+
+def for_build(family: Family, compiler: Compiler, generic: bool = False) -> Flags:
+    """The family's tuned flags, or with ``generic`` the architecture's baseline (a portable
+    build to compare the tuned one against)."""
+    if not generic:
+        return for_family(family, compiler)
+    target = archspec.cpu.TARGETS[GENERIC_TARGET[family.architecture]]
+    cflags = target.optimization_flags(compiler.name, compiler.series)
+    return Flags(family.name, target.name, target.name, compiler, cflags)
+
+
 # Linux's /proc/cpuinfo names for features that archspec (which reads CPUID) names otherwise.
 _CPUINFO_ALIASES = {"pni": "sse3"}
 

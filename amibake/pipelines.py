@@ -15,21 +15,22 @@ import botocore.exceptions
 from amibake import bake as bake_module
 from amibake import catalog, recipes, sources
 from amibake.cloud import Cloud, tags
-from amibake.errors import AmibakeError, UserError
-from amibake.flags import Compiler, for_family
+from amibake.errors import AmibakeError, CloudError, UserError
+from amibake.flags import Compiler, for_build
 from amibake.journal import Journal
 from amibake.logs import to_file
-from amibake.runner import Boundary, Interrupted, RunContext, Runner, Step, new_run_id
+from amibake.runner import Boundary, Interrupted, Rerun, RunContext, Runner, Step, new_run_id
 from amibake.steps.access import KeyPair, SecurityGroup
 from amibake.steps.image import BakeState, BootTest, CreateImage, Hygiene, Install, Record
 from amibake.steps.launch import LaunchFleet, LaunchTemplate
 from amibake.steps.preflight import ArtifactCache, candidate_sizes, preflight
 from amibake.steps.remote_build import Build, Connect, Fetch, Verify, render_build_script
-from amibake.steps.state import BuildState, InstanceState
+from amibake.steps.state import BuildState, InstanceState, Variant
 
 log = logging.getLogger("amibake")
 # Amazon Linux 2023's gcc: what --dry-run renders flags for (a real build asks the instance).
 AL2023_COMPILER = Compiler("gcc", "11.4.1")
+MAX_ATTEMPTS = 4  # instances one runner may go through when spot keeps interrupting it
 
 
 # After the preflight phase (which creates nothing and so is not a step with a cleanup).
@@ -62,6 +63,7 @@ class BuildRequest:
     dry_run: bool = False
     compiler: Compiler = AL2023_COMPILER
     recipes_dir: Path = recipes.RECIPES_DIR
+    variant: Variant = field(default_factory=Variant)
 
 
 @dataclass
@@ -96,6 +98,7 @@ class Outcome:
                 market=state.market or None,
                 target=state.flags.target if state.flags else None,
                 cflags=state.manifest.get("cflags"),
+                label=state.label,
                 smoke=state.smoke or None,
                 warnings=state.warnings,
                 remote_seconds=round(state.remote_seconds, 3),
@@ -141,6 +144,9 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
     """Validate everything that needs no cloud: families, recipe, sizes, source. Creates nothing."""
     if not request.families:
         raise UserError("--family needs at least one family, e.g. --family c7i")
+    variant = request.variant
+    if (variant.generic or variant.cflags) and not variant.name.replace("_", "").isalnum():
+        raise UserError(f"build variant name {variant.name!r} must be letters, digits and _")
     recipe = recipes.load(request.recipe, request.recipes_dir)
     source = sources.resolve(recipe)
     states = []
@@ -153,9 +159,11 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
             size=request.size,
             spot=request.spot,
             on_demand_fallback=request.on_demand_fallback,
-            artifacts_dir=results_dir / "artifacts",
+            # Variants are fleet's experiments: kept apart from what bake puts in images.
+            artifacts_dir=results_dir / "artifacts" / ("variants" if request.variant.name else ""),
             expected_compiler=request.compiler,
             dry_run=request.dry_run,
+            variant=request.variant,
         )
         candidate_sizes(state)
         if family.architecture not in recipe.architectures:
@@ -165,7 +173,7 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
             )
         # A trial render: an undefined variable or a script that does not parse fails here,
         # not after an instance was launched. The real render uses the instance's compiler.
-        render_build_script(state, for_family(family, request.compiler), jobs=2)
+        render_build_script(state, for_build(family, request.compiler, request.variant.generic), jobs=2)
         states.append(state)
     return states
 
@@ -181,7 +189,7 @@ def dry_run(states: list[BuildState]) -> list[Outcome]:
     outcomes = []
     for state in states:
         state.compiler = state.expected_compiler
-        state.flags = for_family(state.family, state.compiler)
+        state.flags = for_build(state.family, state.compiler, state.variant.generic)
         script = render_build_script(state, state.flags, jobs=2)
         outcomes.append(
             Outcome(
@@ -195,7 +203,7 @@ def dry_run(states: list[BuildState]) -> list[Outcome]:
                         state.family.instance_type(s) for s in candidate_sizes(state)
                     ],
                     "compiler": str(state.compiler),
-                    "flags": state.flags.cflags,
+                    "flags": state.cflags,
                     "build_script": script,
                     "created": [],
                 },
@@ -245,13 +253,26 @@ def run_each(
     states: Sequence[InstanceState],
     make_steps: Callable[[RunContext], list[Step[Any]]],
     on_boundary: Boundary | None = None,
+    concurrency: int | None = None,
 ) -> list[Outcome]:
-    """One runner per state (family or architecture), concurrently; Ctrl-C unwinds them all."""
+    """One runner per state (family, architecture, instance type), at most ``concurrency`` at
+    once; Ctrl-C unwinds them all. A step that raises Rerun gets a fresh instance, a few times."""
+
+    def attempts(state: InstanceState) -> None:
+        while True:
+            try:
+                Runner(context, make_steps(context), on_boundary, state.label).run(state)
+                return
+            except Rerun as exc:
+                if state.attempt + 1 >= MAX_ATTEMPTS:
+                    raise CloudError(f"{exc}; gave up after {MAX_ATTEMPTS} instances") from exc
+                log.warning("[%s %s] %s: starting over", context.run_id, state.label, exc)
+                state.start_over()
 
     def one(state: InstanceState) -> Outcome:
         try:
             try:
-                Runner(context, make_steps(context), on_boundary, state.label).run(state)
+                attempts(state)
             except BaseException:
                 if context.keep_on_error:
                     _how_to_debug(context, state)
@@ -267,7 +288,8 @@ def run_each(
             # In the main thread, so Ctrl-C lands inside the step that is running.
             outcomes = [one(states[0])]
         else:
-            with ThreadPoolExecutor(len(states), thread_name_prefix="run") as pool:
+            workers = min(len(states), concurrency or len(states))
+            with ThreadPoolExecutor(workers, thread_name_prefix="run") as pool:
                 futures = [pool.submit(one, s) for s in states]
                 try:
                     outcomes = [f.result() for f in futures]

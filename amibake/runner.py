@@ -34,6 +34,11 @@ class Interrupted(AmibakeError):
     exit_code = 130
 
 
+class Rerun(AmibakeError):
+    """The runner must start over on fresh resources: the instance got a spot interruption
+    notice. Raised by a step; the runner unwinds first, as for any failure."""
+
+
 class CleanupFailed(AmibakeError):
     """The run's work may have succeeded, but something it created could not be removed."""
 

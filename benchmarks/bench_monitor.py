@@ -45,7 +45,7 @@ def _timed(binary: Path, monitored: bool, out: Path) -> tuple[float, float, floa
     total = steady = 0.0
     if monitored:
         watcher = subprocess.Popen(
-            [sys.executable, "-m", "fleet.monitor", "--pid", str(workload.pid), "--out", str(out)]
+            [sys.executable, "-m", "fleet.agent.monitor", "--pid", str(workload.pid), "--out", str(out)]
         )
         handle = psutil.Process(watcher.pid)
         while not out.exists() or out.stat().st_size == 0:  # header written: start-up is over
@@ -64,7 +64,7 @@ def _timed(binary: Path, monitored: bool, out: Path) -> tuple[float, float, floa
 def _per_sample_cpu_s(binary: Path, tmp: Path) -> float:
     """CPU seconds one sample costs, over many samples of a live workload tree (process time
     has nanosecond resolution; /proc's CPU times tick in 10 ms)."""
-    from fleet.monitor import Monitor
+    from fleet.agent.monitor import Monitor
 
     workload = subprocess.Popen([str(binary), "--size", SIZE], stdout=subprocess.DEVNULL)
     try:

@@ -1,5 +1,4 @@
-"""fleet's command line. `fleet prices` works; bench, tune, plan, report and kill are not built
-yet and say so."""
+"""fleet: run a workload across EC2 instance types and rank them by cost per unit of work."""
 
 from __future__ import annotations
 
@@ -7,19 +6,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Any
 
-NOT_YET = ("bench", "tune", "plan", "report", "status", "kill")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise SystemExit(_fail(f"{message} (see `{self.prog} --help`)"))
+from amibake import logs
+from amibake.cli import Parser, common_options, config_from, guarded, print_result
+from amibake.errors import UserError
 
 
-def _fail(message: str) -> int:
-    print(f"fleet: error: {message}", file=sys.stderr)
-    return 2
+def _list(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
 
 def _prices(args: argparse.Namespace) -> int:
@@ -27,26 +23,32 @@ def _prices(args: argparse.Namespace) -> int:
 
     from fleet import prices
 
-    snapshot = prices.snapshot()
+    if args.refresh:
+        from amibake.cloud import connect
+
+        cloud = connect(config_from(args))
+        snapshot = prices.refresh(cloud, _list(args.family) or [])
+    else:
+        snapshot = prices.snapshot()
     if args.type:
         try:
-            chosen = [prices.lookup(t) for t in args.type]
+            chosen = [prices.lookup(t, snapshot) for t in args.type]
         except prices.PriceError as exc:
-            return _fail(str(exc))
+            raise UserError(str(exc)) from None
     else:
-        chosen = [prices.lookup(t) for t in snapshot["prices"]]
+        chosen = [prices.lookup(t, snapshot) for t in snapshot["prices"]]
     if args.family:
         chosen = [p for p in chosen if p.instance_type.split(".")[0] in args.family.split(",")]
         if not chosen:
-            return _fail(f"no instance type of family {args.family} in the snapshot")
+            raise UserError(f"no instance type of family {args.family} in the snapshot")
     rows: list[dict[str, Any]] = [
         {
             "type": p.instance_type,
             "vcpus": int(p.vcpus),
             "memory_gib": p.memory_gib,
             "on_demand": p.on_demand,
-            "spot_min": min(p.spot.values()),
-            "spot_median": round(p.spot_median, 4),
+            "spot_min": min(p.spot.values()) if p.spot else None,
+            "spot_median": round(p.spot_median, 4) if p.spot else None,
             "spot_by_zone": p.spot,
         }
         for p in chosen
@@ -78,22 +80,206 @@ def _prices(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="fleet", description="rank EC2 instance types by cost per unit of work")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _bench(args: argparse.Namespace) -> int:
+    from amibake.cloud import connect
+    from fleet import bench, spec
+
+    cfg = config_from(args)
+    results = bench.results_db(cfg.results_dir)
+    if args.resume:
+        if args.file or args.types:
+            raise UserError("--resume RUN takes the run's own plan: drop the file and --types")
+        record = results.run(args.resume)
+        if record is None:
+            raise UserError(f"no fleet run {args.resume!r} in {results.path}; see `fleet status`")
+        run_id = args.resume
+    else:
+        overrides: dict[str, Any] = {
+            "types": _list(args.types),
+            "families": _list(args.families),
+            "sizes": _list(args.sizes),
+            "recipe": args.recipe,
+            "command": args.command_line,
+            "builds": _list(args.builds),
+            "replicates": args.replicates,
+            "warmups": args.warmups,
+            "args": args.args,
+            "metric": {"kind": "regex", "pattern": args.metric_regex} if args.metric_regex else None,
+            "executor": args.executor,
+            "spot": False if args.on_demand else None,
+            "concurrency": args.concurrency,
+            "allow_missing_price": True if args.allow_missing_price else None,
+        }
+        bench_spec = spec.load(Path(args.file) if args.file else None, overrides)
+        bench.price_lookup(bench_spec)  # a missing price is refused before anything is recorded
+    logs.to_terminal()
+    cloud = connect(cfg)
+    if not args.resume:
+        run_id = bench.create(cloud, bench_spec, results)
+    print(f"fleet: run {run_id} (report: fleet report {run_id})", file=sys.stderr)
+    summary = bench.execute(cloud, run_id, results)
+    failed = [t for t, s in summary["types"].items() if not s["ok"]]
+    print_result(
+        args,
+        summary,
+        lambda s: "\n".join(
+            [f"run {s['run_id']}"]
+            + [
+                f"  {t}: {'done' if v['ok'] else 'FAILED: ' + v['error']}"
+                for t, v in s["types"].items()
+            ]
+            + [f"next: fleet report {s['run_id']}"]
+        ),
+    )
+    return 1 if failed else 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from fleet import bench, control
+
+    cfg = config_from(args)
+    results = bench.results_db(cfg.results_dir)
+    if args.run is None:
+        rows = [control.status(results, run_id) for run_id in results.run_ids()]
+        print_result(
+            args,
+            rows,
+            lambda rs: "\n".join(
+                f"{r['run_id']}  {r['kind']:5}  {r['state']:11}  {r['finished']}/{r['planned']} "
+                f"replicates" for r in rs
+            )
+            or "no fleet runs yet",
+        )
+        return 0
+    state = control.status(results, args.run)
+    print_result(args, state, control.status_text)
+    return 0
+
+
+def _kill(args: argparse.Namespace) -> int:
+    from amibake.cloud import connect
+    from fleet import bench, control
+
+    cfg = config_from(args)
+    results = bench.results_db(cfg.results_dir)
+    control.status(results, args.run)  # an unknown run is refused before anything else
+    logs.to_terminal()
+    outcome = control.kill(connect(cfg), results, args.run)
+    print_result(
+        args,
+        outcome,
+        lambda o: f"run {o['run_id']}: controller {o['controller']}; "
+        f"cleaned up {len(o['deleted'])} resources"
+        + (f"; could not delete: {'; '.join(o['failures'])}" if o["failures"] else ""),
+    )
+    return 1 if outcome["failures"] else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fleet import bench, report
+
+    cfg = config_from(args)
+    results = bench.results_db(cfg.results_dir)
+    made = report.make(results, args.run, cfg.results_dir / "reports", html=not args.no_html)
+    if args.json:
+        print(json.dumps(made.to_json(), indent=2, default=str))
+    else:
+        print(made.text)
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from fleet import bench, report
+
+    cfg = config_from(args)
+    results = bench.results_db(cfg.results_dir)
+    rows = report.plan(
+        results,
+        args.run,
+        work=args.work,
+        instances=args.instances,
+        deadline_h=report.hours(args.deadline) if args.deadline else None,
+        budget=args.budget,
+    )
+    print_result(args, rows, report.plan_text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="fleet", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
     price = commands.add_parser("prices", help="the price table in use (on-demand, spot per AZ)")
+    common_options(price)
     price.add_argument("--type", nargs="+", help="instance types, e.g. c7i.large")
     price.add_argument("--family", help="families, e.g. c7i,c7g")
-    price.add_argument("--json", action="store_true")
-    for name in NOT_YET:
-        commands.add_parser(name, help="not built yet")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    if args.command in NOT_YET:
-        return _fail(f"`fleet {args.command}` is not built yet (see the open issues)")
-    return _prices(args)
+    price.add_argument(
+        "--refresh", action="store_true", help="read the Pricing API and spot price history"
+    )
+
+    bench = commands.add_parser("bench", help="run a workload across instance types")
+    common_options(bench)
+    bench.add_argument("file", nargs="?", help="bench file (TOML); flags override it")
+    bench.add_argument("--types", help="instance types, e.g. c5a.large,c6a.large")
+    bench.add_argument("--families", help="whole families, with --sizes")
+    bench.add_argument("--sizes", help="sizes to try of each family (default large)")
+    bench.add_argument("--recipe", help="a build recipe with a [bench] definition")
+    bench.add_argument("--command", dest="command_line", help="a plain command; {args} is replaced")
+    bench.add_argument("--builds", help="tuned,generic (recipe builds to compare)")
+    bench.add_argument("--replicates", type=int)
+    bench.add_argument("--warmups", type=int)
+    bench.add_argument("--args", help="runtime arguments for {args}")
+    bench.add_argument("--metric-regex", help="a regex with one group around the number")
+    bench.add_argument("--executor", help="ssh (default) or batch")
+    bench.add_argument("--on-demand", action="store_true", help="on-demand instead of spot")
+    bench.add_argument("--concurrency", type=int, help="instance types at once (default 2)")
+    bench.add_argument("--allow-missing-price", action="store_true")
+    bench.add_argument("--resume", metavar="RUN", help="finish an interrupted run")
+
+    status = commands.add_parser("status", help="what a run has done (or every run)")
+    common_options(status)
+    status.add_argument("run", nargs="?")
+
+    kill = commands.add_parser("kill", help="stop a run and clean up all it created")
+    common_options(kill)
+    kill.add_argument("run")
+
+    report_parser = commands.add_parser("report", help="tables, plots and CSV of a run")
+    common_options(report_parser)
+    report_parser.add_argument("run")
+    report_parser.add_argument("--no-html", action="store_true", help="terminal table only")
+
+    plan = commands.add_parser("plan", help="project time and cost of N units of work")
+    common_options(plan)
+    plan.add_argument("run")
+    plan.add_argument("--work", type=float, required=True, help="units of work to do")
+    plan.add_argument("--instances", type=int, default=1, help="instances working at once")
+    plan.add_argument("--deadline", help="e.g. 4h, 90m")
+    plan.add_argument("--budget", type=float, help="USD")
+
+    tune = commands.add_parser("tune", help="search flags and parameters (not built yet)")
+    common_options(tune)
+    return parser
+
+
+HANDLERS = {
+    "prices": _prices,
+    "bench": _bench,
+    "status": _status,
+    "kill": _kill,
+    "report": _report,
+    "plan": _plan,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def handle() -> int:
+        args = build_parser().parse_args(argv)
+        if args.command not in HANDLERS:
+            raise UserError(f"`fleet {args.command}` is not built yet (see the open issues)")
+        return HANDLERS[args.command](args)
+
+    return guarded("fleet", handle)
 
 
 def main_entry() -> None:

@@ -102,12 +102,13 @@ def snapshot() -> dict[str, Any]:
     return json.loads(data)  # type: ignore[no-any-return]
 
 
-def lookup(instance_type: str) -> Price:
-    table = snapshot()["prices"]
+def lookup(instance_type: str, document: dict[str, Any] | None = None) -> Price:
+    document = snapshot() if document is None else document
+    table = document["prices"]
     if instance_type not in table:
         close = difflib.get_close_matches(instance_type, table, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise PriceError(f"no price for {instance_type} in the {snapshot()['date']} snapshot{hint}")
+        raise PriceError(f"no price for {instance_type} in the {document['date']} snapshot{hint}")
     entry = table[instance_type]
     return Price(
         instance_type, entry["vcpus"], entry["memory_gib"], entry["on_demand"], dict(entry["spot"])

@@ -22,7 +22,7 @@ class KeyPair:
         self.context = context
 
     def run(self, state: InstanceState) -> None:
-        name = f"{self.context.run_id}-{state.family.name}"
+        name = f"{self.context.run_id}-{state.slot}"
         created = self.context.cloud.ec2.create_key_pair(
             KeyName=name,
             KeyType="ed25519",
@@ -66,7 +66,7 @@ class SecurityGroup:
         if not vpcs:
             raise CloudError("no default VPC in this region; create one or set a subnet")
         created = ec2.create_security_group(
-            GroupName=f"{self.context.run_id}-{state.family.name}",
+            GroupName=f"{self.context.run_id}-{state.slot}",
             Description="amibake build: SSH from the caller only",
             VpcId=vpcs[0]["VpcId"],
             TagSpecifications=[tags.specification("security-group", self.context.tags)],

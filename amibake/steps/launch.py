@@ -35,8 +35,8 @@ class LaunchTemplate:
             tags.specification("volume", self.context.tags),
         ]
         created = self.context.cloud.ec2.create_launch_template(
-            LaunchTemplateName=f"{self.context.run_id}-{state.family.name}",
-            ClientToken=f"{self.context.run_id}-{state.family.name}-lt",
+            LaunchTemplateName=f"{self.context.run_id}-{state.slot}",
+            ClientToken=f"{self.context.run_id}-{state.slot}-lt",
             LaunchTemplateData={
                 "ImageId": state.base_ami,
                 "KeyName": state.key_name,
@@ -106,7 +106,7 @@ class LaunchFleet:
         ]
         request: dict[str, Any] = {
             "Type": "instant",
-            "ClientToken": f"{self.context.run_id}-{state.family.name}-{market}-{attempt}",
+            "ClientToken": f"{self.context.run_id}-{state.slot}-{market}-{attempt}",
             "LaunchTemplateConfigs": [
                 {
                     "LaunchTemplateSpecification": {

@@ -15,7 +15,7 @@ from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
 from amibake.runner import RunContext
 from amibake.sources import sha256_of
-from amibake.steps.state import BuildState, InstanceState
+from amibake.steps.state import BuildState, InstanceState, Variant
 
 log = logging.getLogger("amibake")
 
@@ -26,7 +26,8 @@ BASE_AMI_PARAMETER = {
 
 
 def candidate_sizes(state: InstanceState) -> list[str]:
-    """The requested size first, then the next larger one as a second capacity pool."""
+    """The requested size first, then the next larger one as a second capacity pool (unless
+    the caller measures that exact type)."""
     sizes = list(state.family.sizes)
     if state.size not in sizes:
         raise UserError(
@@ -34,18 +35,19 @@ def candidate_sizes(state: InstanceState) -> list[str]:
             f"choose one of {', '.join(sizes)}"
         )
     at = sizes.index(state.size)
-    return sizes[at : at + 2]
+    return sizes[at : at + (1 if state.exact_size else 2)]
 
 
-def preflight(cloud: Cloud, state: BuildState) -> None:
-    """Everything that can be checked against the cloud without creating anything."""
-    family, recipe = state.family, state.recipe
+def preflight_instance(cloud: Cloud, state: InstanceState) -> dict[str, int]:
+    """The checks any launch needs: base AMI, types offered, a DryRun launch. Returns the memory
+    (MiB) of each candidate type."""
+    family = state.family
     ec2 = cloud.ec2
-    sizes = candidate_sizes(state)
-    types = [family.instance_type(s) for s in sizes]
+    types = [family.instance_type(s) for s in candidate_sizes(state)]
     try:
-        parameter = BASE_AMI_PARAMETER[family.architecture]
-        state.base_ami = cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
+        if not state.base_ami:
+            parameter = BASE_AMI_PARAMETER[family.architecture]
+            state.base_ami = cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
         offered = ec2.describe_instance_type_offerings(
             Filters=[{"Name": "instance-type", "Values": types}]
         )["InstanceTypeOfferings"]
@@ -54,13 +56,6 @@ def preflight(cloud: Cloud, state: BuildState) -> None:
         raise CloudError(f"preflight for {family.name}: {exc}") from exc
     if not offered:
         raise UserError(f"none of {', '.join(types)} is offered in {cloud.config.region}")
-    memory = {t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"] for t in described}
-    smallest = min(memory.values()) if memory else 0
-    if recipe.tmpfs_max_mb and smallest and recipe.tmpfs_max_mb > smallest:
-        raise UserError(
-            f"{recipe.file}: build.tmpfs_max_mb {recipe.tmpfs_max_mb} is larger than the "
-            f"memory of {types[0]} ({smallest} MiB); lower it or pick a larger --size"
-        )
     try:
         ec2.run_instances(
             DryRun=True, ImageId=state.base_ami, InstanceType=types[0], MinCount=1, MaxCount=1
@@ -68,17 +63,33 @@ def preflight(cloud: Cloud, state: BuildState) -> None:
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) != "DryRunOperation":
             raise CloudError(f"dry-run launch of {types[0]} refused: {exc}") from exc
+    return {t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"] for t in described}
+
+
+def preflight(cloud: Cloud, state: BuildState) -> None:
+    """Everything that can be checked against the cloud without creating anything."""
+    memory = preflight_instance(cloud, state)
+    recipe = state.recipe
+    smallest = min(memory.values()) if memory else 0
+    if recipe.tmpfs_max_mb and smallest and recipe.tmpfs_max_mb > smallest:
+        first = state.family.instance_type(candidate_sizes(state)[0])
+        raise UserError(
+            f"{recipe.file}: build.tmpfs_max_mb {recipe.tmpfs_max_mb} is larger than the "
+            f"memory of {first} ({smallest} MiB); lower it or pick a larger --size"
+        )
     state.cache_key = cache_key(state)
 
 
 def cache_key(state: BuildState) -> str:
     # The base AMI fixes the compiler (and so the flags) the build will get.
-    inputs = {
+    inputs: dict[str, object] = {
         "recipe": state.recipe.digest(),
         "source": state.source.sha256,
         "target": family_target(state.family).name,
         "base_ami": state.base_ami,
     }
+    if state.variant != Variant():
+        inputs["variant"] = {"generic": state.variant.generic, "cflags": state.variant.cflags}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 

@@ -31,9 +31,9 @@ class Connect:
         self.context = context
 
     def run(self, state: InstanceState) -> None:
-        log_path = self.context.log_dir / f"{state.family.name}.log"
+        log_path = self.context.log_dir / f"{state.slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        prefix = f"[{state.family.name}] "
+        prefix = f"[{state.slot}] "
 
         def to_terminal(text: str) -> None:
             for line in text.splitlines():
@@ -95,7 +95,7 @@ class Build:
         state.compiler = flags_module.Compiler("gcc", facts[2].strip())
         memory_mb, cpus = int(facts[3]), int(facts[4])
         cpu_flags = set(facts[5].split()) if len(facts) > 5 else set()
-        state.flags = flags_module.for_family(state.family, state.compiler)
+        state.flags = flags_module.for_build(state.family, state.compiler, state.variant.generic)
         if state.flags.warning:
             log.warning("%s", state.flags.warning)
             state.warnings.append(state.flags.warning)
@@ -142,7 +142,7 @@ def render_build_script(
         target=flags.used,
         cc=cc,
         base_cflags=state.recipe.base_cflags,
-        cflags=flags.cflags,
+        cflags=f"{flags.cflags} {state.variant.cflags}".strip(),
         src_dir=f"{work}/src",
         out_dir=f"{work}/out",
         jobs=jobs,
@@ -246,7 +246,8 @@ class Fetch:
             "target": state.flags.target,
             "target_used": state.flags.used,
             "compiler": str(state.compiler),
-            "cflags": f"{state.recipe.base_cflags} {state.flags.cflags}".strip(),
+            "cflags": f"{state.recipe.base_cflags} {state.cflags}".strip(),
+            "variant": state.variant.name,
             "files": file_hashes,
             "isa_features": state.isa_features,
             "smoke": state.smoke,

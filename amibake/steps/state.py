@@ -21,6 +21,7 @@ class InstanceState:
     size: str
     spot: bool = True
     on_demand_fallback: bool = False
+    exact_size: bool = False  # fleet measures one instance type: no second size as a fallback
     base_ami: str = ""
     key_name: str = ""
     private_key: str = ""
@@ -35,10 +36,37 @@ class InstanceState:
     finished_early: bool = False
     warnings: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # seconds, by what was done
+    attempt: int = 0  # how many times the run started over on a new instance
+
+    def start_over(self) -> None:
+        """Forget the instance and what was made for it (all cleaned up by then), to launch
+        anew under fresh names."""
+        self.key_name = self.private_key = self.security_group_id = ""
+        self.launch_template_id = self.fleet_id = self.instance_id = ""
+        self.instance_type = self.market = ""
+        self.pools_tried = []
+        self.remote = None
+        self.attempt += 1
 
     @property
     def label(self) -> str:
         return self.family.name
+
+    @property
+    def slot(self) -> str:
+        """Unique among the instances of one run: names and idempotency tokens derive from it."""
+        return self.family.name if not self.attempt else f"{self.family.name}-{self.attempt}"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A build other than the family's tuned default: the architecture's generic baseline
+    and/or extra compiler flags (fleet's compile-time parameters). Appended flags win: gcc
+    takes the last -O level and the last of each -m option."""
+
+    name: str = ""
+    generic: bool = False
+    cflags: str = ""
 
 
 @dataclass(kw_only=True)
@@ -62,7 +90,15 @@ class BuildState(InstanceState):
     manifest: dict[str, Any] = field(default_factory=dict)
     artifact: Path | None = None
     cache_hit: bool = False
+    variant: Variant = field(default_factory=Variant)
 
     @property
     def label(self) -> str:
-        return f"{self.recipe.name}_{self.family.name}"
+        suffix = f"-{self.variant.name}" if self.variant.name else ""
+        return f"{self.recipe.name}_{self.family.name}{suffix}"
+
+    @property
+    def cflags(self) -> str:
+        """Everything after the recipe's base flags: the target's, then the variant's."""
+        assert self.flags is not None
+        return f"{self.flags.cflags} {self.variant.cflags}".strip()

@@ -36,12 +36,12 @@ def test_samples_the_process_tree_until_the_workload_exits(tmp_path: Path) -> No
     assert all(b - a > 0.1 for a, b in itertools.pairwise(times))
 
 
-def test_a_missing_process_is_a_one_line_error(tmp_path: Path) -> None:
+def test_a_process_gone_before_the_first_sample_gives_an_empty_csv(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "fleet.monitor",
+            "fleet.agent.monitor",
             "--pid",
             "999999999",
             "--out",
@@ -50,5 +50,6 @@ def test_a_missing_process_is_a_one_line_error(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 2
-    assert done.stderr.strip() == "monitor: no process 999999999"
+    # A workload done before the monitor starts is a run too short to sample: an empty CSV.
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "x.csv").read_text().startswith("time_s,cpu_percent,")

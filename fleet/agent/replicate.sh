@@ -1,0 +1,60 @@
+#!/bin/bash
+# One replicate of a workload, run by fleet on the instance, in the build's directory:
+#   replicate.sh DIR TAG IMDS_URL MONITOR(0|1) TIMEOUT_S COMMAND
+# Runs COMMAND in its own process group with the psutil monitor beside it and a watcher on the
+# IMDS spot interruption notice; on a notice it stops the workload and says so, so the
+# controller reruns the replicate elsewhere instead of scoring it. Prints the workload's output,
+# then one FLEET-RESULT line.
+set -u
+dir=$1 tag=$2 imds=$3 monitor=$4 timeout_s=$5 cmd=$6
+cd "$dir" || exit 97
+export FLEET_METRIC_FILE="$dir/$tag.metric"
+rm -f "$FLEET_METRIC_FILE" "$tag.out" "$tag.csv" "$tag.interrupted" "$tag.timeout"
+
+start=$(date +%s.%N)
+# setsid: the workload and all it starts form one group, stopped together.
+setsid bash -c "$cmd" >"$tag.out" 2>&1 </dev/null &
+pid=$!
+mon=""
+if [ "$monitor" = 1 ]; then
+  python3 ../monitor.py --pid "$pid" --out "$tag.csv" 2>"$tag.monitor.err" &
+  mon=$!
+fi
+
+# The watcher: one IMDSv2 token for the whole replicate, then one notice check a second.
+(
+  token=$(curl -sf -m 2 -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 21600" \
+    "$imds/latest/api/token" 2>/dev/null) || token=""
+  deadline=$(( $(date +%s) + ${timeout_s%.*} ))
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ -n "$token" ] && curl -sf -m 2 -o /dev/null -H "X-aws-ec2-metadata-token: $token" \
+        "$imds/latest/meta-data/spot/instance-action"; then
+      touch "$tag.interrupted"
+      kill -TERM -- "-$pid" 2>/dev/null
+      exit 0
+    fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      touch "$tag.timeout"
+      kill -KILL -- "-$pid" 2>/dev/null
+      exit 0
+    fi
+    sleep 1
+  done
+) &
+watcher=$!
+
+wait "$pid"
+code=$?
+end=$(date +%s.%N)
+kill "$watcher" 2>/dev/null
+wait "$watcher" 2>/dev/null
+if [ -n "$mon" ]; then
+  kill -TERM "$mon" 2>/dev/null
+  wait "$mon" 2>/dev/null
+fi
+cat "$tag.out"
+state=finished
+[ -e "$tag.timeout" ] && state=timeout
+[ -e "$tag.interrupted" ] && state=interrupted
+metric=$(head -c 200 "$FLEET_METRIC_FILE" 2>/dev/null | tr -s ' \n\t' ' ')
+echo "FLEET-RESULT exit=$code start=$start end=$end state=$state metric_file=$metric"

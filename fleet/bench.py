@@ -1,0 +1,229 @@
+"""`fleet bench`: plan the replicates of a run, make sure its builds exist, run every instance
+type through the executor, and keep the record in the results database as it goes.
+
+A run is resumable by construction: the work left is the plan minus the replicates the database
+holds as finished, so `--resume` after any stop (Ctrl-C, SIGKILL, `fleet kill`) redoes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from amibake import catalog
+from amibake.cloud import Cloud
+from amibake.errors import UserError
+from amibake.pipelines import BuildRequest, open_run, run_each
+from amibake.pipelines import build as build_pipeline
+from amibake.runner import Boundary
+from amibake.steps.preflight import preflight_instance
+from amibake.steps.state import Variant
+from fleet import prices
+from fleet.executor import BenchState, BuildArtifact, Replicate, ssh_steps
+from fleet.results import ReplicateRow, Results, new_run_id
+from fleet.spec import BenchSpec
+
+log = logging.getLogger("amibake")
+LOCAL_NOTE = (
+    "Local cloud: every instance type ran on this machine's CPU, so differences between types "
+    "are not measured here; builds and the method are."
+)
+VARIANTS = {"tuned": Variant(), "generic": Variant(name="generic", generic=True)}
+
+
+def results_db(cloud_results_dir: Any) -> Results:
+    return Results(cloud_results_dir / "fleet.sqlite")
+
+
+def plan(spec: BenchSpec) -> list[Replicate]:
+    """Every replicate of the run, in order: per type, the warm-ups, then the measured runs with
+    the builds interleaved (a slow drift of the machine then hits every build alike)."""
+    work = []
+    for instance_type in spec.types:
+        for index in range(spec.warmups):
+            work += [Replicate(instance_type, b, index, True) for b in spec.builds]
+        for index in range(spec.replicates):
+            work += [Replicate(instance_type, b, index, False) for b in spec.builds]
+    return work
+
+
+def price_lookup(spec: BenchSpec) -> Any:
+    """Check every type has a price (or that the user accepted none); return the lookup."""
+    missing = []
+    for instance_type in spec.types:
+        try:
+            prices.lookup(instance_type)
+        except prices.PriceError:
+            missing.append(instance_type)
+    if missing and not spec.allow_missing_price:
+        raise UserError(
+            f"no price for {', '.join(missing)} in the snapshot ({prices.snapshot()['date']}); "
+            "refresh it with `fleet prices --refresh`, or pass --allow-missing-price to measure "
+            "without cost per unit"
+        )
+
+    def price_of(instance_type: str, spot: bool, zone: str) -> float | None:
+        try:
+            price = prices.lookup(instance_type)
+        except prices.PriceError:
+            return None
+        if spot and zone not in price.spot:
+            return price.spot_median  # a zone the snapshot lacks: the median of the others
+        return price.hourly(spot, zone)
+
+    return price_of
+
+
+@dataclass
+class Board:
+    """What the run is doing, for the progress lines: per type its status, replicates done,
+    and money spent so far (instance time at the price of its market)."""
+
+    run_id: str
+    total: int
+    done: int = 0
+    status: dict[str, str] = field(default_factory=dict)
+    spent: float = 0.0  # from instances already torn down
+    live: dict[str, tuple[float, float]] = field(default_factory=dict)  # type -> (start, price)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def spent_now(self) -> float:
+        now = time.time()
+        return self.spent + sum((now - t) * p / 3600 for t, p in self.live.values())
+
+    def update(self, state: BenchState, what: str) -> None:
+        with self.lock:
+            if what == "replicate done":
+                self.done += 1
+                what = "running"
+            if what == "staging" and state.price is not None:
+                self.live[state.label] = (state.launched_at, state.price)
+            if what in ("done", "failed") and state.label in self.live:
+                start, price = self.live.pop(state.label)
+                self.spent += (time.time() - start) * price / 3600
+            self.status[state.label] = what
+            line = ", ".join(f"{t} {s}" for t, s in self.status.items())
+            log.info(
+                "[%s] %d/%d replicates; %s; $%.4f spent",
+                self.run_id,
+                self.done,
+                self.total,
+                line,
+                self.spent_now(),
+            )
+
+
+def create(cloud: Cloud, spec: BenchSpec, results: Results) -> str:
+    """Record a new run (nothing launched yet) and return its id."""
+    run_id = new_run_id("fb")
+    note = LOCAL_NOTE if cloud.config.cloud == "local" else ""
+    results.create_run(run_id, "bench", spec.to_json(), cloud.config.cloud, cloud.config.region, note)
+    return run_id
+
+
+def ensure_builds(cloud: Cloud, spec: BenchSpec) -> dict[tuple[str, str], BuildArtifact]:
+    """The artifact of every (family, build): from amibake's cache, or built now."""
+    if not spec.recipe:
+        return {}
+    families = sorted({t.split(".")[0] for t in spec.types})
+    found: dict[tuple[str, str], BuildArtifact] = {}
+    for build in spec.builds:
+        request = BuildRequest(
+            families=families,
+            recipe=spec.recipe,
+            size="large",
+            recipes_dir=cloud.config.recipes_dir,
+            variant=VARIANTS[build],
+        )
+        for outcome in build_pipeline(cloud, request):
+            if not outcome.ok:
+                raise UserError(f"the {build} build for {outcome.family} failed: {outcome.error}")
+            state: Any = outcome.state
+            found[(outcome.family, build)] = BuildArtifact(build, state.artifact, state.manifest)
+    return found
+
+
+def execute(
+    cloud: Cloud,
+    run_id: str,
+    results: Results,
+    *,
+    on_boundary: Boundary | None = None,
+    before_replicate: Any = None,
+) -> dict[str, Any]:
+    """Run (or finish) a recorded run; returns what happened per type."""
+    record = results.run(run_id)
+    if record is None:
+        raise UserError(f"no fleet run {run_id!r} in {results.path}; see `fleet status`")
+    spec = BenchSpec.from_json(record["spec"])
+    if spec.executor != "ssh":
+        raise UserError(
+            "executor batch is not built yet: use executor = \"ssh\" (the batch executor is "
+            "tracked in issue 5)"
+        )
+    price_of = price_lookup(spec)
+    finished = results.finished(run_id)
+    todo = [
+        r
+        for r in plan(spec)
+        if (r.instance_type, r.build, r.index, r.warmup) not in finished
+    ]
+    if not todo:
+        log.info("[%s] every replicate is already finished", run_id)
+        results.event(run_id, "finished", resumed=True)
+        return {"run_id": run_id, "types": {}}
+    artifacts = ensure_builds(cloud, spec)
+    board = Board(run_id, total=len(plan(spec)), done=len(plan(spec)) - len(todo))
+    states = []
+    for instance_type in spec.types:
+        family_name, _, size = instance_type.partition(".")
+        mine = [r for r in todo if r.instance_type == instance_type]
+        if not mine:
+            continue
+        state = BenchState(
+            family=catalog.family(family_name),
+            size=size,
+            exact_size=True,
+            spot=spec.spot,
+            spec=spec,
+            artifacts={
+                build: artifacts[(family_name, build)] for build in spec.builds if artifacts
+            },
+            pending=mine,
+            record=lambda row: results.record(run_id, row),
+            results_dir=cloud.config.results_dir,
+            fleet_run=run_id,
+            price_of=price_of,
+            on_event=board.update,
+            before_replicate=before_replicate or (lambda state, rep: None),
+        )
+        preflight_instance(cloud, state)
+        states.append(state)
+    with open_run(cloud, f"fleet bench {run_id}") as context:
+        results.event(
+            run_id, "controller", pid=os.getpid(), host=socket.gethostname(), amibake_run=context.run_id
+        )
+        try:
+            outcomes = run_each(context, states, ssh_steps, on_boundary, spec.concurrency)
+        except BaseException as exc:
+            results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
+            raise
+    summary: dict[str, Any] = {"run_id": run_id, "types": {}}
+    for outcome in outcomes:
+        ended = outcome.state
+        assert isinstance(ended, BenchState)
+        board.update(ended, "done" if outcome.ok else "failed")
+        summary["types"][ended.label] = {
+            "ok": outcome.ok,
+            "error": outcome.error,
+            "replicates_left": len(ended.pending),
+            "instances": ended.attempt + 1,
+        }
+    failed = {t: s["error"] for t, s in summary["types"].items() if not s["ok"]}
+    results.event(run_id, "finished" if not failed else "failed", errors=failed)
+    return summary

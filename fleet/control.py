@@ -1,0 +1,127 @@
+"""A run from outside: what it has done (`fleet status`), and stopping it with everything it
+created (`fleet kill`), whether its controller is still alive or was SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from amibake import gc
+from amibake.cloud import Cloud
+from amibake.errors import UserError
+from amibake.journal import Journal
+from fleet.results import Results
+
+STOP_TIMEOUT_S = 180.0  # the controller's own cleanup: terminating and waiting on instances
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited: only its parent has not reaped it yet.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def controller(results: Results, run_id: str) -> dict[str, Any] | None:
+    """The latest controller of the run, if it is alive on this machine."""
+    for _, kind, detail in reversed(results.events(run_id)):
+        if kind in ("finished", "failed", "stopped", "killed"):
+            return None
+        if kind == "controller":
+            mine = detail.get("host") == socket.gethostname()
+            return detail if mine and _alive(int(detail["pid"])) else None
+    return None
+
+
+def status(results: Results, run_id: str) -> dict[str, Any]:
+    from fleet.bench import plan
+    from fleet.spec import BenchSpec
+
+    record = results.run(run_id)
+    if record is None:
+        known = results.run_ids()[-5:]
+        raise UserError(
+            f"no fleet run {run_id!r} in {results.path}"
+            + (f"; recent runs: {', '.join(known)}" if known else "")
+        )
+    events = results.events(run_id)
+    last = events[-1][1] if events else "created"
+    live = controller(results, run_id)
+    state = {"controller": "running"}.get(last, last)
+    if last == "controller" and live is None:
+        state = "stopped"  # the controller died without a word: SIGKILL, a crash, a reboot
+    rows = results.replicates(run_id)
+    planned = len(plan(BenchSpec.from_json(record["spec"]))) if record["kind"] == "bench" else 0
+    done = rows[rows.state.isin(["ok", "failed"])] if len(rows) else rows
+    per_type: dict[str, dict[str, int]] = {}
+    for _, row in rows.iterrows():
+        counts = per_type.setdefault(row.instance_type, {"ok": 0, "failed": 0, "interrupted": 0})
+        counts[row.state] = counts.get(row.state, 0) + 1
+    return {
+        "run_id": run_id,
+        "kind": record["kind"],
+        "state": state,
+        "planned": planned,
+        "finished": len(done),
+        "interrupted": int((rows.state == "interrupted").sum()) if len(rows) else 0,
+        "failed": int((rows.state == "failed").sum()) if len(rows) else 0,
+        "controller_pid": live["pid"] if live else None,
+        "types": per_type,
+        "note": record["note"],
+    }
+
+
+def status_text(s: dict[str, Any]) -> str:
+    lines = [
+        f"run {s['run_id']} ({s['kind']}): {s['state']}; {s['finished']}/{s['planned']} "
+        f"replicates finished, {s['failed']} failed, {s['interrupted']} interrupted and rerun"
+    ]
+    for instance_type, counts in s["types"].items():
+        lines.append(
+            f"  {instance_type}: "
+            + ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+        )
+    if s["state"] == "stopped":
+        lines.append(f"finish it with: fleet bench --resume {s['run_id']}")
+    return "\n".join(lines)
+
+
+def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
+    """Stop the controller (SIGTERM: it unwinds as on Ctrl-C), then remove whatever any of the
+    run's controllers left, found by tag and journal as `amibake gc` does."""
+    live = controller(results, run_id)
+    said = "not running"
+    if live is not None:
+        pid = int(live["pid"])
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            said = f"pid {pid} did not stop in {STOP_TIMEOUT_S:.0f}s and was killed"
+        else:
+            said = f"pid {pid} stopped"
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    deleted: list[str] = []
+    failures: list[str] = []
+    try:
+        for amibake_run in sorted(
+            {d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"}
+        ):
+            leftovers = gc.find(cloud, journal, run_id=amibake_run)
+            failures += gc.delete(cloud, journal, leftovers)
+            deleted += [x.describe() for x in leftovers]
+    finally:
+        journal.close()
+    results.event(run_id, "killed", controller=said, deleted=len(deleted))
+    return {"run_id": run_id, "controller": said, "deleted": deleted, "failures": failures}

@@ -1,0 +1,320 @@
+"""The ssh executor: one instance per type, launched by the same steps as `amibake build`, reused
+for every replicate of that type, torn down at the end.
+
+Two steps follow the launch: Stage (upload the builds, the monitor and the replicate wrapper;
+record the environment) and Measure (run the pending replicates one by one and record each as it
+ends). A spot interruption notice during a replicate records it as interrupted and raises Rerun:
+the runner unwinds this instance and starts over on a new one with what is still pending.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import archspec.cpu
+
+from amibake import flags as flags_module
+from amibake.cloud.reach import describe
+from amibake.errors import RemoteError, UserError
+from amibake.runner import Rerun, RunContext, Step
+from amibake.steps.access import KeyPair, SecurityGroup
+from amibake.steps.launch import LaunchFleet, LaunchTemplate
+from amibake.steps.remote_build import SHARED, Connect
+from amibake.steps.state import InstanceState
+from fleet.results import ReplicateRow
+from fleet.spec import BenchSpec
+
+log = logging.getLogger("amibake")
+AGENT = Path(__file__).resolve().parent / "agent"
+WORK = f"{SHARED}/fleet"
+TAIL_LINES = 8
+
+
+@dataclass(frozen=True)
+class Replicate:
+    instance_type: str
+    build: str
+    index: int
+    warmup: bool
+
+    @property
+    def tag(self) -> str:
+        return f"{self.build}-{'w' if self.warmup else 'r'}{self.index}"
+
+
+@dataclass(frozen=True)
+class BuildArtifact:
+    name: str  # tuned | generic | a tune trial's variant
+    path: Path  # the .tar.xz
+    manifest: dict[str, Any]
+
+
+@dataclass(kw_only=True)
+class BenchState(InstanceState):
+    """One instance type's share of a bench run."""
+
+    spec: BenchSpec
+    artifacts: dict[str, BuildArtifact]  # by build name; empty for a plain command
+    pending: list[Replicate]
+    record: Callable[[ReplicateRow], None]
+    results_dir: Path
+    fleet_run: str
+    price_of: Callable[[str, bool, str], float | None]  # (type, spot, zone id) -> USD/hour
+    on_event: Callable[[BenchState, str], None] = lambda state, what: None
+    before_replicate: Callable[[BenchState, Replicate], None] = lambda state, rep: None
+    zone: str = ""
+    price: float | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    monitor: bool = True
+    launched_at: float = 0.0
+    done: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.family.instance_type(self.size)
+
+    @property
+    def slot(self) -> str:
+        return f"{self.label.replace('.', '-')}-{self.attempt}"
+
+
+def ssh_steps(context: RunContext) -> list[Step[BenchState]]:
+    return [
+        KeyPair(context),
+        SecurityGroup(context),
+        LaunchTemplate(context),
+        LaunchFleet(context),
+        Connect(context),
+        Stage(context),
+        Measure(context),
+    ]
+
+
+def microarchitecture(cpu_flags: set[str], architecture: str) -> str:
+    """The newest archspec target whose features the CPU has (what the instance really is)."""
+    family = flags_module.GENERIC_TARGET[architecture]
+    runnable = [
+        t
+        for t in archspec.cpu.TARGETS.values()
+        if t.family.name == family and not flags_module.missing_features(t.name, cpu_flags)
+    ]
+    best = max(runnable, key=lambda t: (len(t.ancestors), len(t.features), t.name), default=None)
+    return best.name if best else family
+
+
+class Stage:
+    name = "stage"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BenchState) -> None:
+        remote = state.remote
+        assert remote is not None
+        state.launched_at = time.time()
+        state.on_event(state, "staging")
+        placement: Any = describe(self.context.cloud, state.instance_id).get("Placement", {})
+        zone_name = placement.get("AvailabilityZone", "")
+        zones = self.context.cloud.ec2.describe_availability_zones(ZoneNames=[zone_name])
+        state.zone = zones["AvailabilityZones"][0].get("ZoneId", zone_name)
+        state.price = state.price_of(state.label, state.market == "spot", state.zone)
+        user = self.context.cloud.config.ssh_user
+        remote.script(
+            f"""
+            mkdir -p {SHARED}
+            mountpoint -q {SHARED} || mount -t tmpfs -o mode=1777 tmpfs {SHARED}
+            rm -rf {WORK} && mkdir -p {WORK}/run && chown -R {user} {WORK}
+            """,
+            stream=False,
+        )
+        remote.put(AGENT / "replicate.sh", f"{WORK}/replicate.sh")
+        remote.put(AGENT / "monitor.py", f"{WORK}/monitor.py")
+        for build in state.artifacts.values():
+            remote.put(build.path, f"{WORK}/{build.name}.tar.xz")
+            remote.run(
+                f"mkdir -p {WORK}/{build.name} && tar -C {WORK}/{build.name} -xJf "
+                f"{WORK}/{build.name}.tar.xz",
+                stream=False,
+            )
+        facts = remote.run(
+            """uname -r; uname -m; nproc
+            grep -m1 -E '^(model name|CPU part)' /proc/cpuinfo | cut -d: -f2
+            grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2
+            python3 -c 'import psutil' 2>/dev/null && echo monitor=yes || echo monitor=no""",
+            stream=False,
+        ).stdout.splitlines()
+        cpu_flags = set(facts[4].split()) if len(facts) > 4 else set()
+        state.monitor = state.spec.monitor and "monitor=yes" in facts
+        if state.spec.monitor and not state.monitor:
+            log.warning("%s has no python3-psutil: running without the monitor", state.label)
+        state.facts = {
+            "kernel": facts[0] if facts else "",
+            "machine": facts[1] if len(facts) > 1 else "",
+            "vcpus": int(facts[2]) if len(facts) > 2 and facts[2].isdigit() else None,
+            "cpu_model": facts[3].strip() if len(facts) > 3 else "",
+            "microarchitecture": microarchitecture(cpu_flags, state.family.architecture),
+            "ami": state.base_ami,
+            "instance_id": state.instance_id,
+            "zone": state.zone,
+            "market": state.market,
+            "price_usd_hour": state.price,
+            "cloud": self.context.cloud.config.cloud,
+            "builds": {
+                b.name: {
+                    "compiler": b.manifest.get("compiler"),
+                    "cflags": b.manifest.get("cflags"),
+                    "target": b.manifest.get("target_used"),
+                }
+                for b in state.artifacts.values()
+            },
+        }
+        for build in state.artifacts.values():
+            target = str(build.manifest.get("target_used", ""))
+            missing = flags_module.missing_features(target, cpu_flags) if target else []
+            if missing:
+                where = (
+                    " (on the local cloud every type runs on this machine's CPU)"
+                    if self.context.cloud.config.cloud == "local"
+                    else ""
+                )
+                raise UserError(
+                    f"the {build.name} build targets {target}, which {state.label}'s CPU "
+                    f"({state.facts['cpu_model']}) cannot run: it lacks "
+                    f"{', '.join(missing[:4])}{where}"
+                )
+
+    def cleanup(self, state: BenchState) -> None:
+        pass  # the tmpfs dies with the instance
+
+
+class Measure:
+    name = "measure"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BenchState) -> None:
+        remote = state.remote
+        assert remote is not None
+        imds = self.context.cloud.imds_endpoint
+        command = state.spec.command_line()
+        timeout = state.spec.timeout_s
+        while state.pending:
+            self.context.check_cancel()
+            replicate = state.pending[0]
+            state.before_replicate(state, replicate)
+            state.on_event(state, f"running {replicate.tag}")
+            directory = f"{WORK}/{replicate.build}" if state.artifacts else f"{WORK}/run"
+            started = time.time()
+            result = remote.run(
+                f"bash {WORK}/replicate.sh {directory} {replicate.tag} {imds} "
+                f"{int(state.monitor)} {timeout:.0f} {shlex.quote(command)}",
+                check=False,
+                stream=False,
+                timeout_s=timeout + 60,
+            )
+            row = self._row(state, replicate, result.stdout + result.stderr, started)
+            if row.state == "ok" and state.monitor:
+                row = self._monitor(state, replicate, directory, row)
+            state.record(row)
+            if row.state == "interrupted":
+                raise Rerun(f"spot interruption notice on {state.instance_id}")
+            state.pending.pop(0)
+            state.done += 1
+            state.on_event(state, "replicate done")
+
+    def cleanup(self, state: BenchState) -> None:
+        pass  # each replicate is recorded as it ends; nothing is left to undo
+
+    def _row(
+        self, state: BenchState, replicate: Replicate, output: str, started: float
+    ) -> ReplicateRow:
+        lines = output.rstrip("\n").splitlines()
+        summary = next((line for line in reversed(lines) if line.startswith("FLEET-RESULT ")), "")
+        body = [line for line in lines if not line.startswith("FLEET-RESULT ")]
+        tail = " | ".join(body[-TAIL_LINES:])
+        base = ReplicateRow(
+            state="failed",
+            instance_type=state.label,
+            build=replicate.build,
+            replicate=replicate.index,
+            warmup=replicate.warmup,
+            instance_id=state.instance_id,
+            market=state.market,
+            zone=state.zone,
+            price_usd_hour=state.price,
+            started=started,
+            finished=time.time(),
+        )
+        if not summary:
+            raise RemoteError(f"{state.label}: the replicate wrapper did not finish: {tail}")
+        fields = dict(
+            part.split("=", 1) for part in summary.split(" ", 5)[1:5] if "=" in part
+        )
+        metric_file = summary.split("metric_file=", 1)[1] if "metric_file=" in summary else ""
+        code = int(fields.get("exit", "-1"))
+        seconds = float(fields.get("end", "0")) - float(fields.get("start", "0"))
+        if fields.get("state") == "interrupted":
+            return replace(
+                base, state="interrupted", seconds=seconds, error="spot interruption notice"
+            )
+        if fields.get("state") == "timeout":
+            return replace(
+                base,
+                seconds=seconds,
+                error=f"timed out after {state.spec.timeout_s:.0f}s; last lines: {tail}",
+            )
+        if code != 0:
+            return replace(
+                base,
+                seconds=seconds,
+                exit_code=code,
+                error=f"the workload exited {code}; last lines: {tail}",
+            )
+        try:
+            value = state.spec.metric.parse("\n".join(body), seconds, metric_file)
+        except ValueError as exc:
+            return replace(
+                base,
+                seconds=seconds,
+                exit_code=code,
+                error=f"{exc}; last lines: {tail}",
+            )
+        return replace(base, state="ok", metric=value, seconds=seconds, exit_code=code)
+
+    def _monitor(
+        self, state: BenchState, replicate: Replicate, directory: str, row: ReplicateRow
+    ) -> ReplicateRow:
+        local = (
+            state.results_dir
+            / "runs"
+            / state.fleet_run
+            / "monitor"
+            / f"{state.label}_{replicate.tag}_{state.attempt}.csv"
+        )
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            state.remote.get(f"{directory}/{replicate.tag}.csv", local)  # type: ignore[union-attr]
+        except RemoteError as exc:
+            log.warning("%s: no monitor CSV for %s: %s", state.label, replicate.tag, exc)
+            return row
+        cpu, rss = [], []
+        with local.open() as handle:
+            for sample in csv.DictReader(handle):
+                cpu.append(float(sample["cpu_percent"]))
+                rss.append(float(sample["tree_rss_mb"]))
+        return replace(
+            row,
+            monitor_csv=str(local),
+            cpu_mean=sum(cpu) / len(cpu) if cpu else None,
+            cpu_max=max(cpu) if cpu else None,
+            rss_max_mb=max(rss) if rss else None,
+            monitor_samples=len(cpu),
+        )

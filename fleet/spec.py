@@ -1,0 +1,321 @@
+"""What `fleet bench` runs: a bench file (TOML) with command-line overrides, checked whole before
+anything is launched. Errors name the file and the line of the key at fault.
+
+    types = ["c5a.large", "c6a.xlarge"]      # and/or families = ["c7g"] with sizes = [...]
+    recipe = "kernels"                       # or command = "my-app {args}"
+    builds = ["tuned", "generic"]            # recipe builds: the family's flags, or baseline
+    replicates = 3
+    warmups = 1
+    args = "--size 2"                        # or a table: [args] threads = 2 -> --threads 2
+    executor = "ssh"
+    spot = true
+    concurrency = 2
+    [metric]                                 # default: the recipe's bench metric, or runtime
+    kind = "regex"                           # runtime | regex | file ($FLEET_METRIC_FILE)
+    pattern = "throughput=([0-9.]+)"
+    meaning = "rate"                         # rate: work per second; seconds: per unit of work
+    aggregate = "geomean"                    # several matches: geomean | sum | mean | last
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amibake import catalog, recipes
+from amibake.errors import UnknownNameError, UserError
+
+BUILDS = ("tuned", "generic")
+EXECUTORS = ("ssh", "batch")
+METRIC_KINDS = ("runtime", "regex", "file")
+MEANINGS = ("rate", "seconds")
+AGGREGATES = ("geomean", "sum", "mean", "last")
+KNOWN_KEYS = {
+    "name",
+    "types",
+    "families",
+    "sizes",
+    "recipe",
+    "command",
+    "builds",
+    "replicates",
+    "warmups",
+    "args",
+    "metric",
+    "executor",
+    "spot",
+    "concurrency",
+    "timeout_s",
+    "allow_missing_price",
+    "monitor",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    kind: str = "runtime"
+    pattern: str = ""
+    meaning: str = "seconds"  # runtime is always seconds per run (one run = one unit of work)
+    aggregate: str = "last"
+    unit: str = "s"
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.meaning == "rate"
+
+    def seconds_per_unit(self, value: float) -> float:
+        return value if self.meaning == "seconds" else 1.0 / value
+
+    def parse(self, output: str, seconds: float, metric_file: str) -> float:
+        """The replicate's value; a ValueError says why there is none."""
+        if self.kind == "runtime":
+            return seconds
+        if self.kind == "file":
+            try:
+                return float(metric_file.split()[0])
+            except (ValueError, IndexError):
+                raise ValueError(
+                    f"the workload wrote no number to $FLEET_METRIC_FILE (got {metric_file!r})"
+                ) from None
+        values = [float(m) for m in re.findall(self.pattern, output) if _is_number(m)]
+        if not values:
+            raise ValueError(f"metric pattern {self.pattern!r} never matched the output")
+        return aggregate(values, self.aggregate)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def aggregate(values: list[float], how: str) -> float:
+    if how == "last":
+        return values[-1]
+    if how == "sum":
+        return sum(values)
+    if how == "mean":
+        return sum(values) / len(values)
+    if any(v <= 0 for v in values):
+        raise ValueError("a geometric mean needs positive values")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    types: tuple[str, ...]
+    recipe: str = ""
+    command: str = ""
+    builds: tuple[str, ...] = ("tuned",)
+    replicates: int = 3
+    warmups: int = 1
+    args: str = ""
+    metric: Metric = field(default_factory=Metric)
+    executor: str = "ssh"
+    spot: bool = True
+    concurrency: int = 2
+    timeout_s: float = 3600.0
+    allow_missing_price: bool = False
+    monitor: bool = True
+    name: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BenchSpec:
+        data = dict(data)
+        data["metric"] = Metric(**data["metric"])
+        for key in ("types", "builds"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+    def command_line(self) -> str:
+        """The workload as run in the build's directory on the instance."""
+        template = self.command or recipes_bench_command(self.recipe)
+        return template.replace("{args}", self.args)
+
+
+def recipes_bench_command(recipe: str) -> str:
+    bench = recipes.load(recipe).bench
+    return str(bench.get("command", ""))
+
+
+def _line_of(text: str, key: str) -> int | None:
+    match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
+    if match is None:
+        match = re.search(rf"^\s*\[{re.escape(key)}\]", text, re.MULTILINE)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def _args_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in value.items())
+    raise TypeError("args must be a string or a table of name = value")
+
+
+def _metric(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
+    merged = {**recipe_metric, **raw}
+    kind = str(merged.get("kind", "runtime"))
+    if kind not in METRIC_KINDS:
+        raise ValueError(f"metric.kind {kind!r} is not one of {', '.join(METRIC_KINDS)}")
+    pattern = str(merged.get("pattern", ""))
+    if kind == "regex":
+        if not pattern:
+            raise ValueError("metric.pattern is needed for kind = regex")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"metric.pattern does not compile: {exc}") from None
+        if compiled.groups != 1:
+            raise ValueError("metric.pattern needs exactly one (group) around the number")
+    meaning = str(merged.get("meaning", "seconds" if kind == "runtime" else "rate"))
+    if meaning not in MEANINGS or (kind == "runtime" and meaning != "seconds"):
+        raise ValueError(f"metric.meaning must be rate or seconds (runtime is seconds), not {meaning!r}")
+    how = str(merged.get("aggregate", "last"))
+    if how not in AGGREGATES:
+        raise ValueError(f"metric.aggregate {how!r} is not one of {', '.join(AGGREGATES)}")
+    unit = str(merged.get("unit", "s" if meaning == "seconds" else "units/s"))
+    return Metric(kind, pattern, meaning, how, unit)
+
+
+def load(path: Path | None, overrides: dict[str, Any]) -> BenchSpec:
+    """The bench file (if any) with command-line values on top; every problem is a UserError
+    naming the file and line."""
+    text = ""
+    data: dict[str, Any] = {}
+    where = "command line"
+    if path is not None:
+        where = str(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read the bench file: {exc.strerror}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"{path}: {exc}") from None
+    for key in data:
+        if key not in KNOWN_KEYS:
+            raise UserError(
+                f"{where}:{_line_of(text, key)}: unknown key {key!r}; "
+                f"known: {', '.join(sorted(KNOWN_KEYS))}"
+            )
+    data.update({k: v for k, v in overrides.items() if v is not None})
+
+    def fail(key: str, message: str) -> UserError:
+        line = _line_of(text, key) if key not in overrides or overrides[key] is None else None
+        return UserError(f"{where}{f':{line}' if line else ''}: {key}: {message}")
+
+    return _build(data, fail)
+
+
+def _build(data: dict[str, Any], fail: Any) -> BenchSpec:
+    types = list(data.get("types", []))
+    families = data.get("families", [])
+    sizes = data.get("sizes", ["large"])
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise fail("types", "must be a list of instance types, e.g. [\"c5a.large\"]")
+    if not isinstance(families, list) or not isinstance(sizes, list):
+        raise fail("families", "families and sizes must be lists")
+    for name in families:
+        try:
+            family = catalog.family(str(name))
+        except UserError as exc:
+            raise fail("families", str(exc)) from None
+        for size in sizes:
+            if size not in family.sizes:
+                raise fail("sizes", f"{name} has no size {size!r}; it has {', '.join(family.sizes)}")
+            types.append(family.instance_type(size))
+    if not types:
+        raise fail("types", "name at least one instance type (types = [...] or --types)")
+    for instance_type in types:
+        check_type(instance_type, fail)
+    types = list(dict.fromkeys(types))
+    recipe, command = str(data.get("recipe", "")), str(data.get("command", ""))
+    if bool(recipe) == bool(command):
+        raise fail("recipe", "give exactly one of recipe (a build recipe) or command")
+    recipe_metric: dict[str, Any] = {}
+    if recipe:
+        try:
+            loaded = recipes.load(recipe)
+        except UserError as exc:
+            raise fail("recipe", str(exc)) from None
+        bench = loaded.bench
+        if "command" not in bench:
+            raise fail("recipe", f"{loaded.file} has no [bench] command to run")
+        recipe_metric = dict(bench.get("metric", {}))
+    builds = data.get("builds", ["tuned"])
+    if not isinstance(builds, list) or not builds or any(b not in BUILDS for b in builds):
+        raise fail("builds", f"must be a non-empty list of {', '.join(BUILDS)}")
+    if command and builds != ["tuned"]:
+        raise fail("builds", "builds are for a recipe; a plain command has nothing to build")
+    ints = {"replicates": (3, 1), "warmups": (1, 0), "concurrency": (2, 1)}
+    numbers: dict[str, int] = {}
+    for key, (default, low) in ints.items():
+        value = data.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise fail(key, f"must be an integer of at least {low}")
+        numbers[key] = value
+    executor = str(data.get("executor", "ssh"))
+    if executor not in EXECUTORS:
+        raise fail("executor", f"{executor!r} is not one of {', '.join(EXECUTORS)}")
+    try:
+        args = _args_text(data.get("args", ""))
+    except TypeError as exc:
+        raise fail("args", str(exc)) from None
+    metric_raw = data.get("metric", {})
+    if isinstance(metric_raw, str):
+        metric_raw = {"kind": "regex", "pattern": metric_raw} if metric_raw != "runtime" else {}
+    if not isinstance(metric_raw, dict):
+        raise fail("metric", "must be a table: [metric] kind = ...")
+    try:
+        metric = _metric(metric_raw, recipe_metric)
+    except ValueError as exc:
+        raise fail("metric", str(exc)) from None
+    timeout = data.get("timeout_s", 3600.0)
+    if not isinstance(timeout, int | float) or timeout <= 0:
+        raise fail("timeout_s", "must be a positive number of seconds")
+    for key in ("spot", "allow_missing_price", "monitor"):
+        if not isinstance(data.get(key, True), bool):
+            raise fail(key, "must be true or false")
+    return BenchSpec(
+        types=tuple(types),
+        recipe=recipe,
+        command=command,
+        builds=tuple(dict.fromkeys(builds)),
+        replicates=numbers["replicates"],
+        warmups=numbers["warmups"],
+        args=args,
+        metric=metric,
+        executor=executor,
+        spot=bool(data.get("spot", True)),
+        concurrency=numbers["concurrency"],
+        timeout_s=float(timeout),
+        allow_missing_price=bool(data.get("allow_missing_price", False)),
+        monitor=bool(data.get("monitor", True)),
+        name=str(data.get("name", "")),
+    )
+
+
+def check_type(instance_type: str, fail: Any) -> None:
+    """An instance type is FAMILY.SIZE of a known family and one of its sizes."""
+    family_name, _, size = instance_type.partition(".")
+    try:
+        family = catalog.family(family_name)
+    except UnknownNameError as exc:
+        raise fail("types", f"unknown instance type {instance_type!r}: {exc}") from None
+    if size not in family.sizes:
+        raise fail(
+            "types",
+            f"unknown instance type {instance_type!r}: {family_name} comes in "
+            f"{', '.join(family.sizes)}",
+        )
