@@ -8,7 +8,9 @@ STAMP := $(VENV)/.installed
 # emulation, curl for IMDS calls inside sandboxes, shellcheck for rendered scripts,
 # binutils (objdump) for the ISA scan, xz for artifacts, and an arm64 cross compiler because
 # every local-cloud instance runs on this machine's CPU, Graviton families included.
-APT_PACKAGES := openssh-server sudo passwd curl shellcheck binutils xz-utils util-linux \
+# python3-psutil is the system python3 fleet's monitor runs under on an instance, and chromium
+# renders fleet's HTML report in its test.
+APT_PACKAGES := openssh-server sudo passwd curl shellcheck binutils xz-utils util-linux python3-psutil chromium \
 	gcc-aarch64-linux-gnu libc6-dev-arm64-cross
 
 .PHONY: install system-packages zstd-source prices test lint demo bench ci clean

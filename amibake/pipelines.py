@@ -173,7 +173,9 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
             )
         # A trial render: an undefined variable or a script that does not parse fails here,
         # not after an instance was launched. The real render uses the instance's compiler.
-        render_build_script(state, for_build(family, request.compiler, request.variant.generic), jobs=2)
+        render_build_script(
+            state, for_build(family, request.compiler, request.variant.generic), jobs=2
+        )
         states.append(state)
     return states
 

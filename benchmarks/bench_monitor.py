@@ -45,7 +45,15 @@ def _timed(binary: Path, monitored: bool, out: Path) -> tuple[float, float, floa
     total = steady = 0.0
     if monitored:
         watcher = subprocess.Popen(
-            [sys.executable, "-m", "fleet.agent.monitor", "--pid", str(workload.pid), "--out", str(out)]
+            [
+                sys.executable,
+                "-m",
+                "fleet.agent.monitor",
+                "--pid",
+                str(workload.pid),
+                "--out",
+                str(out),
+            ]
         )
         handle = psutil.Process(watcher.pid)
         while not out.exists() or out.stat().st_size == 0:  # header written: start-up is over

@@ -12,7 +12,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from amibake import catalog
@@ -23,9 +25,9 @@ from amibake.pipelines import build as build_pipeline
 from amibake.runner import Boundary
 from amibake.steps.preflight import preflight_instance
 from amibake.steps.state import Variant
-from fleet import prices
+from fleet import control, prices
 from fleet.executor import BenchState, BuildArtifact, Replicate, ssh_steps
-from fleet.results import ReplicateRow, Results, new_run_id
+from fleet.results import Results, new_run_id
 from fleet.spec import BenchSpec
 
 log = logging.getLogger("amibake")
@@ -36,8 +38,8 @@ LOCAL_NOTE = (
 VARIANTS = {"tuned": Variant(), "generic": Variant(name="generic", generic=True)}
 
 
-def results_db(cloud_results_dir: Any) -> Results:
-    return Results(cloud_results_dir / "fleet.sqlite")
+def results_db(results_dir: Path) -> Results:
+    return Results(results_dir / "fleet.sqlite")
 
 
 def plan(spec: BenchSpec) -> list[Replicate]:
@@ -52,24 +54,28 @@ def plan(spec: BenchSpec) -> list[Replicate]:
     return work
 
 
-def price_lookup(spec: BenchSpec) -> Any:
+PriceOf = Callable[[str, bool, str], float | None]
+
+
+def price_lookup(spec: BenchSpec, results_dir: Path) -> PriceOf:
     """Check every type has a price (or that the user accepted none); return the lookup."""
+    table = prices.in_use(results_dir)
     missing = []
     for instance_type in spec.types:
         try:
-            prices.lookup(instance_type)
+            prices.lookup(instance_type, table)
         except prices.PriceError:
             missing.append(instance_type)
     if missing and not spec.allow_missing_price:
         raise UserError(
-            f"no price for {', '.join(missing)} in the snapshot ({prices.snapshot()['date']}); "
+            f"no price for {', '.join(missing)} in the price table of {table['date']}; "
             "refresh it with `fleet prices --refresh`, or pass --allow-missing-price to measure "
             "without cost per unit"
         )
 
     def price_of(instance_type: str, spot: bool, zone: str) -> float | None:
         try:
-            price = prices.lookup(instance_type)
+            price = prices.lookup(instance_type, table)
         except prices.PriceError:
             return None
         if spot and zone not in price.spot:
@@ -122,7 +128,9 @@ def create(cloud: Cloud, spec: BenchSpec, results: Results) -> str:
     """Record a new run (nothing launched yet) and return its id."""
     run_id = new_run_id("fb")
     note = LOCAL_NOTE if cloud.config.cloud == "local" else ""
-    results.create_run(run_id, "bench", spec.to_json(), cloud.config.cloud, cloud.config.region, note)
+    results.create_run(
+        run_id, "bench", spec.to_json(), cloud.config.cloud, cloud.config.region, note
+    )
     return run_id
 
 
@@ -163,20 +171,27 @@ def execute(
     spec = BenchSpec.from_json(record["spec"])
     if spec.executor != "ssh":
         raise UserError(
-            "executor batch is not built yet: use executor = \"ssh\" (the batch executor is "
+            'executor batch is not built yet: use executor = "ssh" (the batch executor is '
             "tracked in issue 5)"
         )
-    price_of = price_lookup(spec)
+    live = control.controller(results, run_id)
+    if live is not None:
+        raise UserError(
+            f"run {run_id} is running already (pid {live['pid']}); stop it with fleet kill {run_id}"
+        )
+    price_of = price_lookup(spec, cloud.config.results_dir)
     finished = results.finished(run_id)
-    todo = [
-        r
-        for r in plan(spec)
-        if (r.instance_type, r.build, r.index, r.warmup) not in finished
-    ]
+    todo = [r for r in plan(spec) if (r.instance_type, r.build, r.index, r.warmup) not in finished]
     if not todo:
         log.info("[%s] every replicate is already finished", run_id)
         results.event(run_id, "finished", resumed=True)
         return {"run_id": run_id, "types": {}}
+    # A controller that died (SIGKILL, a crash) left its instances: remove them first.
+    deleted, failures = control.sweep(cloud, results, run_id)
+    if deleted:
+        log.info("[%s] removed what an earlier controller left: %s", run_id, "; ".join(deleted))
+    if failures:
+        raise UserError(f"could not remove what an earlier controller left: {'; '.join(failures)}")
     artifacts = ensure_builds(cloud, spec)
     board = Board(run_id, total=len(plan(spec)), done=len(plan(spec)) - len(todo))
     states = []
@@ -196,6 +211,9 @@ def execute(
             },
             pending=mine,
             record=lambda row: results.record(run_id, row),
+            record_environment=lambda s: results.environment(
+                run_id, s.label, s.instance_id, s.facts
+            ),
             results_dir=cloud.config.results_dir,
             fleet_run=run_id,
             price_of=price_of,
@@ -206,7 +224,11 @@ def execute(
         states.append(state)
     with open_run(cloud, f"fleet bench {run_id}") as context:
         results.event(
-            run_id, "controller", pid=os.getpid(), host=socket.gethostname(), amibake_run=context.run_id
+            run_id,
+            "controller",
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            amibake_run=context.run_id,
         )
         try:
             outcomes = run_each(context, states, ssh_steps, on_boundary, spec.concurrency)

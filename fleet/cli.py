@@ -23,13 +23,16 @@ def _prices(args: argparse.Namespace) -> int:
 
     from fleet import prices
 
+    cfg = config_from(args)
     if args.refresh:
         from amibake.cloud import connect
 
-        cloud = connect(config_from(args))
-        snapshot = prices.refresh(cloud, _list(args.family) or [])
+        try:
+            snapshot = prices.refresh(connect(cfg), _list(args.family) or [])
+        except prices.PriceError as exc:
+            raise UserError(str(exc)) from None
     else:
-        snapshot = prices.snapshot()
+        snapshot = prices.in_use(cfg.results_dir)
     if args.type:
         try:
             chosen = [prices.lookup(t, snapshot) for t in args.type]
@@ -67,8 +70,9 @@ def _prices(args: argparse.Namespace) -> int:
         )
         return 0
     print(
-        f"EC2 Linux prices, {snapshot['region']}, USD/hour, snapshot of {snapshot['date']} "
+        f"EC2 Linux prices, {snapshot['region']}, USD/hour, as of {snapshot['date']} "
         f"({snapshot['source']}); spot prices move hourly"
+        + (f"\nnote: {snapshot['note']}" if snapshot.get("note") else "")
     )
     print(
         tabulate(
@@ -104,14 +108,18 @@ def _bench(args: argparse.Namespace) -> int:
             "replicates": args.replicates,
             "warmups": args.warmups,
             "args": args.args,
-            "metric": {"kind": "regex", "pattern": args.metric_regex} if args.metric_regex else None,
+            "metric": {"kind": "regex", "pattern": args.metric_regex}
+            if args.metric_regex
+            else None,
             "executor": args.executor,
             "spot": False if args.on_demand else None,
             "concurrency": args.concurrency,
             "allow_missing_price": True if args.allow_missing_price else None,
         }
-        bench_spec = spec.load(Path(args.file) if args.file else None, overrides)
-        bench.price_lookup(bench_spec)  # a missing price is refused before anything is recorded
+        bench_spec = spec.load(Path(args.file) if args.file else None, overrides, cfg.recipes_dir)
+        bench.price_lookup(
+            bench_spec, cfg.results_dir
+        )  # a missing price is refused before anything is recorded
     logs.to_terminal()
     cloud = connect(cfg)
     if not args.resume:
@@ -144,11 +152,14 @@ def _status(args: argparse.Namespace) -> int:
         print_result(
             args,
             rows,
-            lambda rs: "\n".join(
-                f"{r['run_id']}  {r['kind']:5}  {r['state']:11}  {r['finished']}/{r['planned']} "
-                f"replicates" for r in rs
-            )
-            or "no fleet runs yet",
+            lambda rs: (
+                "\n".join(
+                    f"{r['run_id']}  {r['kind']:5}  {r['state']:11}  "
+                    f"{r['finished']}/{r['planned']} replicates"
+                    for r in rs
+                )
+                or "no fleet runs yet"
+            ),
         )
         return 0
     state = control.status(results, args.run)
@@ -168,9 +179,11 @@ def _kill(args: argparse.Namespace) -> int:
     print_result(
         args,
         outcome,
-        lambda o: f"run {o['run_id']}: controller {o['controller']}; "
-        f"cleaned up {len(o['deleted'])} resources"
-        + (f"; could not delete: {'; '.join(o['failures'])}" if o["failures"] else ""),
+        lambda o: (
+            f"run {o['run_id']}: controller {o['controller']}; "
+            f"cleaned up {len(o['deleted'])} resources"
+            + (f"; could not delete: {'; '.join(o['failures'])}" if o["failures"] else "")
+        ),
     )
     return 1 if outcome["failures"] else 0
 
@@ -180,7 +193,7 @@ def _report(args: argparse.Namespace) -> int:
 
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
-    made = report.make(results, args.run, cfg.results_dir / "reports", html=not args.no_html)
+    made = report.make(results, args.run, cfg.results_dir / "reports", html_page=not args.no_html)
     if args.json:
         print(json.dumps(made.to_json(), indent=2, default=str))
     else:

@@ -87,8 +87,7 @@ def status_text(s: dict[str, Any]) -> str:
     ]
     for instance_type, counts in s["types"].items():
         lines.append(
-            f"  {instance_type}: "
-            + ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+            f"  {instance_type}: " + ", ".join(f"{n} {what}" for what, n in counts.items() if n)
         )
     if s["state"] == "stopped":
         lines.append(f"finish it with: fleet bench --resume {s['run_id']}")
@@ -111,6 +110,14 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
             said = f"pid {pid} did not stop in {STOP_TIMEOUT_S:.0f}s and was killed"
         else:
             said = f"pid {pid} stopped"
+    deleted, failures = sweep(cloud, results, run_id)
+    results.event(run_id, "killed", controller=said, deleted=len(deleted))
+    return {"run_id": run_id, "controller": said, "deleted": deleted, "failures": failures}
+
+
+def sweep(cloud: Cloud, results: Results, run_id: str) -> tuple[list[str], list[str]]:
+    """Delete what the run's controllers left (found by tag and journal, as `amibake gc`);
+    returns what was deleted and what could not be."""
     journal = Journal(cloud.config.results_dir / "journal.sqlite")
     deleted: list[str] = []
     failures: list[str] = []
@@ -123,5 +130,4 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
             deleted += [x.describe() for x in leftovers]
     finally:
         journal.close()
-    results.event(run_id, "killed", controller=said, deleted=len(deleted))
-    return {"run_id": run_id, "controller": said, "deleted": deleted, "failures": failures}
+    return deleted, failures

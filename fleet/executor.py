@@ -64,6 +64,7 @@ class BenchState(InstanceState):
     artifacts: dict[str, BuildArtifact]  # by build name; empty for a plain command
     pending: list[Replicate]
     record: Callable[[ReplicateRow], None]
+    record_environment: Callable[[BenchState], None]
     results_dir: Path
     fleet_run: str
     price_of: Callable[[str, bool, str], float | None]  # (type, spot, zone id) -> USD/hour
@@ -175,6 +176,7 @@ class Stage:
                 for b in state.artifacts.values()
             },
         }
+        state.record_environment(state)
         for build in state.artifacts.values():
             target = str(build.manifest.get("target_used", ""))
             missing = flags_module.missing_features(target, cpu_flags) if target else []
@@ -255,9 +257,7 @@ class Measure:
         )
         if not summary:
             raise RemoteError(f"{state.label}: the replicate wrapper did not finish: {tail}")
-        fields = dict(
-            part.split("=", 1) for part in summary.split(" ", 5)[1:5] if "=" in part
-        )
+        fields = dict(part.split("=", 1) for part in summary.split(" ", 5)[1:5] if "=" in part)
         metric_file = summary.split("metric_file=", 1)[1] if "metric_file=" in summary else ""
         code = int(fields.get("exit", "-1"))
         seconds = float(fields.get("end", "0")) - float(fields.get("start", "0"))

@@ -14,6 +14,7 @@ import json
 import statistics
 import sys
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -113,6 +114,119 @@ def lookup(instance_type: str, document: dict[str, Any] | None = None) -> Price:
     return Price(
         instance_type, entry["vcpus"], entry["memory_gib"], entry["on_demand"], dict(entry["spot"])
     )
+
+
+def in_use(results_dir: Path) -> dict[str, Any]:
+    """The table fleet prices with: the last `fleet prices --refresh`, else the shipped snapshot."""
+    refreshed = results_dir / SNAPSHOT
+    if refreshed.exists():
+        return json.loads(refreshed.read_text())  # type: ignore[no-any-return]
+    return snapshot()
+
+
+def _on_demand(pricing: Any, instance_type: str, location: str) -> float | None:
+    """The Linux, shared-tenancy, no-license on-demand hourly price from the Pricing API."""
+    filters = {
+        "instanceType": instance_type,
+        "location": location,
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+    }
+    response = pricing.get_products(
+        ServiceCode="AmazonEC2",
+        Filters=[{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()],
+        MaxResults=10,
+    )
+    for item in response.get("PriceList", []):
+        product = json.loads(item) if isinstance(item, str) else item
+        for term in product.get("terms", {}).get("OnDemand", {}).values():
+            for dimension in term.get("priceDimensions", {}).values():
+                usd = dimension.get("pricePerUnit", {}).get("USD")
+                if usd is not None and float(usd) > 0:
+                    return float(usd)
+    return None
+
+
+# The Pricing API names regions by location, not by code.
+LOCATIONS = {
+    "us-east-1": "US East (N. Virginia)",
+    "us-east-2": "US East (Ohio)",
+    "us-west-2": "US West (Oregon)",
+    "eu-west-1": "EU (Ireland)",
+    "eu-central-1": "EU (Frankfurt)",
+}
+
+
+def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dict[str, Any]:
+    """Current prices: spot per zone from the last hour of spot price history, on-demand from
+    the Pricing API (only served from us-east-1). Saved under results/ as the table in use.
+    Whatever the cloud cannot answer keeps the snapshot's value, and the note says so."""
+    now = now or datetime.now(UTC)
+    base = in_use(cloud.config.results_dir)
+    types = [t for t in base["prices"] if not families or t.split(".")[0] in families]
+    if not types:
+        raise PriceError(f"no instance type of {','.join(families)} in the price table")
+    ec2 = cloud.ec2
+    zone_ids = {
+        z["ZoneName"]: z.get("ZoneId", z["ZoneName"])
+        for z in ec2.describe_availability_zones()["AvailabilityZones"]
+    }
+    newest: dict[tuple[str, str], tuple[datetime, float]] = {}
+    pages = ec2.get_paginator("describe_spot_price_history").paginate(
+        InstanceTypes=types,
+        ProductDescriptions=["Linux/UNIX"],
+        StartTime=now - timedelta(hours=1),
+        EndTime=now,
+    )
+    for page in pages:
+        for item in page["SpotPriceHistory"]:
+            key = (
+                item["InstanceType"],
+                zone_ids.get(item["AvailabilityZone"], item["AvailabilityZone"]),
+            )
+            if key not in newest or item["Timestamp"] > newest[key][0]:
+                newest[key] = (item["Timestamp"], float(item["SpotPrice"]))
+    notes = []
+    pricing = cloud.session.client(
+        "pricing", region_name="us-east-1", endpoint_url=cloud.endpoint_url
+    )
+    location = LOCATIONS.get(cloud.config.region)
+    on_demand: dict[str, float] = {}
+    try:
+        if location is None:
+            raise PriceError(f"no Pricing API location known for {cloud.config.region}")
+        for instance_type in types:
+            price = _on_demand(pricing, instance_type, location)
+            if price is not None:
+                on_demand[instance_type] = price
+    except Exception as exc:  # any refusal: keep the snapshot's on-demand prices, and say why
+        notes.append(f"on-demand prices kept from {base['date']}: the Pricing API said: {exc}")
+    table = {}
+    for instance_type in types:
+        entry = dict(base["prices"][instance_type])
+        entry["on_demand"] = on_demand.get(instance_type, entry["on_demand"])
+        spot = {z: p for (t, z), (_, p) in newest.items() if t == instance_type}
+        entry["spot"] = spot or entry["spot"]
+        table[instance_type] = entry
+    if not newest:
+        notes.append(
+            f"no spot price history in the last hour: spot prices kept from {base['date']}"
+        )
+    document = {
+        **base,
+        "region": cloud.config.region,
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "source": f"{cloud.config.cloud}: EC2 DescribeSpotPriceHistory and the AWS Pricing API",
+        "generated_by": "fleet prices --refresh",
+        "note": "; ".join(notes) or base.get("note", ""),
+        "prices": {**base["prices"], **table},
+    }
+    out = cloud.config.results_dir / SNAPSHOT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=1) + "\n")
+    return document
 
 
 def main(argv: list[str] | None = None) -> int:

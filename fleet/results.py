@@ -161,7 +161,9 @@ class Results:
             "SELECT * FROM replicates WHERE run_id = ? ORDER BY id", self._db, params=(run_id,)
         )
 
-    def environment(self, run_id: str, instance_type: str, instance_id: str, facts: dict[str, Any]) -> None:
+    def environment(
+        self, run_id: str, instance_type: str, instance_id: str, facts: dict[str, Any]
+    ) -> None:
         self._exec(
             "INSERT INTO environments (run_id, instance_type, instance_id, at, facts) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -174,9 +176,7 @@ class Results:
             "ORDER BY id",
             (run_id,),
         )
-        return [
-            {"instance_type": t, "instance_id": i, **json.loads(facts)} for t, i, facts in rows
-        ]
+        return [{"instance_type": t, "instance_id": i, **json.loads(facts)} for t, i, facts in rows]
 
     # trials (fleet tune)
     def trial(

@@ -124,6 +124,7 @@ class BenchSpec:
     allow_missing_price: bool = False
     monitor: bool = True
     name: str = ""
+    workload: str = ""  # the command template: the plain command, or the recipe's [bench]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,13 +139,7 @@ class BenchSpec:
 
     def command_line(self) -> str:
         """The workload as run in the build's directory on the instance."""
-        template = self.command or recipes_bench_command(self.recipe)
-        return template.replace("{args}", self.args)
-
-
-def recipes_bench_command(recipe: str) -> str:
-    bench = recipes.load(recipe).bench
-    return str(bench.get("command", ""))
+        return (self.workload or self.command).replace("{args}", self.args)
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -179,7 +174,9 @@ def _metric(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
             raise ValueError("metric.pattern needs exactly one (group) around the number")
     meaning = str(merged.get("meaning", "seconds" if kind == "runtime" else "rate"))
     if meaning not in MEANINGS or (kind == "runtime" and meaning != "seconds"):
-        raise ValueError(f"metric.meaning must be rate or seconds (runtime is seconds), not {meaning!r}")
+        raise ValueError(
+            f"metric.meaning must be rate or seconds (runtime is seconds), not {meaning!r}"
+        )
     how = str(merged.get("aggregate", "last"))
     if how not in AGGREGATES:
         raise ValueError(f"metric.aggregate {how!r} is not one of {', '.join(AGGREGATES)}")
@@ -187,7 +184,9 @@ def _metric(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
     return Metric(kind, pattern, meaning, how, unit)
 
 
-def load(path: Path | None, overrides: dict[str, Any]) -> BenchSpec:
+def load(
+    path: Path | None, overrides: dict[str, Any], recipes_dir: Path = recipes.RECIPES_DIR
+) -> BenchSpec:
     """The bench file (if any) with command-line values on top; every problem is a UserError
     naming the file and line."""
     text = ""
@@ -215,15 +214,15 @@ def load(path: Path | None, overrides: dict[str, Any]) -> BenchSpec:
         line = _line_of(text, key) if key not in overrides or overrides[key] is None else None
         return UserError(f"{where}{f':{line}' if line else ''}: {key}: {message}")
 
-    return _build(data, fail)
+    return _build(data, fail, recipes_dir)
 
 
-def _build(data: dict[str, Any], fail: Any) -> BenchSpec:
+def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     types = list(data.get("types", []))
     families = data.get("families", [])
     sizes = data.get("sizes", ["large"])
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-        raise fail("types", "must be a list of instance types, e.g. [\"c5a.large\"]")
+        raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
     if not isinstance(families, list) or not isinstance(sizes, list):
         raise fail("families", "families and sizes must be lists")
     for name in families:
@@ -233,7 +232,9 @@ def _build(data: dict[str, Any], fail: Any) -> BenchSpec:
             raise fail("families", str(exc)) from None
         for size in sizes:
             if size not in family.sizes:
-                raise fail("sizes", f"{name} has no size {size!r}; it has {', '.join(family.sizes)}")
+                raise fail(
+                    "sizes", f"{name} has no size {size!r}; it has {', '.join(family.sizes)}"
+                )
             types.append(family.instance_type(size))
     if not types:
         raise fail("types", "name at least one instance type (types = [...] or --types)")
@@ -244,15 +245,17 @@ def _build(data: dict[str, Any], fail: Any) -> BenchSpec:
     if bool(recipe) == bool(command):
         raise fail("recipe", "give exactly one of recipe (a build recipe) or command")
     recipe_metric: dict[str, Any] = {}
+    workload = command
     if recipe:
         try:
-            loaded = recipes.load(recipe)
+            loaded = recipes.load(recipe, recipes_dir)
         except UserError as exc:
             raise fail("recipe", str(exc)) from None
         bench = loaded.bench
         if "command" not in bench:
             raise fail("recipe", f"{loaded.file} has no [bench] command to run")
         recipe_metric = dict(bench.get("metric", {}))
+        workload = str(bench["command"])
     builds = data.get("builds", ["tuned"])
     if not isinstance(builds, list) or not builds or any(b not in BUILDS for b in builds):
         raise fail("builds", f"must be a non-empty list of {', '.join(BUILDS)}")
@@ -303,6 +306,7 @@ def _build(data: dict[str, Any], fail: Any) -> BenchSpec:
         allow_missing_price=bool(data.get("allow_missing_price", False)),
         monitor=bool(data.get("monitor", True)),
         name=str(data.get("name", "")),
+        workload=workload,
     )
 
 

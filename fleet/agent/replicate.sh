@@ -49,7 +49,9 @@ end=$(date +%s.%N)
 kill "$watcher" 2>/dev/null
 wait "$watcher" 2>/dev/null
 if [ -n "$mon" ]; then
-  kill -TERM "$mon" 2>/dev/null
+  # Once its CSV exists the monitor handles SIGTERM; before that it is still starting, and
+  # finds the workload gone by itself (a header-only CSV: too short to sample).
+  [ -e "$tag.csv" ] && kill -TERM "$mon" 2>/dev/null
   wait "$mon" 2>/dev/null
 fi
 cat "$tag.out"

@@ -1,0 +1,383 @@
+"""`fleet report` and `fleet plan`: what a run measured, as a terminal table, CSV files and one
+self-contained HTML page with plots; and what N units of work would take on each type.
+
+Only measured replicates count (warm-ups and interrupted attempts are kept in the database but
+never scored). Cost per unit of work uses the price of the exact market each replicate ran in.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tabulate import tabulate
+
+from amibake.errors import UserError
+from fleet import stats
+from fleet.results import Results
+from fleet.spec import BenchSpec, Metric
+
+MAX_TIMELINES = 24  # monitor timelines drawn: a readable plot, whatever the run's size
+
+
+@dataclass
+class Report:
+    run_id: str
+    note: str
+    summary: pd.DataFrame
+    failures: pd.DataFrame
+    text: str
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "note": self.note,
+            "summary": self.summary.replace({np.nan: None}).to_dict(orient="records"),
+            "failures": self.failures.to_dict(orient="records"),
+            "files": {k: str(v) for k, v in self.files.items()},
+        }
+
+
+def _load(results: Results, run_id: str) -> tuple[dict[str, Any], BenchSpec, pd.DataFrame]:
+    record = results.run(run_id)
+    if record is None:
+        known = results.run_ids()[-5:]
+        raise UserError(
+            f"no fleet run {run_id!r} in {results.path}"
+            + (f"; recent runs: {', '.join(known)}" if known else "")
+        )
+    return record, BenchSpec.from_json(record["spec"]), results.replicates(run_id)
+
+
+def summarize(rows: pd.DataFrame, metric: Metric) -> pd.DataFrame:
+    """One row per (type, build): median and interval of the metric, its spread, seconds and
+    cost per unit of work, and ranks that share a number when intervals overlap."""
+    measured = rows[(rows.state == "ok") & (rows.warmup == 0)]
+    out = []
+    summaries: dict[str, stats.Summary] = {}
+    costs: dict[str, stats.Summary] = {}
+    for (instance_type, build), group in measured.groupby(["instance_type", "build"], sort=True):
+        values = group.metric.to_numpy(dtype=float)
+        # Fewer resamples for very large groups: the interval is already tight there.
+        summary = stats.summarize(values, resamples=2000 if len(values) < 1000 else 400)
+        key = f"{instance_type} {build}"
+        summaries[key] = summary
+        prices = group.price_usd_hour.dropna().to_numpy(dtype=float)
+        price = float(np.median(prices)) if len(prices) else math.nan
+        # Seconds per unit is monotonic in the metric, so the interval maps end to end.
+        spu = sorted(metric.seconds_per_unit(v) for v in (summary.low, summary.high))
+        spu_median = metric.seconds_per_unit(summary.median)
+        if not math.isnan(price):
+            costs[key] = stats.Summary(
+                summary.n,
+                stats.cost_per_unit(spu_median, price),
+                stats.cost_per_unit(spu[0], price),
+                stats.cost_per_unit(spu[1], price),
+                summary.cv,
+            )
+        out.append(
+            {
+                "type": instance_type,
+                "build": build,
+                "n": summary.n,
+                "median": summary.median,
+                "ci_low": summary.low,
+                "ci_high": summary.high,
+                "cv": summary.cv,
+                "noisy": summary.noisy,
+                "seconds_per_unit": spu_median,
+                "usd_per_hour": price,
+                "market": ",".join(sorted(set(group.market.dropna()))),
+                "usd_per_unit": costs[key].median if key in costs else math.nan,
+                "usd_per_unit_low": costs[key].low if key in costs else math.nan,
+                "usd_per_unit_high": costs[key].high if key in costs else math.nan,
+            }
+        )
+    frame = pd.DataFrame(out)
+    if frame.empty:
+        return frame
+    speed = {
+        r.name: r.rank for r in stats.rank(summaries, lower_is_better=not metric.higher_is_better)
+    }
+    cheap = {r.name: r.rank for r in stats.rank(costs, lower_is_better=True)}
+    keys = frame.type + " " + frame.build
+    frame["speed_rank"] = [speed[k] for k in keys]
+    frame["cost_rank"] = [cheap.get(k) for k in keys]
+    return frame.sort_values(["cost_rank", "speed_rank"], na_position="last").reset_index(drop=True)
+
+
+def pareto(frame: pd.DataFrame) -> pd.Series:
+    """True for the rows no other row beats on both time and cost per unit of work."""
+    points = frame[["seconds_per_unit", "usd_per_unit"]].to_numpy(dtype=float)
+    front = []
+    for i, (t, c) in enumerate(points):
+        dominated = any(
+            (t2 <= t and c2 <= c) and (t2 < t or c2 < c)
+            for j, (t2, c2) in enumerate(points)
+            if j != i and not math.isnan(c2)
+        )
+        front.append(not dominated and not math.isnan(c))
+    return pd.Series(front, index=frame.index)
+
+
+def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
+    shown = pd.DataFrame(
+        {
+            "type": frame.type,
+            "build": frame.build,
+            "n": frame.n,
+            f"median {metric.unit}": frame["median"].map(lambda v: f"{v:.4g}"),
+            "95% interval": [
+                f"{a:.4g} .. {b:.4g}" for a, b in zip(frame.ci_low, frame.ci_high, strict=True)
+            ],
+            "cv": [
+                f"{c:.1%}{' (noisy)' if n else ''}"
+                for c, n in zip(frame.cv, frame.noisy, strict=True)
+            ],
+            "USD/h": frame.usd_per_hour.map(lambda v: "-" if math.isnan(v) else f"{v:.4f}"),
+            "USD per unit": frame.usd_per_unit.map(lambda v: "-" if math.isnan(v) else f"{v:.3g}"),
+            "speed rank": frame.speed_rank,
+            "cost rank": frame.cost_rank.map(lambda v: "-" if v is None or pd.isna(v) else int(v)),
+        }
+    )
+    return tabulate(shown, headers="keys", showindex=False)
+
+
+def _png(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(frame.type + "\n" + frame.build)
+    plots: dict[str, str] = {}
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    errors = [frame["median"] - frame.ci_low, frame.ci_high - frame["median"]]
+    axes.bar(labels, frame["median"], yerr=errors, capsize=4, color="#1f77b4")
+    axes.set_ylabel(f"{'throughput' if metric.higher_is_better else 'time'} ({metric.unit})")
+    axes.set_title("Median per type and build, with bootstrap 95% intervals")
+    plots["Throughput per type"] = _png(figure)
+
+    priced = frame.dropna(subset=["usd_per_unit"])
+    if not priced.empty:
+        figure, axes = plt.subplots(figsize=(7, 3.5))
+        errors = [
+            priced.usd_per_unit - priced.usd_per_unit_low,
+            priced.usd_per_unit_high - priced.usd_per_unit,
+        ]
+        axes.bar(
+            list(priced.type + "\n" + priced.build),
+            priced.usd_per_unit,
+            yerr=errors,
+            capsize=4,
+            color="#ff7f0e",
+        )
+        axes.set_ylabel("USD per unit of work")
+        axes.set_title("Cost per unit of work (price of the market used)")
+        plots["Cost per unit of work"] = _png(figure)
+
+        figure, axes = plt.subplots(figsize=(7, 3.5))
+        front = pareto(priced)
+        axes.scatter(priced.seconds_per_unit, priced.usd_per_unit, color="#7f7f7f")
+        best = priced[front].sort_values("seconds_per_unit")
+        axes.plot(
+            best.seconds_per_unit, best.usd_per_unit, "o-", color="#2ca02c", label="Pareto front"
+        )
+        for _, row in priced.iterrows():
+            axes.annotate(
+                f"{row.type} {row.build}", (row.seconds_per_unit, row.usd_per_unit), fontsize=7
+            )
+        axes.set_xlabel("seconds per unit of work")
+        axes.set_ylabel("USD per unit of work")
+        axes.legend()
+        axes.set_title("Time vs cost")
+        plots["Time vs cost (Pareto front)"] = _png(figure)
+
+    with_monitor = rows[(rows.monitor_csv.fillna("") != "") & (rows.state == "ok")]
+    drawn = 0
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    for _, row in with_monitor.head(MAX_TIMELINES).iterrows():
+        path = Path(row.monitor_csv)
+        if not path.exists():
+            continue
+        samples = pd.read_csv(path, usecols=["time_s", "cpu_percent"])
+        if samples.empty:
+            continue
+        axes.plot(
+            samples.time_s,
+            samples.cpu_percent,
+            marker="o",
+            markersize=2,
+            label=f"{row.instance_type} {row.build} #{row.replicate}",
+        )
+        drawn += 1
+    if drawn:
+        axes.set_xlabel("seconds")
+        axes.set_ylabel("CPU %")
+        axes.set_title(f"Monitor timelines ({drawn} of {len(with_monitor)} runs)")
+        axes.legend(fontsize=6, ncol=2)
+        plots["Monitor timelines"] = _png(figure)
+    else:
+        plt.close(figure)
+    return plots
+
+
+def _html(report: Report, plots: dict[str, str], spec: BenchSpec, frame: pd.DataFrame) -> str:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>fleet report {html.escape(report.run_id)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1000px}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
+        "padding:3px 6px}.note{background:#fff3cd;padding:.5em}img{max-width:100%}</style>",
+        "</head><body>",
+    ]
+    if report.note:
+        parts.append(f"<p class='note'>{html.escape(report.note)}</p>")
+    parts.append(f"<h1>fleet report {html.escape(report.run_id)}</h1>")
+    what = spec.recipe or spec.command
+    parts.append(
+        f"<p>{html.escape(what)}: {len(spec.types)} types, builds {', '.join(spec.builds)}, "
+        f"{spec.replicates} replicates after {spec.warmups} warm-up(s); metric "
+        f"{html.escape(spec.metric.kind)} ({html.escape(spec.metric.unit)}, "
+        f"{'higher' if spec.metric.higher_is_better else 'lower'} is better). Equal ranks "
+        "cannot be told apart: their intervals overlap.</p>"
+    )
+    parts.append(frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
+    for title, png in plots.items():
+        name = html.escape(title)
+        parts.append(f"<h2>{name}</h2><img alt='{name}' src='data:image/png;base64,{png}'>")
+    if not report.failures.empty:
+        parts.append("<h2>Failed replicates</h2>")
+        parts.append(report.failures.to_html(index=False))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def make(results: Results, run_id: str, reports_dir: Path, html_page: bool = True) -> Report:
+    record, spec, rows = _load(results, run_id)
+    if rows.empty:
+        raise UserError(f"run {run_id} has no replicates yet; see `fleet status {run_id}`")
+    frame = summarize(rows, spec.metric)
+    failures = rows[rows.state == "failed"][["instance_type", "build", "replicate", "error"]]
+    interrupted = int((rows.state == "interrupted").sum())
+    lines = [record["note"]] if record["note"] else []
+    lines.append(
+        f"run {run_id}: {len(rows[(rows.state == 'ok') & (rows.warmup == 0)])} measured "
+        f"replicates, {len(failures)} failed, {interrupted} interrupted and rerun"
+    )
+    lines.append(_table_text(frame, spec.metric) if not frame.empty else "nothing measured yet")
+    noisy = frame[frame.noisy] if not frame.empty else frame
+    if not noisy.empty:
+        lines.append(
+            f"noisy (cv > {stats.HIGH_CV:.0%}): "
+            + ", ".join(noisy.type + " " + noisy.build)
+            + "; more replicates would tighten the intervals"
+        )
+    for _, failure in failures.head(5).iterrows():
+        lines.append(
+            f"failed: {failure.instance_type} {failure.build} #{failure.replicate}: {failure.error}"
+        )
+    report = Report(run_id, record["note"], frame, failures, "\n".join(lines))
+    out = reports_dir / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in (("summary", frame), ("replicates", rows), ("failures", failures)):
+        path = out / f"{name}.csv"
+        table.to_csv(path, index=False)
+        report.files[f"{name}.csv"] = path
+    if html_page and not frame.empty:
+        plots = _plots(frame, rows, spec.metric)
+        page = out / "index.html"
+        page.write_text(_html(report, plots, spec, frame))
+        report.files["index.html"] = page
+        report.text += f"\nreport: {page}"
+    return report
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hm]?)\s*$")
+
+
+def hours(text: str) -> float:
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise UserError(f"--deadline {text!r} is not a duration like 4h or 90m")
+    value = float(match.group(1))
+    return value / 60 if match.group(2) == "m" else value
+
+
+def plan(
+    results: Results,
+    run_id: str,
+    *,
+    work: float,
+    instances: int = 1,
+    deadline_h: float | None = None,
+    budget: float | None = None,
+) -> list[dict[str, Any]]:
+    """For each measured (type, build): time and cost of `work` units on `instances` instances,
+    whether that meets the deadline and the budget, and the fewest instances for the deadline."""
+    if work <= 0 or instances < 1:
+        raise UserError("--work must be positive and --instances at least 1")
+    if budget is not None and budget <= 0:
+        raise UserError("--budget must be a positive amount of USD")
+    _, spec, rows = _load(results, run_id)
+    frame = summarize(rows, spec.metric)
+    if frame.empty:
+        raise UserError(f"run {run_id} has no measured replicates to plan from")
+    out = []
+    for _, row in frame.iterrows():
+        machine_hours = work * row.seconds_per_unit / 3600
+        wall = machine_hours / instances
+        cost = machine_hours * row.usd_per_hour if not math.isnan(row.usd_per_hour) else None
+        out.append(
+            {
+                "type": row.type,
+                "build": row.build,
+                "instances": instances,
+                "hours": wall,
+                "usd": cost,
+                "meets_deadline": None if deadline_h is None else wall <= deadline_h,
+                "meets_budget": None if budget is None or cost is None else cost <= budget,
+                "instances_for_deadline": (
+                    None if deadline_h is None else max(1, math.ceil(machine_hours / deadline_h))
+                ),
+            }
+        )
+    return sorted(out, key=lambda r: (r["usd"] is None, r["usd"] or 0, r["hours"]))
+
+
+def plan_text(rows: list[dict[str, Any]]) -> str:
+    def mark(value: bool | None) -> str:
+        return "-" if value is None else ("yes" if value else "NO")
+
+    table = [
+        {
+            "type": r["type"],
+            "build": r["build"],
+            "instances": r["instances"],
+            "hours": f"{r['hours']:.3g}",
+            "USD": "-" if r["usd"] is None else f"{r['usd']:.4g}",
+            "deadline": mark(r["meets_deadline"]),
+            "budget": mark(r["meets_budget"]),
+            "instances for deadline": r["instances_for_deadline"] or "-",
+        }
+        for r in rows
+    ]
+    return tabulate(table, headers="keys")

@@ -1,0 +1,292 @@
+"""`fleet bench` on the local cloud: two builds across two types with a report that renders,
+a spot interruption mid-replicate, resume after SIGKILL, `fleet kill`, and failing workloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amibake.cloud import Cloud
+from amibake.journal import Journal
+from amibake.local import control as local_control
+from amibake.runner import Interrupted
+from fleet import bench, control, report, spec
+from fleet.cli import main
+from fleet.executor import BenchState, Replicate
+from fleet.results import Results
+from tests.helpers import tagged_alive, wait_until_clean
+
+
+def results_of(cloud: Cloud) -> Results:
+    return bench.results_db(cloud.config.results_dir)
+
+
+def amibake_runs(results: Results, run_id: str) -> list[str]:
+    return [d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"]
+
+
+def assert_nothing_left(cloud: Cloud, results: Results, run_id: str, local_dir: Path) -> None:
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    for amibake_run in amibake_runs(results, run_id):
+        assert tagged_alive(cloud, amibake_run) == []
+        assert journal.alive(amibake_run) == []
+    assert wait_until_clean(local_dir) == []
+
+
+def new_run(cloud: Cloud, **overrides: Any) -> str:
+    defaults: dict[str, Any] = {"types": ["c5a.large"], "replicates": 3, "warmups": 0}
+    bench_spec = spec.load(None, {**defaults, **overrides})
+    return bench.create(cloud, bench_spec, results_of(cloud))
+
+
+def blue_pixels(png: Path) -> int:
+    """Pixels of matplotlib's first colour (the bars) in a screenshot."""
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(png))[..., :3]
+    target = (0x1F / 255, 0x77 / 255, 0xB4 / 255)
+    close = (abs(image[..., 0] - target[0]) < 0.03) & (abs(image[..., 1] - target[1]) < 0.03)
+    return int((close & (abs(image[..., 2] - target[2]) < 0.03)).sum())
+
+
+def test_two_builds_on_two_types_measured_reported_and_rendered(
+    cloud: Cloud, local_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_id = new_run(
+        cloud,
+        types=["c5a.large", "c5a.xlarge"],
+        recipe="kernels",
+        builds=["tuned", "generic"],
+        args="--size 2",
+    )
+    results = results_of(cloud)
+    summary = bench.execute(cloud, run_id, results)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    rows = results.replicates(run_id)
+    assert len(rows) == 12 and set(rows.state) == {"ok"}
+    assert set(rows.build) == {"tuned", "generic"}
+    assert (rows.metric > 0).all() and (rows.price_usd_hour > 0).all()
+    environments = results.environments(run_id)
+    assert {e["instance_type"] for e in environments} == {"c5a.large", "c5a.xlarge"}
+    builds = environments[0]["builds"]
+    assert "-march=x86-64" in builds["generic"]["cflags"]
+    assert "-march=znver2" in builds["tuned"]["cflags"]
+    assert environments[0]["microarchitecture"] and environments[0]["kernel"]
+    assert_nothing_left(cloud, results, run_id, local_dir)
+
+    assert main(["report", run_id]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("Local cloud: every instance type ran on this machine")
+    assert "c5a.xlarge" in out and "generic" in out
+    reports = cloud.config.results_dir / "reports" / run_id
+    summary_csv = (reports / "summary.csv").read_text().splitlines()
+    assert len(summary_csv) == 1 + 4 and summary_csv[0].startswith("type,build,n,median")
+    assert len((reports / "replicates.csv").read_text().splitlines()) == 1 + 12
+    page = reports / "index.html"
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            "--window-size=1000,2600",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    # The bars were drawn: many pixels of the throughput plot's colour on the rendered page.
+    assert blue_pixels(shot) > 5000
+
+    assert main(["plan", run_id, "--work", "1e6", "--deadline", "1m", "--budget", "100"]) == 0
+    planned = capsys.readouterr().out
+    assert "NO" in planned and "yes" in planned  # a one-minute deadline needs several instances
+
+
+def test_a_spot_notice_mid_replicate_reruns_it_on_a_new_instance(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    run_id = new_run(
+        cloud, command="sleep 2; echo value=7", metric={"kind": "regex", "pattern": "value=(\\d+)"}
+    )
+    results = results_of(cloud)
+    interrupted: list[str] = []
+
+    def interrupt_second(state: BenchState, replicate: Replicate) -> None:
+        if replicate.index == 1 and not interrupted:
+            interrupted.append(state.instance_id)
+            timer = threading.Timer(0.5, local_control.interrupt, (cloud.config, state.instance_id))
+            timer.start()
+
+    summary = bench.execute(cloud, run_id, results, before_replicate=interrupt_second)
+    assert summary["types"]["c5a.large"]["ok"], summary
+    assert summary["types"]["c5a.large"]["instances"] == 2
+    rows = results.replicates(run_id)
+    assert list(rows.state) == ["ok", "interrupted", "ok", "ok"]
+    assert rows.instance_id[1] == interrupted[0] != rows.instance_id[2]
+    assert sorted(rows[rows.state == "ok"].replicate) == [0, 1, 2]
+    assert (rows[rows.state == "ok"].metric == 7).all()
+    made = report.make(results, run_id, cloud.config.results_dir / "reports", html_page=False)
+    assert int(made.summary.n[0]) == 3  # the interrupted attempt is never scored
+    assert_nothing_left(cloud, results, run_id, local_dir)
+
+
+def fleet_process(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleet", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(condition: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.2)
+
+
+def test_resume_after_sigkill_redoes_nothing_and_leaves_nothing(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    run_id = new_run(cloud, command="sleep 0.5; echo value=1", replicates=4, metric="value=(\\d+)")
+    results = results_of(cloud)
+    process = fleet_process("bench", "--resume", run_id)
+    try:
+        wait_for(lambda: len(results.finished(run_id)) >= 2)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    finally:
+        process.kill()
+    before = results.replicates(run_id)
+    assert 2 <= len(before) < 4
+    assert control.status(results, run_id)["state"] == "stopped"
+
+    assert main(["bench", "--resume", run_id]) == 0
+    rows = results.replicates(run_id)
+    assert list(rows.id[: len(before)]) == list(before.id)  # the first rows stand as they were
+    assert sorted(rows.replicate) == [0, 1, 2, 3]  # each replicate exactly once
+    assert control.status(results, run_id)["state"] == "finished"
+    # The SIGKILLed controller's instance was swept by the resume.
+    assert_nothing_left(cloud, results, run_id, local_dir)
+
+
+def test_fleet_kill_stops_the_run_and_removes_everything(cloud: Cloud, local_dir: Path) -> None:
+    run_id = new_run(cloud, command="sleep 30; echo value=1", metric="value=(\\d+)")
+    results = results_of(cloud)
+    process = fleet_process("bench", "--resume", run_id)
+    try:
+        wait_for(lambda: local_control.status(cloud.config)["instances"] != {})  # type: ignore[index]
+        wait_for(lambda: control.controller(results, run_id) is not None)
+        time.sleep(1.0)  # inside the first replicate
+        assert main(["kill", run_id]) == 0
+        process.wait(30)
+    finally:
+        process.kill()
+    assert process.returncode == 130, process.stdout.read() if process.stdout else ""
+    assert control.status(results, run_id)["state"] == "killed"
+    assert_nothing_left(cloud, results, run_id, local_dir)
+
+
+def test_failing_workloads_fail_their_replicates_with_the_last_lines(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    results = results_of(cloud)
+    no_match = new_run(
+        cloud, command="echo line one; echo no number here", replicates=1, metric="value=(\\d+)"
+    )
+    exits = new_run(cloud, command="echo about to fail; exit 3", replicates=1)
+    for run_id in (no_match, exits):
+        bench.execute(cloud, run_id, results)
+    error = results.replicates(no_match).error[0]
+    assert "never matched" in error and "no number here" in error
+    row = results.replicates(exits).iloc[0]
+    assert row.state == "failed" and row.exit_code == 3 and "about to fail" in row.error
+    for run_id in (no_match, exits):
+        assert_nothing_left(cloud, results, run_id, local_dir)
+
+
+def test_a_run_stopped_at_stage_leaves_nothing(cloud: Cloud, local_dir: Path) -> None:
+    run_id = new_run(cloud, command="echo value=1", replicates=1, metric="value=(\\d+)")
+    results = results_of(cloud)
+
+    def stop(step: str) -> None:
+        if step == "stage":
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted):
+        bench.execute(cloud, run_id, results, on_boundary=stop)
+    assert control.status(results, run_id)["state"] == "stopped"
+    assert_nothing_left(cloud, results, run_id, local_dir)
+
+
+def test_bad_input_is_one_line_and_creates_nothing(
+    cloud: Cloud, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = results_of(cloud)
+    runs_before = results.run_ids()
+    bad = tmp_path / "bench.toml"
+    bad.write_text('types = ["c5a.large"]\ncommand = "true"\nreplicates = "three"\n')
+    cases = {
+        ("bench", "--types", "c5x.large", "--command", "true"): "unknown instance type 'c5x.large'",
+        ("bench", "--types", "c5a.huge", "--command", "true"): "c5a comes in large, xlarge",
+        ("bench", str(bad)): f"{bad}:3: replicates: must be an integer",
+        ("bench", "--types", "c5a.large"): "give exactly one of recipe",
+        (
+            "bench",
+            "--types",
+            "c5a.large",
+            "--command",
+            "true",
+            "--metric-regex",
+            "(",
+        ): "does not compile",
+        ("report", "fb-nope"): "no fleet run 'fb-nope'",
+    }
+    for argv, expected in cases.items():
+        assert main(list(argv)) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fleet: error:") and expected in err, (argv, err)
+        assert "\n" not in err
+    assert results.run_ids() == runs_before
+    bad.write_text('types = ["c5a.large"]\ncommand = "true"\n[metric\n')
+    assert main(["bench", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fleet: error: {bad}: ") and "line 3" in err, err
+
+
+def test_a_type_without_price_is_refused_unless_allowed(
+    cloud: Cloud, local_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleet import prices
+
+    table = cloud.config.results_dir / prices.SNAPSHOT
+    document = dict(prices.snapshot())
+    document["prices"] = {"c5a.xlarge": document["prices"]["c5a.xlarge"]}
+    table.write_text(json.dumps(document))
+    try:
+        argv = ["bench", "--types", "c5a.large", "--command", "echo 1", "--replicates", "1"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "no price for c5a.large" in err and "--allow-missing-price" in err
+        assert main([*argv, "--warmups", "0", "--allow-missing-price", "--json"]) == 0
+        run_id = json.loads(capsys.readouterr().out)["run_id"]
+    finally:
+        table.unlink()
+    results = results_of(cloud)
+    made = report.make(results, run_id, cloud.config.results_dir / "reports", html_page=False)
+    assert made.summary.usd_per_unit.isna().all()  # measured, but no cost claimed
+    assert_nothing_left(cloud, results, run_id, local_dir)
