@@ -4,7 +4,6 @@ a spot interruption mid-replicate, resume after SIGKILL, `fleet kill`, and faili
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
