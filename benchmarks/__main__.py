@@ -22,6 +22,7 @@ MODULES = [
     "benchmarks.bench_build",
     "benchmarks.bench_bake",
     "benchmarks.bench_monitor",
+    "benchmarks.bench_report",
 ]
 
 

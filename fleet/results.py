@@ -139,13 +139,26 @@ class Results:
 
     # replicates
     def record(self, run_id: str, row: ReplicateRow) -> None:
-        values = row.__dict__
-        columns = ", ".join(values)
-        marks = ", ".join("?" for _ in values)
-        self._exec(
-            f"INSERT INTO replicates (run_id, {columns}) VALUES (?, {marks})",
-            (run_id, *(int(v) if isinstance(v, bool) else v for v in values.values())),
-        )
+        self.record_many(run_id, [row])
+
+    def record_many(self, run_id: str, rows: list[ReplicateRow]) -> None:
+        """Insert rows in one transaction: all of them, or none."""
+        columns = ", ".join(ReplicateRow.__dataclass_fields__)
+        marks = ", ".join("?" for _ in ReplicateRow.__dataclass_fields__)
+        values = [
+            (run_id, *(int(v) if isinstance(v, bool) else v for v in row.__dict__.values()))
+            for row in rows
+        ]
+        with self._lock:
+            self._db.execute("BEGIN")  # autocommit connection: the transaction is explicit
+            try:
+                self._db.executemany(
+                    f"INSERT INTO replicates (run_id, {columns}) VALUES (?, {marks})", values
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def finished(self, run_id: str) -> set[tuple[str, str, int, bool]]:
         """(type, build, replicate, warmup) of every replicate that needs no further attempt."""
