@@ -13,14 +13,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from amibake import catalog
 from amibake.cloud import Cloud
 from amibake.errors import UserError
-from amibake.pipelines import BuildRequest, open_run, run_each
+from amibake.pipelines import BuildRequest, Outcome, open_run, run_each
 from amibake.pipelines import build as build_pipeline
 from amibake.runner import Boundary
 from amibake.steps.preflight import preflight_instance
@@ -179,7 +179,7 @@ def execute(
         raise UserError(
             f"run {run_id} is running already (pid {live['pid']}); stop it with fleet kill {run_id}"
         )
-    price_of = price_lookup(spec, cloud.config.results_dir)
+    price_lookup(spec, cloud.config.results_dir)  # a type without a price stops the run here
     finished = results.finished(run_id)
     todo = [r for r in plan(spec) if (r.instance_type, r.build, r.index, r.warmup) not in finished]
     if not todo:
@@ -194,6 +194,49 @@ def execute(
         raise UserError(f"could not remove what an earlier controller left: {'; '.join(failures)}")
     artifacts = ensure_builds(cloud, spec)
     board = Board(run_id, total=len(plan(spec)), done=len(plan(spec)) - len(todo))
+    outcomes = measure(
+        cloud,
+        run_id,
+        results,
+        spec,
+        todo,
+        artifacts,
+        board,
+        on_boundary=on_boundary,
+        before_replicate=before_replicate,
+    )
+    summary: dict[str, Any] = {"run_id": run_id, "types": {}}
+    for outcome in outcomes:
+        ended = outcome.state
+        assert isinstance(ended, BenchState)
+        board.update(ended, "done" if outcome.ok else "failed")
+        summary["types"][ended.label] = {
+            "ok": outcome.ok,
+            "error": outcome.error,
+            "replicates_left": len(ended.pending),
+            "instances": ended.attempt + 1,
+        }
+    failed = {t: s["error"] for t, s in summary["types"].items() if not s["ok"]}
+    results.event(run_id, "finished" if not failed else "failed", errors=failed)
+    return summary
+
+
+def measure(
+    cloud: Cloud,
+    run_id: str,
+    results: Results,
+    spec: BenchSpec,
+    todo: list[Replicate],
+    artifacts: dict[tuple[str, str], BuildArtifact],
+    board: Board,
+    *,
+    on_boundary: Boundary | None = None,
+    before_replicate: Any = None,
+    trial: int | None = None,
+) -> list[Outcome]:
+    """The replicates in `todo` on one instance per type, recorded as they end (under `trial`
+    when a tune search runs them)."""
+    price_of = price_lookup(spec, cloud.config.results_dir)
     states = []
     for instance_type in spec.types:
         family_name, _, size = instance_type.partition(".")
@@ -210,7 +253,7 @@ def execute(
                 build: artifacts[(family_name, build)] for build in spec.builds if artifacts
             },
             pending=mine,
-            record=lambda row: results.record(run_id, row),
+            record=lambda row: results.record(run_id, replace(row, trial=trial)),
             record_environment=lambda s: results.environment(
                 run_id, s.label, s.instance_id, s.facts
             ),
@@ -235,17 +278,4 @@ def execute(
         except BaseException as exc:
             results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
             raise
-    summary: dict[str, Any] = {"run_id": run_id, "types": {}}
-    for outcome in outcomes:
-        ended = outcome.state
-        assert isinstance(ended, BenchState)
-        board.update(ended, "done" if outcome.ok else "failed")
-        summary["types"][ended.label] = {
-            "ok": outcome.ok,
-            "error": outcome.error,
-            "replicates_left": len(ended.pending),
-            "instances": ended.attempt + 1,
-        }
-    failed = {t: s["error"] for t, s in summary["types"].items() if not s["ok"]}
-    results.event(run_id, "finished" if not failed else "failed", errors=failed)
-    return summary
+    return outcomes

@@ -218,6 +218,82 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from fleet import bench, tune
+
+    cfg = config_from(args)
+    results = bench.results_db(cfg.results_dir)
+    if args.file == "compare":
+        return _tune_compare(args)
+    overrides = {
+        "trials": args.trials,
+        "algorithm": args.algorithm,
+        "seed": args.seed,
+        "parallel": args.parallel,
+        "replay": str(Path(args.replay).resolve()) if args.replay else None,
+        "startup_trials": args.startup_trials,
+    }
+    if args.resume:
+        record = results.run(args.resume)
+        if record is None or record["kind"] != "tune":
+            raise UserError(f"no fleet tune run {args.resume!r} in {results.path}")
+        spec = tune.from_dict(dict(record["spec"]), f"run {args.resume}")
+        run_id = args.resume
+    else:
+        if not args.file:
+            raise UserError("fleet tune needs a tune file (or compare, or --resume RUN)")
+        spec = tune.load(Path(args.file), overrides)
+        run_id = ""
+    evaluate = tune.evaluator(spec, cfg)
+    if not run_id:
+        run_id = tune.start(results, spec, cfg.cloud, cfg.region)
+    logs.to_terminal()
+    print(f"fleet: tune run {run_id}", file=sys.stderr)
+    outcome = tune.search(spec, evaluate, results, run_id)
+    print_result(
+        args,
+        {"run_id": run_id, "trials": outcome.trials, "best": outcome.best},
+        lambda o: (
+            f"run {o['run_id']}: {o['trials']} trials; best: "
+            + (
+                f"{o['best']['loss']:.6g} with {o['best']['params']}"
+                if o["best"]
+                else "none feasible"
+            )
+            + f"\nnext: fleet report {o['run_id']}"
+        ),
+    )
+    return 0
+
+
+def _tune_compare(args: argparse.Namespace) -> int:
+    from fleet import tune
+
+    if not args.replay:
+        raise UserError("fleet tune compare needs --replay TABLE.csv")
+    table = Path(args.replay)
+    if args.space:
+        spec = tune.load(Path(args.space), {"replay": str(table.resolve())})
+    else:
+        spec = tune.from_dict(tune.space_from_table(table, args.objective_column), str(table))
+    algorithms = _list(args.algorithms) or ["tpe", "random", "grid"]
+    for name in algorithms:
+        if name not in tune.ALGORITHMS:
+            raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
+    if args.seeds < 1 or args.budget < 1:
+        raise UserError("--seeds and --budget must be at least 1")
+    evaluator = tune.ReplayEvaluator(table, spec)
+    if args.startup_trials is not None:
+        spec.startup_trials = args.startup_trials
+    rows = tune.compare(spec, evaluator, algorithms, args.seeds, args.budget)
+    summary = [
+        {"algorithm": r.algorithm, "ratios": r.ratios, "to_2pct": r.to_2pct, "to_5pct": r.to_5pct}
+        for r in rows
+    ]
+    print_result(args, summary, lambda _: tune.compare_text(rows, args.budget, spec.space.size()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fleet", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -270,8 +346,23 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--deadline", help="e.g. 4h, 90m")
     plan.add_argument("--budget", type=float, help="USD")
 
-    tune = commands.add_parser("tune", help="search flags and parameters (not built yet)")
+    tune = commands.add_parser("tune", help="search build flags and runtime parameters")
     common_options(tune)
+    tune.add_argument("file", nargs="?", help="tune file (TOML), or `compare`")
+    tune.add_argument("--replay", help="evaluate trials from a recorded table (CSV)")
+    tune.add_argument("--resume", metavar="RUN", help="continue a search from the database")
+    tune.add_argument("--trials", type=int, help="budget in trials")
+    tune.add_argument("--algorithm", help="tpe (default), random or grid")
+    tune.add_argument("--seed", type=int)
+    tune.add_argument("--parallel", type=int, help="trials in flight")
+    tune.add_argument("--startup-trials", type=int, help="random trials before TPE models")
+    tune.add_argument("--space", help="compare: a tune file for the space (default: the table's)")
+    tune.add_argument(
+        "--objective-column", default="metric", help="compare: the column to minimise"
+    )
+    tune.add_argument("--algorithms", help="compare: e.g. tpe,random,grid")
+    tune.add_argument("--seeds", type=int, default=30, help="compare: seeds per algorithm")
+    tune.add_argument("--budget", type=int, default=20, help="compare: trials per seed")
     return parser
 
 
@@ -282,6 +373,7 @@ HANDLERS = {
     "kill": _kill,
     "report": _report,
     "plan": _plan,
+    "tune": _tune,
 }
 
 

@@ -1,0 +1,282 @@
+"""A search space for `fleet tune`: parameters, their kinds and stages, and conditions; turned
+into a hyperopt space (for tpe and random) or enumerated (for grid).
+
+    [params.opt]
+    kind = "categorical"            # categorical | int | uniform | loguniform
+    values = ["-O2", "-O3"]
+    stage = "compile"               # compile: into the build flags; run: into {args}
+    [params.vector_width]
+    kind = "categorical"
+    values = ["128", "256", "512"]
+    stage = "compile"
+    flag = "-mprefer-vector-width={}"
+    when = { arch = "x86_64" }      # or { param = "opt", in = ["-O3"] }
+    [params.threads]
+    kind = "int"
+    low = 1
+    high = 2
+    step = 1
+    stage = "run"
+    arg = "--threads {}"
+
+A condition on a categorical parameter nests the conditional one under that parameter's options
+(hyperopt's own way to express it), so the search never spends a trial on a combination that
+cannot exist. A condition on `arch` is settled by the instance types in play.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from amibake.errors import UserError
+
+KINDS = ("categorical", "int", "uniform", "loguniform")
+STAGES = ("compile", "run")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str
+    stage: str
+    values: tuple[Any, ...] = ()
+    low: float = 0.0
+    high: float = 0.0
+    step: float = 1.0
+    template: str = ""  # "-mprefer-vector-width={}" (compile) or "--threads {}" (run)
+    when_param: str = ""
+    when_in: tuple[Any, ...] = ()
+
+    def options(self) -> list[Any]:
+        """Every value of a discrete parameter (categorical, or int with its step)."""
+        if self.kind == "categorical":
+            return list(self.values)
+        if self.kind == "int":
+            return list(range(int(self.low), int(self.high) + 1, int(self.step)))
+        raise ValueError(f"{self.name} is {self.kind}: continuous, it has no list of values")
+
+    def render(self, value: Any) -> str:
+        if self.template:
+            return self.template.replace("{}", str(value))
+        return str(value) if self.stage == "compile" else f"--{self.name} {value}"
+
+
+@dataclass
+class Space:
+    params: dict[str, Param]
+    architectures: set[str] = field(default_factory=set)  # of the types in play
+
+    def active(self, chosen: dict[str, Any]) -> dict[str, Any]:
+        """The parameters that apply to this choice (a conditional one only where it holds)."""
+        return {
+            name: value
+            for name, value in chosen.items()
+            if name in self.params and self._holds(self.params[name], chosen)
+        }
+
+    def _holds(self, param: Param, chosen: dict[str, Any]) -> bool:
+        if not param.when_param:
+            return True
+        return chosen.get(param.when_param) in param.when_in
+
+    def hyperopt(self) -> dict[str, Any]:
+        from hyperopt import hp
+
+        def expression(param: Param, label: str) -> Any:
+            if param.kind == "categorical":
+                return hp.choice(label, list(param.values))
+            if param.kind == "int":
+                return hp.choice(label, param.options())
+            if param.kind == "uniform":
+                return hp.uniform(label, param.low, param.high)
+            return hp.loguniform(label, math.log(param.low), math.log(param.high))
+
+        children: dict[str, list[Param]] = {}
+        for param in self.params.values():
+            if param.when_param:
+                children.setdefault(param.when_param, []).append(param)
+        space: dict[str, Any] = {}
+        for param in self.params.values():
+            if param.when_param:
+                continue
+            mine = children.get(param.name, [])
+            if not mine:
+                space[param.name] = expression(param, param.name)
+                continue
+            branches = []
+            for option in param.options():
+                branch: dict[str, Any] = {"__value": option}
+                for child in mine:
+                    if option in child.when_in:
+                        branch[child.name] = expression(
+                            child, f"{child.name}|{param.name}={option}"
+                        )
+                branches.append(branch)
+            space[param.name] = hp.choice(param.name, branches)
+        return space
+
+    @staticmethod
+    def flatten(sample: dict[str, Any]) -> dict[str, Any]:
+        """hyperopt's nested sample -> {name: value}."""
+        flat: dict[str, Any] = {}
+        for name, value in sample.items():
+            if isinstance(value, dict):
+                flat[name] = value["__value"]
+                flat.update({k: v for k, v in value.items() if k != "__value"})
+            else:
+                flat[name] = value
+        return flat
+
+    def grid(self) -> Iterator[dict[str, Any]]:
+        """Every valid combination of a discrete space, each once."""
+        continuous = [p.name for p in self.params.values() if p.kind in ("uniform", "loguniform")]
+        if continuous:
+            raise UserError(
+                f"grid needs a discrete space: {', '.join(continuous)} "
+                "is continuous (make it int with a step, or categorical)"
+            )
+        roots = [p for p in self.params.values() if not p.when_param]
+        for combination in itertools.product(*(p.options() for p in roots)):
+            chosen = dict(zip((p.name for p in roots), combination, strict=True))
+            conditional = [
+                p for p in self.params.values() if p.when_param and self._holds(p, chosen)
+            ]
+            for extra in itertools.product(*(p.options() for p in conditional)):
+                yield {**chosen, **dict(zip((p.name for p in conditional), extra, strict=True))}
+
+    def size(self) -> int:
+        return sum(1 for _ in self.grid())
+
+    def cflags(self, chosen: dict[str, Any]) -> str:
+        return " ".join(
+            self.params[n].render(v)
+            for n, v in sorted(self.active(chosen).items())
+            if self.params[n].stage == "compile" and str(v) != ""
+        )
+
+    def args(self, chosen: dict[str, Any]) -> str:
+        return " ".join(
+            self.params[n].render(v)
+            for n, v in sorted(self.active(chosen).items())
+            if self.params[n].stage == "run"
+        )
+
+
+def _line_of(text: str, name: str) -> int | None:
+    match = re.search(rf"^\s*\[params\.{re.escape(name)}\]", text, re.MULTILINE)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
+    """The [params] table of a tune file; every problem names the file and line. ``types`` are
+    the instance types in play when the type is not itself a parameter."""
+    from amibake import catalog
+
+    def arch_of(instance_type: str) -> str:
+        return catalog.family(instance_type.split(".")[0]).architecture
+
+    if isinstance(raw, dict) and isinstance(raw.get("instance_type"), dict):
+        types = [str(t) for t in raw["instance_type"].get("values", [])]
+    try:
+        architectures = {arch_of(t) for t in types}
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+
+    def fail(name: str, message: str) -> UserError:
+        line = _line_of(text, name)
+        return UserError(f"{where}{f':{line}' if line else ''}: params.{name}: {message}")
+
+    if not isinstance(raw, dict) or not raw:
+        line = text[: text.find("[params")].count("\n") + 1 if "[params" in text else None
+        return_error = f"{where}{f':{line}' if line else ''}: the search space is empty: add "
+        raise UserError(return_error + "[params.NAME] tables (see `fleet tune --help`)")
+    params: dict[str, Param] = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict):
+            raise fail(name, "must be a table with kind, stage and its range or values")
+        kind = spec.get("kind")
+        if kind not in KINDS:
+            raise fail(name, f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+        stage = spec.get("stage", "run")
+        if stage not in STAGES:
+            raise fail(name, f"stage {stage!r} is not compile or run")
+        values: tuple[Any, ...] = ()
+        low = high = 0.0
+        step = 1.0
+        if kind == "categorical":
+            values = tuple(spec.get("values", ()))
+            if not values:
+                raise fail(name, "a categorical parameter needs a non-empty list of values")
+            if len(set(map(str, values))) != len(values):
+                raise fail(name, "values repeat")
+        else:
+            try:
+                low, high = float(spec["low"]), float(spec["high"])
+            except (KeyError, TypeError, ValueError):
+                raise fail(name, f"{kind} needs numbers low and high") from None
+            if low > high:
+                raise fail(name, f"low {low:g} is above high {high:g}: the range is empty")
+            if kind == "int":
+                step = float(spec.get("step", 1))
+                if (
+                    step < 1
+                    or not step.is_integer()
+                    or not (low.is_integer() and high.is_integer())
+                ):
+                    raise fail(name, "int needs integer low, high and a step of at least 1")
+            if kind == "loguniform" and low <= 0:
+                raise fail(name, "loguniform needs low above 0")
+        when = spec.get("when", {})
+        when_param: str = ""
+        when_in: tuple[Any, ...] = ()
+        if when:
+            if not isinstance(when, dict):
+                raise fail(
+                    name, "when must be a table: { arch = ... } or { param = ..., in = [...] }"
+                )
+            if "arch" in when:
+                arch = when["arch"]
+                if arch not in ("x86_64", "arm64"):
+                    raise fail(name, f"when.arch {arch!r} is not x86_64 or arm64")
+                if architectures and arch not in architectures:
+                    continue  # never applies to the types in play
+                if len(architectures) > 1:  # the type is a parameter spanning architectures
+                    when_param = "instance_type"
+                    when_in = tuple(t for t in types if arch_of(t) == arch)
+            else:
+                when_param = str(when.get("param", ""))
+                when_in = tuple(when.get("in", ()))
+                if not when_param or not when_in:
+                    raise fail(name, "when needs param and a non-empty in = [...]")
+        params[name] = Param(
+            name,
+            kind,
+            stage,
+            values,
+            low,
+            high,
+            step,
+            str(spec.get("flag" if stage == "compile" else "arg", "")),
+            when_param,
+            when_in,
+        )
+    for param in params.values():
+        if param.when_param and param.when_param not in params:
+            raise fail(param.name, f"when names an unknown parameter {param.when_param!r}")
+        if param.when_param in params:
+            parent = params[param.when_param]
+            if parent.kind != "categorical" or parent.when_param:
+                raise fail(
+                    param.name, f"when needs {parent.name} to be an unconditional categorical"
+                )
+            unknown = [v for v in param.when_in if v not in parent.values]
+            if unknown:
+                raise fail(param.name, f"when.in has {unknown!r}, not values of {parent.name}")
+    if not params:
+        raise UserError(f"{where}: no parameter applies to the instance types in play")
+    return Space(params, architectures)

@@ -1,0 +1,162 @@
+"""One `fleet tune` trial on a cloud: build the configuration's compile-time flags (through
+amibake's artifact cache, so a configuration seen before is not rebuilt), run its replicates
+with the run-time arguments on the ssh executor, and score it."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any
+
+import numpy as np
+
+from amibake import recipes
+from amibake.cloud import Cloud, connect
+from amibake.config import Config
+from amibake.errors import AmibakeError
+from amibake.pipelines import BuildRequest
+from amibake.pipelines import build as build_pipeline
+from amibake.steps.state import Variant
+from fleet import bench, stats
+from fleet.executor import BuildArtifact, Replicate
+from fleet.spec import BenchSpec, Metric
+from fleet.tune import Evaluation, TuneSpec, broken_constraint
+
+
+class CloudEvaluator:
+    def __init__(self, spec: TuneSpec, config: Config) -> None:
+        self.spec = spec
+        self.config = config
+        recipe = recipes.load(spec.recipe, config.recipes_dir)
+        bench_definition = recipe.bench
+        if "command" not in bench_definition:
+            from amibake.errors import UserError
+
+            raise UserError(f"{recipe.file} has no [bench] command to run trials with")
+        self.workload = str(bench_definition["command"])
+        raw_metric = dict(bench_definition.get("metric", {}))
+        self.metric = Metric(
+            kind=str(raw_metric.get("kind", "runtime")),
+            pattern=str(raw_metric.get("pattern", "")),
+            meaning=str(raw_metric.get("meaning", "rate" if raw_metric else "seconds")),
+            aggregate=str(raw_metric.get("aggregate", "last")),
+            unit=str(raw_metric.get("unit", "")),
+        )
+        self._cloud: Cloud | None = None
+        self._lock = threading.Lock()
+        self.run_id = ""  # set by the search before the first trial
+        self.results: Any = None
+
+    def cloud(self) -> Cloud:
+        with self._lock:
+            if self._cloud is None:
+                self._cloud = connect(self.config)
+            return self._cloud
+
+    def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
+        spec, space = self.spec, self.spec.space
+        instance_type = str(params.get("instance_type") or spec.types[0])
+        family = instance_type.split(".")[0]
+        cflags = space.cflags(params)
+        variant = (
+            Variant(name="t" + hashlib.sha256(cflags.encode()).hexdigest()[:10], cflags=cflags)
+            if cflags
+            else Variant()
+        )
+        cloud = self.cloud()
+        try:
+            outcome = build_pipeline(
+                cloud,
+                BuildRequest(
+                    families=[family],
+                    recipe=spec.recipe,
+                    size="large",
+                    recipes_dir=self.config.recipes_dir,
+                    variant=variant,
+                ),
+            )[0]
+        except AmibakeError as exc:
+            return Evaluation("failed", reason=f"build failed: {exc}")
+        if not outcome.ok:
+            return Evaluation("failed", reason=f"build failed: {outcome.error}")
+        state: Any = outcome.state
+        manifest = dict(state.manifest)
+        bench_spec = BenchSpec(
+            types=(instance_type,),
+            recipe=spec.recipe,
+            builds=("tuned",),
+            replicates=spec.replicates,
+            warmups=0,
+            args=space.args(params),
+            metric=self.metric,
+            concurrency=1,
+            workload=self.workload,
+        )
+        todo = [Replicate(instance_type, "tuned", i, False) for i in range(spec.replicates)]
+        artifacts = {(family, "tuned"): BuildArtifact("tuned", state.artifact, manifest)}
+        board = bench.Board(f"{self.run_id} trial {trial}", total=len(todo))
+        try:
+            outcomes = bench.measure(
+                cloud, self.run_id, self.results, bench_spec, todo, artifacts, board, trial=trial
+            )
+        except AmibakeError as exc:
+            return Evaluation("failed", reason=str(exc), manifest=manifest)
+        if not outcomes[0].ok:
+            return Evaluation("failed", reason=outcomes[0].error, manifest=manifest)
+        rows = self.results.replicates(self.run_id)
+        mine = rows[(rows.trial == trial) & (rows.state == "ok")]
+        failed = rows[(rows.trial == trial) & (rows.state == "failed")]
+        if mine.empty:
+            reason = str(failed.error.iloc[0]) if not failed.empty else "no replicate finished"
+            return Evaluation("failed", reason=reason, manifest=manifest)
+        return self._score(mine, manifest)
+
+    def _score(self, rows: Any, manifest: dict[str, Any]) -> Evaluation:
+        metric = self.metric
+        values = rows.metric.to_numpy(dtype=float)
+        seconds = float(np.median(rows.seconds.to_numpy(dtype=float)))
+        median = float(np.median(values))
+        summary = stats.summarize(values)
+        price = (
+            float(np.median(rows.price_usd_hour.dropna()))
+            if rows.price_usd_hour.notna().any()
+            else None
+        )
+        per_unit = metric.seconds_per_unit(median)
+        cost = stats.cost_per_unit(per_unit, price) if price is not None else None
+        usd = float((rows.seconds * rows.price_usd_hour.fillna(0)).sum() / 3600)
+        objective = self.spec.objective
+        loss = {"runtime": seconds, "metric": median, "cost": cost}[objective]
+        manifest = {**manifest, "interval": [summary.low, summary.high], "n": summary.n}
+        if loss is None:
+            return Evaluation(
+                "failed",
+                reason="no price for the type: cost cannot be the objective",
+                manifest=manifest,
+            )
+        broken = broken_constraint(
+            self.spec,
+            seconds=seconds,
+            usd_per_unit=cost,
+            rss_mb=float(rows.rss_max_mb.max()) if rows.rss_max_mb.notna().any() else None,
+            rate=median if metric.higher_is_better else None,
+        )
+        if broken:
+            return Evaluation(
+                "infeasible",
+                metric=median,
+                seconds=seconds,
+                cost_per_unit=cost,
+                usd=usd,
+                reason=broken,
+                manifest=manifest,
+            )
+        return Evaluation(
+            "ok",
+            loss=float(loss),
+            metric=median,
+            seconds=seconds,
+            cost_per_unit=cost,
+            usd=usd,
+            manifest=manifest,
+        )

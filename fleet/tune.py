@@ -1,0 +1,525 @@
+"""`fleet tune`: search a space with hyperopt's algorithms, driven ask/tell so that N trials run
+at once and a new suggestion is made as soon as one ends (hyperopt's `fmin` would block).
+
+The search state is reproducible: trials are asked and told in an order the database records,
+with a seeded generator. Resume replays that record through a fresh search (same suggestions,
+same results) and then evaluates the trials that were in flight when the controller died, so no
+trial is lost or run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from amibake.errors import UserError
+from fleet.results import Results, new_run_id
+from fleet.space import Space, parse
+
+log = logging.getLogger("amibake")
+ALGORITHMS = ("tpe", "random", "grid")
+OBJECTIVES = ("runtime", "metric", "cost")
+CONSTRAINTS = ("max_seconds", "max_usd_per_unit", "max_rss_mb", "min_rate")
+# What an infeasible or failed trial tells the search: worse than anything real, so TPE puts it
+# among the bad trials (it ranks losses; the magnitude does not matter) and steers away.
+PENALTY = 1e18
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    state: str  # ok | infeasible | failed
+    loss: float | None = None
+    metric: float | None = None
+    seconds: float | None = None
+    cost_per_unit: float | None = None
+    usd: float = 0.0  # what the trial cost to run
+    reason: str = ""
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+Evaluator = Callable[[int, dict[str, Any]], Evaluation]
+
+
+@dataclass
+class TuneSpec:
+    space: Space
+    objective: str = "runtime"
+    algorithm: str = "tpe"
+    seed: int = 0
+    trials: int = 20
+    startup_trials: int | None = None
+    parallel: int = 1
+    max_usd: float | None = None
+    max_hours: float | None = None
+    constraints: dict[str, float] = field(default_factory=dict)
+    replay: Path | None = None
+    replay_column: str = "metric"
+    types: list[str] = field(default_factory=list)
+    recipe: str = ""
+    replicates: int = 1
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def startup(self) -> int:
+        # hyperopt's default of 20 random trials is a third of a small budget: a quarter here.
+        if self.startup_trials is not None:
+            return self.startup_trials
+        return max(3, min(20, self.trials // 4))
+
+
+def _line(text: str, key: str) -> str:
+    import re
+
+    match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
+    return f":{text.count(chr(10), 0, match.start()) + 1}" if match else ""
+
+
+def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the tune file: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return from_dict(data, str(path), text, path.parent)
+
+
+def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Path(".")) -> TuneSpec:
+    def fail(key: str, message: str) -> UserError:
+        return UserError(f"{where}{_line(text, key)}: {key}: {message}")
+
+    known = {
+        "params", "objective", "algorithm", "seed", "trials", "startup_trials", "parallel",
+        "max_usd", "max_hours", "constraints", "replay", "replay_column", "types", "recipe",
+        "replicates", "name",
+    }  # fmt: skip
+    for key in data:
+        if key not in known:
+            raise fail(key, f"unknown key; known: {', '.join(sorted(known))}")
+    types = [str(t) for t in data.get("types", [])]
+    space = parse(data.get("params"), where, text, types)
+    objective = data.get("objective", "runtime")
+    if objective not in OBJECTIVES:
+        raise fail("objective", f"{objective!r} is not one of {', '.join(OBJECTIVES)}")
+    algorithm = data.get("algorithm", "tpe")
+    if algorithm not in ALGORITHMS:
+        raise fail("algorithm", f"{algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    for key, low in (("trials", 1), ("parallel", 1), ("replicates", 1), ("seed", 0)):
+        value = data.get(key, 1 if key != "seed" else 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise fail(key, f"must be an integer of at least {low}")
+    startup = data.get("startup_trials")
+    if startup is not None and (not isinstance(startup, int) or startup < 0):
+        raise fail("startup_trials", "must be an integer of at least 0")
+    constraints = data.get("constraints", {})
+    if not isinstance(constraints, dict) or any(k not in CONSTRAINTS for k in constraints):
+        raise fail("constraints", f"a table of {', '.join(CONSTRAINTS)}")
+    replay = data.get("replay")
+    if replay is None and not data.get("recipe"):
+        raise fail("recipe", "name the recipe to tune (or a replay table to search offline)")
+    if replay is None and not types and "instance_type" not in space.params:
+        raise fail("types", "name the instance type (or make instance_type a parameter)")
+    if algorithm == "grid":
+        space.size()  # a continuous parameter is refused here, not mid-search
+    return TuneSpec(
+        space=space,
+        objective=objective,
+        algorithm=algorithm,
+        seed=int(data.get("seed", 0)),
+        trials=int(data.get("trials", 20)),
+        startup_trials=startup,
+        parallel=int(data.get("parallel", 1)),
+        max_usd=data.get("max_usd"),
+        max_hours=data.get("max_hours"),
+        constraints={k: float(v) for k, v in constraints.items()},
+        replay=(base / replay) if replay else None,
+        replay_column=str(data.get("replay_column", "metric")),
+        types=types,
+        recipe=str(data.get("recipe", "")),
+        replicates=int(data.get("replicates", 1)),
+        raw=data,
+    )
+
+
+class Search:
+    """hyperopt's algorithms (or an exhaustive grid), one suggestion at a time."""
+
+    def __init__(self, space: Space, algorithm: str, seed: int, startup: int) -> None:
+        self.space = space
+        self.algorithm = algorithm
+        self.rng = np.random.default_rng(seed)
+        self._docs: dict[int, dict[str, Any]] = {}
+        if algorithm == "grid":
+            grid = list(space.grid())
+            # Shuffled (seeded): a budget smaller than the grid then samples it evenly.
+            random.Random(seed).shuffle(grid)
+            self._grid: Iterator[dict[str, Any]] = iter(grid)
+            self._next_id = 0
+            return
+        from hyperopt import Domain, Trials, rand, tpe
+
+        self.hp_space = space.hyperopt()
+        self.domain = Domain(lambda _: 0.0, self.hp_space)
+        self.trials = Trials()
+        self.suggest = (
+            partial(tpe.suggest, n_startup_jobs=startup) if algorithm == "tpe" else rand.suggest
+        )
+
+    def ask(self) -> tuple[int, dict[str, Any]] | None:
+        """The next trial's id and parameters; None when a grid is exhausted."""
+        if self.algorithm == "grid":
+            chosen = next(self._grid, None)
+            if chosen is None:
+                return None
+            self._next_id += 1
+            return self._next_id - 1, chosen
+        import hyperopt
+
+        ids = self.trials.new_trial_ids(1)
+        docs = self.suggest(ids, self.domain, self.trials, int(self.rng.integers(2**31 - 1)))
+        self.trials.insert_trial_docs(docs)
+        self.trials.refresh()
+        doc = self.trials._dynamic_trials[-1]
+        values = {k: v[0] for k, v in doc["misc"]["vals"].items() if v}
+        sample = hyperopt.space_eval(self.hp_space, values)
+        self._docs[doc["tid"]] = doc
+        return int(doc["tid"]), self.space.active(Space.flatten(sample))
+
+    def tell(self, trial: int, loss: float | None) -> None:
+        if self.algorithm == "grid":
+            return
+        from hyperopt import JOB_STATE_DONE, STATUS_OK
+
+        doc = self._docs.pop(trial)
+        doc["state"] = JOB_STATE_DONE
+        doc["result"] = {"loss": PENALTY if loss is None else loss, "status": STATUS_OK}
+        self.trials.refresh()
+
+
+def loss_of(spec: TuneSpec, evaluation: Evaluation) -> float | None:
+    return evaluation.loss if evaluation.state == "ok" else None
+
+
+class ReplayEvaluator:
+    """Trials looked up in a recorded table (one row per configuration) instead of run."""
+
+    def __init__(self, path: Path, spec: TuneSpec) -> None:
+        try:
+            table = pd.read_csv(path)
+        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+            raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+        column = spec.replay_column
+        needed = [column, *spec.space.params]
+        if spec.objective == "cost":
+            needed.append("price_per_hour")
+        missing = [c for c in needed if c not in table.columns]
+        if missing:
+            raise UserError(
+                f"{path}:1: the replay table has no column {', '.join(missing)} "
+                f"(columns: {', '.join(table.columns)})"
+            )
+        self.spec = spec
+        self.column = column
+        self.params = list(spec.space.params)
+        self.table = {self._key(row): row for row in table.to_dict(orient="records")}
+
+    def _key(self, values: dict[str, Any]) -> tuple[str, ...]:
+        return tuple(
+            ""
+            if (v := values.get(p)) is None or (isinstance(v, float) and math.isnan(v))
+            else str(v)
+            for p in self.params
+        )
+
+    def objective_of(self, row: dict[str, Any]) -> float:
+        value = float(row[self.column])
+        if self.spec.objective == "cost":
+            return value * float(row["price_per_hour"]) / 3600
+        return value
+
+    def optimum(self) -> float:
+        return min(self.objective_of(r) for r in self.table.values())
+
+    def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
+        row = self.table.get(self._key(params))
+        if row is None:
+            return Evaluation("failed", reason=f"not in the replay table: {params}")
+        value = self.objective_of(row)
+        broken = broken_constraint(self.spec, seconds=float(row[self.column]), row=row)
+        if broken:
+            return Evaluation("infeasible", metric=value, reason=broken)
+        return Evaluation("ok", loss=value, metric=float(row[self.column]))
+
+
+def broken_constraint(
+    spec: TuneSpec,
+    *,
+    seconds: float | None = None,
+    row: dict[str, Any] | None = None,
+    usd_per_unit: float | None = None,
+    rss_mb: float | None = None,
+    rate: float | None = None,
+) -> str:
+    """The first service-level target the trial breaks, or ''."""
+    limits = spec.constraints
+    row = row or {}
+    rss_mb = rss_mb if rss_mb is not None else row.get("rss_mb")
+    rate = rate if rate is not None else row.get("rate")
+    checks: list[tuple[str, Any, bool]] = [
+        ("max_seconds", seconds, False),
+        ("max_usd_per_unit", usd_per_unit, False),
+        ("max_rss_mb", rss_mb, False),
+        ("min_rate", rate, True),  # a floor; the others are ceilings
+    ]
+    for name, value, floor in checks:
+        if name not in limits or value is None:
+            continue
+        broken = float(value) < limits[name] if floor else float(value) > limits[name]
+        if broken:
+            return f"{name} {limits[name]:g} broken: {float(value):.4g}"
+    return ""
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    best: dict[str, Any] | None
+    trials: int
+
+
+def search(
+    spec: TuneSpec,
+    evaluate: Evaluator,
+    results: Results,
+    run_id: str,
+    *,
+    stop_after: int | None = None,
+) -> Outcome:
+    """Run (or finish) a search: `parallel` trials in flight, a new one asked as each ends."""
+    engine = Search(spec.space, spec.algorithm, spec.seed, spec.startup)
+    if hasattr(evaluate, "results"):  # a cloud evaluator records its replicates in the run
+        evaluate.run_id, evaluate.results = run_id, results  # type: ignore[attr-defined]
+    in_flight = _replay_record(engine, results, run_id)
+    started = time.monotonic()
+    spent = 0.0  # money spent by this controller (a resumed search starts its count anew)
+    done = 0
+    recorded = results.trials(run_id)
+    asked = int((recorded.state == "asked").sum()) if len(recorded) else 0
+
+    def out_of_budget() -> bool:
+        if asked >= spec.trials:
+            return True
+        if spec.max_usd is not None and spent >= spec.max_usd:
+            return True
+        return spec.max_hours is not None and (time.monotonic() - started) / 3600 >= spec.max_hours
+
+    with ThreadPoolExecutor(spec.parallel, thread_name_prefix="trial") as pool:
+        futures: dict[Future[Evaluation], tuple[int, dict[str, Any]]] = {
+            pool.submit(evaluate, t, p): (t, p) for t, p in in_flight
+        }
+        while True:
+            while len(futures) < spec.parallel and not out_of_budget():
+                asked_now = engine.ask()
+                if asked_now is None:
+                    break
+                trial, params = asked_now
+                asked += 1
+                results.trial(run_id, trial, "asked", params)
+                futures[pool.submit(evaluate, trial, params)] = (trial, params)
+            if not futures:
+                break
+            finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for future in finished:
+                trial, params = futures.pop(future)
+                try:
+                    evaluation = future.result()
+                except Exception as exc:  # one trial's crash must not end the search
+                    evaluation = Evaluation("failed", reason=f"{type(exc).__name__}: {exc}")
+                engine.tell(trial, loss_of(spec, evaluation))
+                spent += evaluation.usd
+                results.trial(
+                    run_id,
+                    trial,
+                    evaluation.state,
+                    params,
+                    loss=evaluation.loss,
+                    metric=evaluation.metric,
+                    seconds=evaluation.seconds,
+                    cost_per_unit=evaluation.cost_per_unit,
+                    reason=evaluation.reason,
+                    manifest=evaluation.manifest,
+                )
+                done += 1
+                if evaluation.state != "ok":
+                    log.info(
+                        "[%s] trial %d %s: %s", run_id, trial, evaluation.state, evaluation.reason
+                    )
+                if stop_after is not None and done >= stop_after:
+                    raise KeyboardInterrupt  # tests: a controller stopped mid-search
+    results.event(run_id, "finished")
+    return Outcome(run_id, best(results, run_id), asked)
+
+
+def _replay_record(
+    engine: Search, results: Results, run_id: str
+) -> list[tuple[int, dict[str, Any]]]:
+    """Bring a fresh search to the recorded state; return the trials asked but never told."""
+    recorded = results.trials(run_id)
+    pending: dict[int, dict[str, Any]] = {}
+    import json
+
+    for row in recorded.itertuples():
+        params = json.loads(row.params)
+        if row.state == "asked":
+            asked = engine.ask()
+            if asked is None or asked[0] != row.trial or asked[1] != params:
+                raise UserError(
+                    f"run {run_id}: the search does not replay as recorded (trial {row.trial}); "
+                    "was the tune file changed? Start a new run instead"
+                )
+            pending[int(row.trial)] = params
+        else:
+            engine.tell(int(row.trial), row.loss if row.state == "ok" else None)
+            pending.pop(int(row.trial), None)
+    return sorted(pending.items())
+
+
+def best(results: Results, run_id: str) -> dict[str, Any] | None:
+    import json
+
+    trials = results.trials(run_id)
+    ok = trials[trials.state == "ok"]
+    if ok.empty:
+        return None
+    row = ok.loc[ok.loss.idxmin()]
+    return {
+        "trial": int(row.trial),
+        "loss": float(row.loss),
+        "params": json.loads(row.params),
+        "metric": row.metric,
+    }
+
+
+def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
+    """How trials are evaluated: looked up in a replay table, or built and run on the cloud."""
+    if spec.replay is not None:
+        return ReplayEvaluator(spec.replay, spec)
+    from fleet.trial import CloudEvaluator
+
+    return CloudEvaluator(spec, config)
+
+
+def start(results: Results, spec: TuneSpec, cloud_name: str, region: str) -> str:
+    run_id = new_run_id("ft")
+    raw = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.raw.items()}
+    if spec.replay is not None:
+        raw["replay"] = str(spec.replay)
+    results.create_run(run_id, "tune", raw, cloud_name, region)
+    return run_id
+
+
+@dataclass
+class Comparison:
+    algorithm: str
+    ratios: list[float]  # best found / optimum, per seed
+    to_2pct: list[int | None]  # trials needed to get within 2%, per seed (None: never)
+    to_5pct: list[int | None]
+
+
+def space_from_table(path: Path, column: str) -> dict[str, Any]:
+    """With no tune file, `compare` searches the table's own configurations: every column but
+    the objective (and the price) is a categorical parameter of its distinct values."""
+    try:
+        table = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+    if column not in table.columns:
+        raise UserError(
+            f"{path}:1: the replay table has no column {column} (columns: "
+            f"{', '.join(table.columns)}); name it with --objective-column"
+        )
+    params = {}
+    for name in table.columns:
+        if name in (column, "price_per_hour"):
+            continue
+        values = sorted(table[name].dropna().unique().tolist())
+        params[name] = {
+            "kind": "categorical",
+            "values": [v.item() if hasattr(v, "item") else v for v in values],
+        }
+    return {"params": params, "replay": str(path), "replay_column": column, "objective": "metric"}
+
+
+def compare(
+    spec: TuneSpec, evaluator: ReplayEvaluator, algorithms: list[str], seeds: int, budget: int
+) -> list[Comparison]:
+    """Each algorithm over `seeds` seeds on the replay table, `budget` trials each, one at a time
+    (what matters here is the sequence of suggestions, not wall time)."""
+    optimum = evaluator.optimum()
+    scale = abs(optimum) or 1.0
+    out = []
+    for algorithm in algorithms:
+        comparison = Comparison(algorithm, [], [], [])
+        for seed in range(seeds):
+            engine = Search(spec.space, algorithm, seed, spec.startup)
+            best_so_far = math.inf
+            reached: dict[float, int | None] = {0.02: None, 0.05: None}
+            for index in range(budget):
+                asked = engine.ask()
+                if asked is None:
+                    break
+                trial, params = asked
+                evaluation = evaluator(trial, params)
+                engine.tell(trial, loss_of(spec, evaluation))
+                if evaluation.state == "ok" and evaluation.loss is not None:
+                    best_so_far = min(best_so_far, evaluation.loss)
+                for tolerance in reached:
+                    if reached[tolerance] is None and best_so_far - optimum <= tolerance * scale:
+                        reached[tolerance] = index + 1
+            comparison.ratios.append(
+                best_so_far / optimum if optimum > 0 else 1 + (best_so_far - optimum) / scale
+            )
+            comparison.to_2pct.append(reached[0.02])
+            comparison.to_5pct.append(reached[0.05])
+        out.append(comparison)
+    return out
+
+
+def compare_text(rows: list[Comparison], budget: int, grid_size: int) -> str:
+    from tabulate import tabulate
+
+    def median_trials(values: list[int | None]) -> str:
+        hit = sorted(v for v in values if v is not None)
+        if not hit:
+            return "never"
+        return f"{int(np.median(hit))} ({len(hit)}/{len(values)} seeds)"
+
+    table = [
+        {
+            "algorithm": r.algorithm,
+            "best/optimum median": f"{np.median(r.ratios):.4f}",
+            "p90 (worst 10%)": f"{np.quantile(r.ratios, 0.9):.4f}",
+            "trials to 2%": median_trials(r.to_2pct),
+            "trials to 5%": median_trials(r.to_5pct),
+        }
+        for r in rows
+    ]
+    return (
+        f"{budget} trials per seed; the grid has {grid_size} configurations; "
+        "best/optimum 1.0000 is the table's optimum\n" + tabulate(table, headers="keys")
+    )
