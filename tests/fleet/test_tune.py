@@ -1,0 +1,249 @@
+"""`fleet tune`: the search on replay tables (exact, reproducible, robust to bad trials,
+resumable), bad input, and a real search on the local cloud."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amibake import config
+from amibake.cloud import Cloud
+from fleet import bench, tune
+from fleet.cli import main
+from fleet.results import Results
+from fleet.space import Space
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def table(path: Path, rows: list[dict[str, Any]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def known_optimum(tmp_path: Path) -> Path:
+    """60 configurations; the unique optimum is a=7, b=x (metric 1)."""
+    offsets = {"x": 0, "y": 1, "z": 3}
+    return table(
+        tmp_path / "space.csv",
+        [
+            {"a": a, "b": b, "metric": (a - 7) ** 2 + o + 1}
+            for a in range(1, 21)
+            for b, o in offsets.items()
+        ],
+    )
+
+
+def tune_file(tmp_path: Path, replay: Path, **extra: Any) -> Path:
+    lines = [
+        f'replay = "{replay}"',
+        'objective = "metric"',
+        *(f"{k} = {json.dumps(v)}" for k, v in extra.items()),
+        "[params.a]",
+        'kind = "int"',
+        "low = 1",
+        "high = 20",
+        "[params.b]",
+        'kind = "categorical"',
+        'values = ["x", "y", "z"]',
+    ]
+    path = tmp_path / "tune.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_search(tmp_path: Path, spec: tune.TuneSpec, **kw: Any) -> tuple[Results, str]:
+    results = Results(tmp_path / "fleet.sqlite")
+    run_id = tune.start(results, spec, "local", "us-east-1")
+    assert spec.replay is not None
+    tune.search(spec, tune.ReplayEvaluator(spec.replay, spec), results, run_id, **kw)
+    return results, run_id
+
+
+def sequence(results: Results, run_id: str) -> list[str]:
+    trials = results.trials(run_id)
+    return list(trials[trials.state == "asked"].params)
+
+
+def test_grid_finds_the_known_optimum_exactly(tmp_path: Path) -> None:
+    spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), algorithm="grid", trials=60))
+    results, run_id = run_search(tmp_path, spec)
+    best = tune.best(results, run_id)
+    assert best is not None and best["params"] == {"a": 7, "b": "x"} and best["loss"] == 1
+    assert len(sequence(results, run_id)) == 60  # every configuration, each once
+    assert len(set(sequence(results, run_id))) == 60
+
+
+@pytest.mark.parametrize("algorithm", ["tpe", "random"])
+def test_tpe_and_random_are_reproducible_given_a_seed(tmp_path: Path, algorithm: str) -> None:
+    replay = known_optimum(tmp_path)
+    runs = []
+    for index, seed in enumerate((3, 3, 4)):
+        folder = tmp_path / str(index)
+        folder.mkdir()
+        spec = tune.load(tune_file(folder, replay, algorithm=algorithm, trials=15, seed=seed))
+        results, run_id = run_search(folder, spec)
+        runs.append(sequence(results, run_id))
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_infeasible_and_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
+    rows = [
+        {"a": a, "b": b, "metric": (a - 7) ** 2 + 1, "rss_mb": 900 if a == 7 else 100}
+        for a in range(1, 21)
+        for b in ("x", "y")  # no row for z: those trials fail
+    ]
+    replay = table(tmp_path / "t.csv", rows)
+    path = tune_file(tmp_path, replay, algorithm="grid", trials=60)
+    path.write_text(path.read_text() + "[constraints]\nmax_rss_mb = 500\n")
+    results, run_id = run_search(tmp_path, tune.load(path))
+    trials = results.trials(run_id)
+    final = trials[trials.state != "asked"]
+    assert len(final) == 60
+    assert set(final.state) == {"ok", "infeasible", "failed"}
+    assert final[final.state == "infeasible"].reason.str.contains("max_rss_mb 500").all()
+    assert final[final.state == "failed"].reason.str.contains("not in the replay table").all()
+    best = tune.best(results, run_id)
+    assert best is not None and best["params"]["a"] in (6, 8)  # 7 breaks the memory limit
+
+
+def test_resume_after_the_controller_stops_loses_and_repeats_no_trial(tmp_path: Path) -> None:
+    spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=16, parallel=2))
+    results = Results(tmp_path / "fleet.sqlite")
+    run_id = tune.start(results, spec, "local", "us-east-1")
+    lookup = tune.ReplayEvaluator(known_optimum(tmp_path), spec)
+
+    def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
+        if trial == 5:
+            time.sleep(0.3)  # still running when the controller stops after five results
+        return lookup(trial, params)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune.search(spec, evaluator, results, run_id, stop_after=5)
+    before = results.trials(run_id)
+    in_flight = set(before[before.state == "asked"].trial) - set(
+        before[before.state != "asked"].trial
+    )
+    assert in_flight  # a trial was running when the controller stopped
+
+    tune.search(spec, evaluator, results, run_id)
+    trials = results.trials(run_id)
+    asked = trials[trials.state == "asked"]
+    final = trials[trials.state != "asked"]
+    assert sorted(asked.trial) == list(range(16))  # the budget, each trial asked once
+    assert sorted(final.trial) == list(range(16))  # and finished once: none lost or rerun
+    # The in-flight trials were finished with the parameters they were asked with.
+    for trial in in_flight:
+        assert set(trials[trials.trial == trial].params) == set(
+            before[before.trial == trial].params
+        )
+
+
+def test_conditional_parameters_appear_only_where_they_apply() -> None:
+    spec = tune.from_dict(
+        {
+            "recipe": "kernels",
+            "params": {
+                "instance_type": {"kind": "categorical", "values": ["c5a.large", "c7g.large"]},
+                "vector_width": {
+                    "kind": "categorical",
+                    "values": ["256", "512"],
+                    "stage": "compile",
+                    "flag": "-mprefer-vector-width={}",
+                    "when": {"arch": "x86_64"},
+                },
+                "mcpu": {
+                    "kind": "categorical",
+                    "values": ["neoverse-n1", "neoverse-v1"],
+                    "stage": "compile",
+                    "flag": "-mcpu={}",
+                    "when": {"arch": "arm64"},
+                },
+            },
+        },
+        "inline",
+    )
+    engine = tune.Search(spec.space, "random", 0, 3)
+    seen = set()
+    for _ in range(30):
+        asked = engine.ask()
+        assert asked is not None
+        trial, params = asked
+        engine.tell(trial, 1.0)
+        if params["instance_type"] == "c5a.large":
+            assert "vector_width" in params and "mcpu" not in params
+        else:
+            assert "mcpu" in params and "vector_width" not in params
+        seen.add(spec.space.cflags(params).split("=")[0])
+    assert seen == {"-mprefer-vector-width", "-mcpu"}
+    assert Space.size(spec.space) == 4
+
+
+def test_compare_reports_each_algorithm_against_the_optimum(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    replay = known_optimum(tmp_path)
+    argv = ["tune", "compare", "--replay", str(replay), "--algorithms", "tpe,random,grid"]
+    assert main([*argv, "--seeds", "3", "--budget", "60", "--json"]) == 0
+    rows = {r["algorithm"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["grid"]["ratios"] == [1.0, 1.0, 1.0]  # 60 trials cover the grid of 60
+    assert all(r >= 1.0 for r in rows["tpe"]["ratios"] + rows["random"]["ratios"])
+
+
+def test_bad_tune_input_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    replay = known_optimum(tmp_path)
+    head = f'replay = "{replay}"\nobjective = "metric"\n'
+    cases = {
+        head: "the search space is empty",
+        head
+        + '[params.a]\nkind = "int"\nlow = 5\nhigh = 1\n': ":3: params.a: low 5 is above high 1",
+        head + '[params.a]\nkind = "normal"\n': ":3: params.a: unknown kind 'normal'",
+        head
+        + '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\nwhen = { param = "zz", in = [1] }\n': ":3: params.a: when names an unknown parameter 'zz'",
+        f'replay = "{tmp_path / "t.csv"}"\nobjective = "metric"\n'
+        '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n': "t.csv:1: the replay table has no column metric",
+    }
+    table(tmp_path / "t.csv", [{"a": 1, "runtime": 2.0}])
+    for text, expected in cases.items():
+        path = tmp_path / "bad.toml"
+        path.write_text(text)
+        assert main(["tune", str(path)]) == 2, text
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fleet: error:") and expected in err and "\n" not in err, err
+
+
+def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
+    cfg = config.load()
+    spec = tune.load(EXAMPLES / "kernels.tune.toml")
+    assert (spec.trials, spec.parallel) == (12, 2)
+    results = bench.results_db(cfg.results_dir)
+    run_id = tune.start(results, spec, cfg.cloud, cfg.region)
+    evaluator = tune.evaluator(spec, cfg)
+    outcome = tune.search(spec, evaluator, results, run_id)
+    trials = results.trials(run_id)
+    final = trials[trials.state != "asked"]
+    assert len(final) == 12 and set(final.state) == {"ok"}, final.reason.tolist()
+    for manifest in final.manifest.map(json.loads):
+        assert manifest["app"] == "kernels" and manifest["cflags"].startswith("-O3")
+        assert manifest["files"]["bin/kernels"]  # the build's own record, per trial
+    replicates = results.replicates(run_id)
+    assert sorted(set(replicates.trial)) == list(range(12))
+    assert outcome.best is not None
+    # The best configuration, run again, reproduces its metric: the new interval overlaps
+    # the recorded one (cannot be told apart).
+    again = evaluator(100, outcome.best["params"])
+    assert again.state == "ok" and again.loss is not None
+    low, high = json.loads(final[final.trial == outcome.best["trial"]].manifest.iloc[0])["interval"]
+    new_low, new_high = again.manifest["interval"]
+    assert new_low <= high and low <= new_high, ((low, high), (new_low, new_high))
