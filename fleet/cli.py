@@ -193,7 +193,13 @@ def _report(args: argparse.Namespace) -> int:
 
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
-    made = report.make(results, args.run, cfg.results_dir / "reports", html_page=not args.no_html)
+    made = report.make(
+        results,
+        args.run,
+        cfg.results_dir / "reports",
+        html_page=not args.no_html,
+        prefer=args.prefer,
+    )
     if args.json:
         print(json.dumps(made.to_json(), indent=2, default=str))
     else:
@@ -337,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     common_options(report_parser)
     report_parser.add_argument("run")
     report_parser.add_argument("--no-html", action="store_true", help="terminal table only")
+    report_parser.add_argument(
+        "--prefer", default="balanced", help="tune runs: recommend for time, cost or balanced"
+    )
 
     plan = commands.add_parser("plan", help="project time and cost of N units of work")
     common_options(plan)

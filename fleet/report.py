@@ -271,7 +271,16 @@ def _html(report: Report, plots: dict[str, str], spec: BenchSpec, frame: pd.Data
     return "\n".join(parts)
 
 
-def make(results: Results, run_id: str, reports_dir: Path, html_page: bool = True) -> Report:
+def make(
+    results: Results,
+    run_id: str,
+    reports_dir: Path,
+    html_page: bool = True,
+    prefer: str = "balanced",
+) -> Report:
+    record = results.run(run_id)
+    if record is not None and record["kind"] == "tune":
+        return make_tune(results, record, reports_dir, html_page, prefer)
     record, spec, rows = _load(results, run_id)
     if rows.empty:
         raise UserError(f"run {run_id} has no replicates yet; see `fleet status {run_id}`")
@@ -381,3 +390,171 @@ def plan_text(rows: list[dict[str, Any]]) -> str:
         for r in rows
     ]
     return tabulate(table, headers="keys")
+
+
+PREFERENCES = ("time", "cost", "balanced")
+
+
+def recommend(ok: pd.DataFrame, prefer: str) -> pd.Series | None:
+    """The trial to pick for a stated preference: fastest, cheapest, or the best sum of the two
+    relative to their bests (balanced). Falls back to the loss where time or cost is unknown."""
+    if ok.empty:
+        return None
+    if prefer not in PREFERENCES:
+        raise UserError(f"--prefer {prefer!r} is not one of {', '.join(PREFERENCES)}")
+    seconds = ok.seconds.astype(float)
+    cost = ok.cost_per_unit.astype(float)
+    if prefer == "time" and seconds.notna().any():
+        return ok.loc[seconds.idxmin()]
+    if prefer == "cost" and cost.notna().any():
+        return ok.loc[cost.idxmin()]
+    if prefer == "balanced" and seconds.notna().all() and cost.notna().all():
+        score = seconds / seconds.min() + cost / cost.min()
+        return ok.loc[score.idxmin()]
+    return ok.loc[ok.loss.astype(float).idxmin()]
+
+
+def make_tune(
+    results: Results, record: dict[str, Any], reports_dir: Path, html_page: bool, prefer: str
+) -> Report:
+    import json
+
+    run_id = record["run_id"]
+    trials = results.trials(run_id)
+    final = trials[trials.state != "asked"].copy()
+    if final.empty:
+        raise UserError(f"run {run_id} has no finished trials yet; see `fleet status {run_id}`")
+    final["order"] = range(1, len(final) + 1)
+    ok = final[final.state == "ok"]
+    spec = record["spec"]
+    lines = [record["note"]] if record["note"] else []
+    counts = final.state.value_counts().to_dict()
+    tally = ", ".join(f"{n} {state}" for state, n in counts.items())
+    lines.append(
+        f"tune run {run_id}: {len(final)} trials ({tally}); "
+        f"algorithm {spec.get('algorithm', 'tpe')}, objective {spec.get('objective', 'runtime')}"
+    )
+    chosen = recommend(ok, prefer)
+    if chosen is not None:
+        best = ok.loc[ok.loss.astype(float).idxmin()]
+        interval = json.loads(best.manifest or "{}").get("interval")
+        within = f" (95% interval {interval[0]:.4g} .. {interval[1]:.4g})" if interval else ""
+        lines.append(f"best: loss {best.loss:.6g}{within} at trial {best.trial}: {best.params}")
+        lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
+    else:
+        lines.append("no feasible trial yet")
+    for _, bad in final[final.state != "ok"].head(5).iterrows():
+        lines.append(f"{bad.state}: trial {bad.trial}: {bad.reason}")
+    shown = final[
+        [
+            "order",
+            "trial",
+            "state",
+            "loss",
+            "metric",
+            "seconds",
+            "cost_per_unit",
+            "params",
+            "reason",
+        ]
+    ]
+    report = Report(
+        run_id, record["note"], shown, final[final.state != "ok"][["trial", "state", "reason"]], ""
+    )
+    lines.append(
+        tabulate(
+            shown.drop(columns=["reason"]).tail(10), headers="keys", showindex=False, floatfmt=".4g"
+        )
+    )
+    out = reports_dir / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    shown.to_csv(out / "trials.csv", index=False)
+    report.files["trials.csv"] = out / "trials.csv"
+    if html_page and not ok.empty:
+        page = out / "index.html"
+        page.write_text(_tune_html(run_id, record, lines, _tune_plots(final, ok), shown))
+        report.files["index.html"] = page
+        lines.append(f"report: {page}")
+    report.text = "\n".join(lines)
+    return report
+
+
+def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame) -> dict[str, str]:
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots: dict[str, str] = {}
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    losses = final.loss.astype(float).where(final.state == "ok")
+    axes.plot(
+        final.order, losses.cummin(), drawstyle="steps-post", color="#1f77b4", label="best so far"
+    )
+    axes.scatter(final.order, losses, s=12, color="#7f7f7f", label="trial")
+    axes.set_xlabel("trials")
+    axes.set_ylabel("loss")
+    axes.legend()
+    axes.set_title("Convergence")
+    plots["Convergence"] = _png(figure)
+
+    params = pd.DataFrame([json.loads(p) for p in ok.params], index=ok.index)
+    if not params.empty:
+        columns = list(params.columns)
+        figure, grid = plt.subplots(1, len(columns), figsize=(3 * len(columns), 3), squeeze=False)
+        for axes, name in zip(grid[0], columns, strict=True):
+            values = params[name].astype(str)
+            axes.scatter(values, ok.loss.astype(float), s=12, color="#1f77b4")
+            axes.set_title(name, fontsize=9)
+            axes.tick_params(labelsize=7)
+        grid[0][0].set_ylabel("loss")
+        plots["Loss by parameter (partial view)"] = _png(figure)
+
+    priced = ok.dropna(subset=["seconds", "cost_per_unit"])
+    if not priced.empty:
+        frame = pd.DataFrame(
+            {
+                "seconds_per_unit": priced.seconds.astype(float),
+                "usd_per_unit": priced.cost_per_unit.astype(float),
+            }
+        )
+        front = pareto(frame)
+        figure, axes = plt.subplots(figsize=(7, 3.5))
+        axes.scatter(frame.seconds_per_unit, frame.usd_per_unit, color="#7f7f7f")
+        best = frame[front].sort_values("seconds_per_unit")
+        axes.plot(
+            best.seconds_per_unit, best.usd_per_unit, "o-", color="#2ca02c", label="Pareto front"
+        )
+        axes.set_xlabel("seconds")
+        axes.set_ylabel("USD per unit of work")
+        axes.legend()
+        plots["Time vs cost (Pareto front)"] = _png(figure)
+    return plots
+
+
+def _tune_html(
+    run_id: str,
+    record: dict[str, Any],
+    lines: list[str],
+    plots: dict[str, str],
+    shown: pd.DataFrame,
+) -> str:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>fleet tune {html.escape(run_id)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:"
+        "collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 5px}img{max-width:100%}"
+        ".note{background:#fff3cd;padding:.5em}</style></head><body>",
+    ]
+    if record["note"]:
+        parts.append(f"<p class='note'>{html.escape(record['note'])}</p>")
+    parts.append(f"<h1>fleet tune {html.escape(run_id)}</h1>")
+    parts += [f"<p>{html.escape(line)}</p>" for line in lines[1 if record["note"] else 0 : 4]]
+    for title, png in plots.items():
+        name = html.escape(title)
+        parts.append(f"<h2>{name}</h2><img alt='{name}' src='data:image/png;base64,{png}'>")
+    parts.append("<h2>Trials</h2>" + shown.to_html(index=False, na_rep="-"))
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -116,7 +116,6 @@ class CloudEvaluator:
         values = rows.metric.to_numpy(dtype=float)
         seconds = float(np.median(rows.seconds.to_numpy(dtype=float)))
         median = float(np.median(values))
-        summary = stats.summarize(values)
         price = (
             float(np.median(rows.price_usd_hour.dropna()))
             if rows.price_usd_hour.notna().any()
@@ -127,6 +126,15 @@ class CloudEvaluator:
         usd = float((rows.seconds * rows.price_usd_hour.fillna(0)).sum() / 3600)
         objective = self.spec.objective
         loss = {"runtime": seconds, "metric": median, "cost": cost}[objective]
+        # The interval of what is minimised, from the replicates (a re-run is judged by it).
+        per_replicate = {
+            "runtime": rows.seconds.to_numpy(dtype=float),
+            "metric": values,
+            "cost": np.array(
+                [stats.cost_per_unit(metric.seconds_per_unit(v), price or 0.0) for v in values]
+            ),
+        }[objective]
+        summary = stats.summarize(per_replicate)
         manifest = {**manifest, "interval": [summary.low, summary.high], "n": summary.n}
         if loss is None:
             return Evaluation(

@@ -247,3 +247,20 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
     low, high = json.loads(final[final.trial == outcome.best["trial"]].manifest.iloc[0])["interval"]
     new_low, new_high = again.manifest["interval"]
     assert new_low <= high and low <= new_high, ((low, high), (new_low, new_high))
+
+
+def test_the_tune_report_shows_best_recommendation_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    replay = known_optimum(tmp_path)
+    path = tune_file(tmp_path, replay, algorithm="grid", trials=60)
+    assert main(["tune", str(path), "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    assert main(["report", run_id, "--prefer", "time"]) == 0
+    out = capsys.readouterr().out
+    assert 'best: loss 1 at trial' in out and '{"a": 7, "b": "x"}' in out
+    assert "recommended for time" in out
+    page = (tmp_path / "reports" / run_id / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 2  # convergence, loss by parameter
+    assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
