@@ -259,7 +259,7 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     run_id = json.loads(capsys.readouterr().out)["run_id"]
     assert main(["report", run_id, "--prefer", "time"]) == 0
     out = capsys.readouterr().out
-    assert 'best: loss 1 at trial' in out and '{"a": 7, "b": "x"}' in out
+    assert "best: loss 1 at trial" in out and '{"a": 7, "b": "x"}' in out
     assert "recommended for time" in out
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 2  # convergence, loss by parameter
