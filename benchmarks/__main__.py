@@ -23,6 +23,7 @@ MODULES = [
     "benchmarks.bench_bake",
     "benchmarks.bench_monitor",
     "benchmarks.bench_report",
+    "benchmarks.bench_tune",
 ]
 
 

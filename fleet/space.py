@@ -60,6 +60,15 @@ class Param:
             return list(range(int(self.low), int(self.high) + 1, int(self.step)))
         raise ValueError(f"{self.name} is {self.kind}: continuous, it has no list of values")
 
+    @property
+    def ordinal(self) -> bool:
+        """Numbers have an order the search should use: near values perform alike (a block of
+        48 is between 32 and 64). Searched by position, not as unrelated labels."""
+        return self.kind == "int" or (
+            self.kind == "categorical"
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in self.values)
+        )
+
     def render(self, value: Any) -> str:
         if self.template:
             return self.template.replace("{}", str(value))
@@ -88,10 +97,10 @@ class Space:
         from hyperopt import hp
 
         def expression(param: Param, label: str) -> Any:
+            if param.ordinal:  # a position; Search.ask maps it back to the value
+                return hp.quniform(label, -0.5, len(param.options()) - 0.5, 1)
             if param.kind == "categorical":
                 return hp.choice(label, list(param.values))
-            if param.kind == "int":
-                return hp.choice(label, param.options())
             if param.kind == "uniform":
                 return hp.uniform(label, param.low, param.high)
             return hp.loguniform(label, math.log(param.low), math.log(param.high))
@@ -119,6 +128,16 @@ class Space:
                 branches.append(branch)
             space[param.name] = hp.choice(param.name, branches)
         return space
+
+    def from_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """hyperopt's sample -> {name: value}: nesting undone, positions turned into values."""
+        flat = self.flatten(sample)
+        for name, value in flat.items():
+            param = self.params.get(name)
+            if param is not None and param.ordinal:
+                options = param.options()
+                flat[name] = options[min(max(int(round(value)), 0), len(options) - 1)]
+        return flat
 
     @staticmethod
     def flatten(sample: dict[str, Any]) -> dict[str, Any]:

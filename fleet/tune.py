@@ -198,7 +198,7 @@ class Search:
         values = {k: v[0] for k, v in doc["misc"]["vals"].items() if v}
         sample = hyperopt.space_eval(self.hp_space, values)
         self._docs[doc["tid"]] = doc
-        return int(doc["tid"]), self.space.active(Space.flatten(sample))
+        return int(doc["tid"]), self.space.active(self.space.from_sample(sample))
 
     def tell(self, trial: int, loss: float | None) -> None:
         if self.algorithm == "grid":
