@@ -136,7 +136,7 @@ class Space:
             param = self.params.get(name)
             if param is not None and param.ordinal:
                 options = param.options()
-                flat[name] = options[min(max(int(round(value)), 0), len(options) - 1)]
+                flat[name] = options[min(max(round(value), 0), len(options) - 1)]
         return flat
 
     @staticmethod
