@@ -68,7 +68,8 @@ lint: install
 # The main job on the local cloud: show the plan, build the kernels recipe for c7i (AVX-512),
 # c5a (this machine's zen2, so its smoke test runs) and c7g (Graviton3, cross-compiled), bake
 # them into one AMI per architecture with a boot test, register Batch on them, tear Batch
-# down, and prove nothing temporary is left.
+# down, rank the tuned and generic kernels builds on two c5a sizes with fleet (report and
+# plan), and prove nothing temporary is left.
 demo: install
 	$(BIN)/amibake families --compiler gcc@12.2
 	$(BIN)/amibake build --cloud local --family c7i --recipe kernels --dry-run
@@ -77,6 +78,10 @@ demo: install
 	$(BIN)/amibake batch up --cloud local --from-bake
 	$(BIN)/amibake batch status --cloud local
 	$(BIN)/amibake batch down --cloud local
+	$(BIN)/fleet bench --cloud local --types c5a.large,c5a.xlarge --recipe kernels \
+	  --builds tuned,generic --replicates 3 --warmups 1 --args "--size 2"
+	$(BIN)/fleet report last
+	$(BIN)/fleet plan last --work 1e6 --deadline 1h --budget 1
 	$(BIN)/amibake gc --cloud local --dry-run
 	$(BIN)/amibake local down
 

@@ -14,6 +14,16 @@ from amibake.cli import Parser, common_options, config_from, guarded, print_resu
 from amibake.errors import UserError
 
 
+def _run_id(results: Any, name: str) -> str:
+    """A run id, or `last` for the newest run."""
+    if name != "last":
+        return name
+    runs = results.run_ids()
+    if not runs:
+        raise UserError(f"no fleet runs yet in {results.path}")
+    return str(runs[-1])
+
+
 def _list(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
@@ -162,7 +172,7 @@ def _status(args: argparse.Namespace) -> int:
             ),
         )
         return 0
-    state = control.status(results, args.run)
+    state = control.status(results, _run_id(results, args.run))
     print_result(args, state, control.status_text)
     return 0
 
@@ -214,7 +224,7 @@ def _plan(args: argparse.Namespace) -> int:
     results = bench.results_db(cfg.results_dir)
     rows = report.plan(
         results,
-        args.run,
+        _run_id(results, args.run),
         work=args.work,
         instances=args.instances,
         deadline_h=report.hours(args.deadline) if args.deadline else None,
@@ -341,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report_parser = commands.add_parser("report", help="tables, plots and CSV of a run")
     common_options(report_parser)
-    report_parser.add_argument("run")
+    report_parser.add_argument("run", help="a run id, or last")
     report_parser.add_argument("--no-html", action="store_true", help="terminal table only")
     report_parser.add_argument(
         "--prefer", default="balanced", help="tune runs: recommend for time, cost or balanced"
@@ -349,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="project time and cost of N units of work")
     common_options(plan)
-    plan.add_argument("run")
+    plan.add_argument("run", help="a run id, or last")
     plan.add_argument("--work", type=float, required=True, help="units of work to do")
     plan.add_argument("--instances", type=int, default=1, help="instances working at once")
     plan.add_argument("--deadline", help="e.g. 4h, 90m")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleet import monitor
+from fleet.agent import monitor
 
 WORKLOAD = (
     "import subprocess, sys, time\n"

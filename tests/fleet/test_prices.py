@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from amibake.cloud import Cloud
 from fleet import prices
 from fleet.cli import main
 
@@ -71,11 +72,29 @@ def test_a_malformed_table_names_file_and_line(tmp_path: Path) -> None:
 def test_fleet_prices_prints_the_table_with_its_date(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prices", "--family", "c7i,c7g"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith(
-        "EC2 Linux prices, us-east-1, USD/hour, snapshot of 2026-11-22"
-    )
+    assert out.splitlines()[0].startswith("EC2 Linux prices, us-east-1, USD/hour, as of 2026-11-22")
     assert "c7g.large" in out and "c7i.48xlarge" in out and "m7i.large" not in out
     assert main(["prices", "--type", "c7x.large"]) == 2
     assert "no price for c7x.large" in capsys.readouterr().err
     assert main(["bench"]) == 2
-    assert "not built yet" in capsys.readouterr().err
+    assert "name at least one instance type" in capsys.readouterr().err
+
+
+def test_refresh_reads_the_spot_history_and_says_what_it_kept(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = prices.refresh(cloud, ["c5a"])
+    saved = cloud.config.results_dir / prices.SNAPSHOT
+    try:
+        assert json.loads(saved.read_text())["generated_by"] == "fleet prices --refresh"
+        assert document["source"].startswith("local: EC2 DescribeSpotPriceHistory")
+        # The local cloud has no Pricing API: on-demand prices stay the snapshot's, and say so.
+        assert "on-demand prices kept from 2026-11-22" in document["note"]
+        entry = document["prices"]["c5a.large"]
+        assert entry["on_demand"] == prices.snapshot()["prices"]["c5a.large"]["on_demand"]
+        assert "no spot price history" not in document["note"]
+        assert entry["spot"] and all(p > 0 for p in entry["spot"].values())
+        assert main(["prices", "--family", "c5a"]) == 0  # the refreshed table is the one in use
+        assert "(local: EC2 DescribeSpotPriceHistory" in capsys.readouterr().out
+    finally:
+        saved.unlink()
