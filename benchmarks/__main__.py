@@ -24,6 +24,7 @@ MODULES = [
     "benchmarks.bench_monitor",
     "benchmarks.bench_report",
     "benchmarks.bench_tune",
+    "benchmarks.bench_tuned",
 ]
 
 
