@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from amibake.errors import UserError
+from fleet.spec import line_of
 
 KINDS = ("categorical", "int", "uniform", "loguniform")
 STAGES = ("compile", "run")
@@ -186,11 +186,6 @@ class Space:
         )
 
 
-def _line_of(text: str, name: str) -> int | None:
-    match = re.search(rf"^\s*\[params\.{re.escape(name)}\]", text, re.MULTILINE)
-    return text.count("\n", 0, match.start()) + 1 if match else None
-
-
 def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
     """The [params] table of a tune file; every problem names the file and line. ``types`` are
     the instance types in play when the type is not itself a parameter."""
@@ -207,7 +202,7 @@ def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
         raise UserError(f"{where}: {exc}") from None
 
     def fail(name: str, message: str) -> UserError:
-        line = _line_of(text, name)
+        line = line_of(text, f"params.{name}")
         return UserError(f"{where}{f':{line}' if line else ''}: params.{name}: {message}")
 
     if not isinstance(raw, dict) or not raw:

@@ -142,7 +142,8 @@ class BenchSpec:
         return (self.workload or self.command).replace("{args}", self.args)
 
 
-def _line_of(text: str, key: str) -> int | None:
+def line_of(text: str, key: str) -> int | None:
+    """The line of `key = ...` or of a `[key]` table in a TOML text, for error messages."""
     match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
     if match is None:
         match = re.search(rf"^\s*\[{re.escape(key)}\]", text, re.MULTILINE)
@@ -205,13 +206,13 @@ def load(
     for key in data:
         if key not in KNOWN_KEYS:
             raise UserError(
-                f"{where}:{_line_of(text, key)}: unknown key {key!r}; "
+                f"{where}:{line_of(text, key)}: unknown key {key!r}; "
                 f"known: {', '.join(sorted(KNOWN_KEYS))}"
             )
     data.update({k: v for k, v in overrides.items() if v is not None})
 
     def fail(key: str, message: str) -> UserError:
-        line = _line_of(text, key) if key not in overrides or overrides[key] is None else None
+        line = line_of(text, key) if key not in overrides or overrides[key] is None else None
         return UserError(f"{where}{f':{line}' if line else ''}: {key}: {message}")
 
     return _build(data, fail, recipes_dir)

@@ -9,6 +9,7 @@ trial is lost or run twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -27,6 +28,7 @@ import pandas as pd
 from amibake.errors import UserError
 from fleet.results import Results, new_run_id
 from fleet.space import Space, parse
+from fleet.spec import line_of
 
 log = logging.getLogger("amibake")
 ALGORITHMS = ("tpe", "random", "grid")
@@ -79,13 +81,6 @@ class TuneSpec:
         return max(3, min(20, self.trials // 4))
 
 
-def _line(text: str, key: str) -> str:
-    import re
-
-    match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
-    return f":{text.count(chr(10), 0, match.start()) + 1}" if match else ""
-
-
 def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
     try:
         text = path.read_text()
@@ -101,7 +96,8 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
 
 def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Path(".")) -> TuneSpec:
     def fail(key: str, message: str) -> UserError:
-        return UserError(f"{where}{_line(text, key)}: {key}: {message}")
+        line = line_of(text, key)
+        return UserError(f"{where}{f':{line}' if line else ''}: {key}: {message}")
 
     known = {
         "params", "objective", "algorithm", "seed", "trials", "startup_trials", "parallel",
@@ -381,8 +377,6 @@ def _replay_record(
     """Bring a fresh search to the recorded state; return the trials asked but never told."""
     recorded = results.trials(run_id)
     pending: dict[int, dict[str, Any]] = {}
-    import json
-
     for row in recorded.itertuples():
         params = json.loads(row.params)
         if row.state == "asked":
@@ -400,8 +394,6 @@ def _replay_record(
 
 
 def best(results: Results, run_id: str) -> dict[str, Any] | None:
-    import json
-
     trials = results.trials(run_id)
     ok = trials[trials.state == "ok"]
     if ok.empty:
