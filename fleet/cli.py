@@ -205,7 +205,7 @@ def _report(args: argparse.Namespace) -> int:
     results = bench.results_db(cfg.results_dir)
     made = report.make(
         results,
-        args.run,
+        _run_id(results, args.run),
         cfg.results_dir / "reports",
         html_page=not args.no_html,
         prefer=args.prefer,

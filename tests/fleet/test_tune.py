@@ -257,8 +257,9 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     path = tune_file(tmp_path, replay, algorithm="grid", trials=60)
     assert main(["tune", str(path), "--json"]) == 0
     run_id = json.loads(capsys.readouterr().out)["run_id"]
-    assert main(["report", run_id, "--prefer", "time"]) == 0
+    assert main(["report", "last", "--prefer", "time"]) == 0  # `last`: the newest run
     out = capsys.readouterr().out
+    assert out.startswith(f"tune run {run_id}:")
     assert "best: loss 1 at trial" in out and '{"a": 7, "b": "x"}' in out
     assert "recommended for time" in out
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
