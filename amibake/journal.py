@@ -36,15 +36,22 @@ class Resource:
     created: float
 
 
+def open_database(path: Path, schema: str) -> sqlite3.Connection:
+    """An SQLite file in WAL mode, shared by threads (callers hold a lock), autocommitting: a
+    reader never waits on a writer, and a row is on disk once its statement returns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(schema)
+    return db
+
+
 class Journal:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        self._db = open_database(path, SCHEMA)
 
     def _exec(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         with self._lock:

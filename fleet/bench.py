@@ -165,9 +165,7 @@ def execute(
     before_replicate: Any = None,
 ) -> dict[str, Any]:
     """Run (or finish) a recorded run; returns what happened per type."""
-    record = results.run(run_id)
-    if record is None:
-        raise UserError(f"no fleet run {run_id!r} in {results.path}; see `fleet status`")
+    record = results.require(run_id)
     spec = BenchSpec.from_json(record["spec"])
     if spec.executor != "ssh":
         raise UserError(

@@ -103,9 +103,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.resume:
         if args.file or args.types:
             raise UserError("--resume RUN takes the run's own plan: drop the file and --types")
-        record = results.run(args.resume)
-        if record is None:
-            raise UserError(f"no fleet run {args.resume!r} in {results.path}; see `fleet status`")
+        results.require(args.resume)
         run_id = args.resume
     else:
         overrides: dict[str, Any] = {

@@ -12,7 +12,6 @@ from typing import Any
 
 from amibake import gc
 from amibake.cloud import Cloud
-from amibake.errors import UserError
 from amibake.journal import Journal
 from fleet.results import Results
 
@@ -46,13 +45,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
     from fleet.bench import plan
     from fleet.spec import BenchSpec
 
-    record = results.run(run_id)
-    if record is None:
-        known = results.run_ids()[-5:]
-        raise UserError(
-            f"no fleet run {run_id!r} in {results.path}"
-            + (f"; recent runs: {', '.join(known)}" if known else "")
-        )
+    record = results.require(run_id)
     events = results.events(run_id)
     last = events[-1][1] if events else "created"
     live = controller(results, run_id)

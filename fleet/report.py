@@ -48,13 +48,7 @@ class Report:
 
 
 def _load(results: Results, run_id: str) -> tuple[dict[str, Any], BenchSpec, pd.DataFrame]:
-    record = results.run(run_id)
-    if record is None:
-        known = results.run_ids()[-5:]
-        raise UserError(
-            f"no fleet run {run_id!r} in {results.path}"
-            + (f"; recent runs: {', '.join(known)}" if known else "")
-        )
+    record = results.require(run_id)
     return record, BenchSpec.from_json(record["spec"]), results.replicates(run_id)
 
 
@@ -240,35 +234,42 @@ def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str,
     return plots
 
 
-def _html(report: Report, plots: dict[str, str], spec: BenchSpec, frame: pd.DataFrame) -> str:
+def _page(title: str, note: str, intro: list[str], plots: dict[str, str], tail: list[str]) -> str:
+    """One self-contained page: the local-cloud note first, the plots inline as PNG."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>fleet report {html.escape(report.run_id)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1000px}"
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
         "padding:3px 6px}.note{background:#fff3cd;padding:.5em}img{max-width:100%}</style>",
         "</head><body>",
     ]
-    if report.note:
-        parts.append(f"<p class='note'>{html.escape(report.note)}</p>")
-    parts.append(f"<h1>fleet report {html.escape(report.run_id)}</h1>")
+    if note:
+        parts.append(f"<p class='note'>{html.escape(note)}</p>")
+    parts.append(f"<h1>{html.escape(title)}</h1>")
+    parts += intro
+    for name, png in plots.items():
+        escaped = html.escape(name)
+        parts.append(f"<h2>{escaped}</h2><img alt='{escaped}' src='data:image/png;base64,{png}'>")
+    parts += tail
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _html(report: Report, plots: dict[str, str], spec: BenchSpec, frame: pd.DataFrame) -> str:
     what = spec.recipe or spec.command
-    parts.append(
+    intro = [
         f"<p>{html.escape(what)}: {len(spec.types)} types, builds {', '.join(spec.builds)}, "
         f"{spec.replicates} replicates after {spec.warmups} warm-up(s); metric "
         f"{html.escape(spec.metric.kind)} ({html.escape(spec.metric.unit)}, "
         f"{'higher' if spec.metric.higher_is_better else 'lower'} is better). Equal ranks "
-        "cannot be told apart: their intervals overlap.</p>"
-    )
-    parts.append(frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
-    for title, png in plots.items():
-        name = html.escape(title)
-        parts.append(f"<h2>{name}</h2><img alt='{name}' src='data:image/png;base64,{png}'>")
+        "cannot be told apart: their intervals overlap.</p>",
+        frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"),
+    ]
+    tail = []
     if not report.failures.empty:
-        parts.append("<h2>Failed replicates</h2>")
-        parts.append(report.failures.to_html(index=False))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        tail = ["<h2>Failed replicates</h2>", report.failures.to_html(index=False)]
+    return _page(f"fleet report {report.run_id}", report.note, intro, plots, tail)
 
 
 def make(
@@ -541,20 +542,6 @@ def _tune_html(
     plots: dict[str, str],
     shown: pd.DataFrame,
 ) -> str:
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>fleet tune {html.escape(run_id)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:"
-        "collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 5px}img{max-width:100%}"
-        ".note{background:#fff3cd;padding:.5em}</style></head><body>",
-    ]
-    if record["note"]:
-        parts.append(f"<p class='note'>{html.escape(record['note'])}</p>")
-    parts.append(f"<h1>fleet tune {html.escape(run_id)}</h1>")
-    parts += [f"<p>{html.escape(line)}</p>" for line in lines[1 if record["note"] else 0 : 4]]
-    for title, png in plots.items():
-        name = html.escape(title)
-        parts.append(f"<h2>{name}</h2><img alt='{name}' src='data:image/png;base64,{png}'>")
-    parts.append("<h2>Trials</h2>" + shown.to_html(index=False, na_rep="-"))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    intro = [f"<p>{html.escape(line)}</p>" for line in lines[1 if record["note"] else 0 : 4]]
+    tail = ["<h2>Trials</h2>" + shown.to_html(index=False, na_rep="-")]
+    return _page(f"fleet tune {run_id}", record["note"], intro, plots, tail)

@@ -8,7 +8,6 @@ killed at any moment leaves a database that says exactly what finished.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 import uuid
@@ -17,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from amibake.errors import UserError
+from amibake.journal import open_database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -80,13 +82,9 @@ def new_run_id(prefix: str = "fb") -> str:
 
 class Results:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        self._db = open_database(path, SCHEMA)
 
     def close(self) -> None:
         self._db.close()
@@ -121,6 +119,17 @@ class Results:
             "region": region,
             "note": note,
         }
+
+    def require(self, run_id: str) -> dict[str, Any]:
+        """The run, or a one-line error naming the recent ones."""
+        record = self.run(run_id)
+        if record is None:
+            known = self.run_ids()[-5:]
+            raise UserError(
+                f"no fleet run {run_id!r} in {self.path}"
+                + (f"; recent runs: {', '.join(known)}" if known else "")
+            )
+        return record
 
     def run_ids(self) -> list[str]:
         return [r[0] for r in self._exec("SELECT run_id FROM runs ORDER BY created")]

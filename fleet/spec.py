@@ -142,6 +142,19 @@ class BenchSpec:
         return (self.workload or self.command).replace("{args}", self.args)
 
 
+def read_toml(path: Path, what: str) -> tuple[str, dict[str, Any]]:
+    """A TOML file's text (for line numbers in later errors) and data; a one-line UserError
+    naming the file (and TOML's own line) when it cannot be read or parsed."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: {exc}") from None
+
+
 def line_of(text: str, key: str) -> int | None:
     """The line of `key = ...` or of a `[key]` table in a TOML text, for error messages."""
     match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
@@ -195,14 +208,7 @@ def load(
     where = "command line"
     if path is not None:
         where = str(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read the bench file: {exc.strerror}") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"{path}: {exc}") from None
+        text, data = read_toml(path, "bench file")
     for key in data:
         if key not in KNOWN_KEYS:
             raise UserError(

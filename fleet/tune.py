@@ -14,7 +14,6 @@ import logging
 import math
 import random
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import pandas as pd
 from amibake.errors import UserError
 from fleet.results import Results, new_run_id
 from fleet.space import Space, parse
-from fleet.spec import line_of
+from fleet.spec import line_of, read_toml
 
 log = logging.getLogger("amibake")
 ALGORITHMS = ("tpe", "random", "grid")
@@ -82,14 +81,7 @@ class TuneSpec:
 
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the tune file: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: {exc}") from None
+    text, data = read_toml(path, "tune file")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return from_dict(data, str(path), text, path.parent)
 
