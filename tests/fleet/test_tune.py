@@ -240,13 +240,20 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
     replicates = results.replicates(run_id)
     assert sorted(set(replicates.trial)) == list(range(12))
     assert outcome.best is not None
-    # The best configuration, run again, reproduces its metric: the new interval overlaps
-    # the recorded one (cannot be told apart).
+    # The best configuration, run again, is the same build and reproduces its metric: the new
+    # interval overlaps the recorded one. Both are widened by 15%: a 3-replicate interval only
+    # holds one sitting's noise, and the best of 12 noisy trials is biased low (the winner's
+    # curse), while a wrong configuration (threads 1 for 2, -O0) is off by far more.
     again = evaluator(100, outcome.best["params"])
     assert again.state == "ok" and again.loss is not None
-    low, high = json.loads(final[final.trial == outcome.best["trial"]].manifest.iloc[0])["interval"]
+    recorded = json.loads(final[final.trial == outcome.best["trial"]].manifest.iloc[0])
+    assert again.manifest["files"] == recorded["files"]
+    low, high = recorded["interval"]
     new_low, new_high = again.manifest["interval"]
-    assert new_low <= high and low <= new_high, ((low, high), (new_low, new_high))
+    slack = 0.15
+    assert new_low * (1 - slack) <= high * (1 + slack) and low * (1 - slack) <= new_high * (
+        1 + slack
+    ), ((low, high), (new_low, new_high))
 
 
 def test_the_tune_report_shows_best_recommendation_and_plots(
