@@ -20,6 +20,16 @@ def _bake(cloud: Cloud) -> str:
     return outcome.state.image_id  # type: ignore[union-attr, no-any-return]
 
 
+def _wait_job(client: object, job_id: str, timeout_s: float = 60) -> dict:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.describe_jobs(jobs=[job_id])["jobs"][0]  # type: ignore[attr-defined]
+        if job["status"] in ("SUCCEEDED", "FAILED"):
+            return job  # type: ignore[no-any-return]
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not end in {timeout_s}s")
+
+
 def test_full_flow_up_job_swap_down(cloud: Cloud, built: None, local_dir: Path) -> None:  # noqa: F811
     first = _bake(cloud)
     amis = cloud.config.results_dir / "amis.json"
@@ -55,6 +65,24 @@ def test_full_flow_up_job_swap_down(cloud: Cloud, built: None, local_dir: Path) 
             break
         time.sleep(0.5)
     assert state == "SUCCEEDED"
+    # It really ran on a host booted from the baked image: its output is the staged build.
+    described = client.describe_jobs(jobs=[job])["jobs"][0]
+    events = cloud.client("logs").get_log_events(
+        logGroupName="/aws/batch/job", logStreamName=described["container"]["logStreamName"]
+    )["events"]
+    assert '"app": "trivial"' in "\n".join(e["message"] for e in events)
+    assert described["container"]["exitCode"] == 0
+
+    # A command that fails makes a FAILED job with its exit code and Batch's reason.
+    failing = client.submit_job(
+        jobName="fails",
+        jobQueue="amibake-x86_64",
+        jobDefinition="amibake-trivial-x86_64",
+        containerOverrides={"command": ["/bin/sh", "-c", "echo no; exit 3"]},
+    )["jobId"]
+    ended = _wait_job(client, failing)
+    assert (ended["status"], ended["container"]["exitCode"]) == ("FAILED", 3)
+    assert ended["statusReason"] == "Essential container in task exited"
 
     # A new image: a new environment swapped into the queue, the old one retired.
     second = _bake(cloud)

@@ -79,7 +79,7 @@ def serve(settings: LocalSettings) -> None:
     )
     from werkzeug.serving import make_server
 
-    from amibake.local import moto_gaps
+    from amibake.local import jobs, moto_gaps
     from amibake.local.gateway import Gateway
 
     moto_gaps.apply()
@@ -90,6 +90,7 @@ def serve(settings: LocalSettings) -> None:
         cloud.images.seed_ecs_base(image["ami_id"])
     stop = threading.Event()
     gateway = Gateway(DomainDispatcherApplication(create_backend_app), cloud, stop)
+    jobs.install(jobs.JobRunner(cloud, gateway.start_sandbox))
     try:
         server = make_server(
             "127.0.0.1", settings.port, gateway, threaded=True, request_handler=MotoRequestHandler

@@ -125,10 +125,10 @@ class Gateway:
         backend = self._backend(account, region)
         if action == "RunInstances":
             for instance_id in _INSTANCE_ID.findall(text):
-                self._launch(backend, instance_id, account, region)
+                self.start_sandbox(backend, instance_id, account, region)
         elif action == "CreateFleet":
             for instance_id in set(_FLEET_INSTANCE.findall(text)):
-                self._launch(backend, instance_id, account, region)
+                self.start_sandbox(backend, instance_id, account, region)
         elif action == "TerminateInstances":
             for key, instance_id in params.items():
                 if key.startswith("InstanceId."):
@@ -147,7 +147,7 @@ class Gateway:
                 return text.encode()
         return response
 
-    def _launch(self, backend: Any, instance_id: str, account: str, region: str) -> None:
+    def start_sandbox(self, backend: Any, instance_id: str, account: str, region: str) -> None:
         instance = backend.get_instance(instance_id)
         key_name = instance.key_name
         user_data = instance.user_data

@@ -331,6 +331,47 @@ echo "cloud-init: boot finished"
 wait
 """
 
+    def container(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Run ``argv`` inside the sandbox the way ECS runs a container on its host: its own PID
+        namespace (killing the returned process kills the whole job) and its own /proc, the
+        host's filesystem with its mounts (``/shared``), as root, with only ``env``.
+
+        The daemon is outside the sandbox, so it first joins the sandbox's namespaces (those of
+        its PID 1, the child of ``unshare``). Output (stdout and stderr) comes on a pipe."""
+        assert self.process is not None
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        try:
+            init = children.read_text().split()[0]
+        except (OSError, IndexError):
+            raise LocalCloudError(f"sandbox {self.spec.instance_id} is not running") from None
+        merged = str(self.root / "merged")
+        command = ["nsenter", "--target", init, "--mount", "--uts", "--pid"]
+        if os.geteuid() != 0:
+            command += ["--user", "--preserve-credentials"]
+        command += [
+            "--",
+            "unshare",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child=SIGKILL",
+            f"--mount-proc={merged}/proc",
+            "chroot",
+            merged,
+            *argv,
+        ]
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd="/",
+            start_new_session=True,  # one process group: see jobs._kill
+            preexec_fn=_set_pdeathsig,
+            close_fds=True,
+        )
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Kill the sandbox and remove its directory; confirm nothing is left."""
         if self.process is not None and self.process.poll() is None:

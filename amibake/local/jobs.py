@@ -1,0 +1,282 @@
+"""The local cloud's AWS Batch data plane: a job submitted to moto really runs.
+
+moto without Docker marks every job SUCCEEDED at once and runs nothing. Here, as on AWS, a job
+waits RUNNABLE until its queue's compute environment has a host. The host is an EC2 instance
+launched for the environment (its image override, its first instance type, its subnets and
+security groups, its ``computeResources.tags``), and so a real sandbox that boots the image's
+units. The job runs on it as ECS runs a container: its own PID namespace, the host's ``/shared``,
+the job's command and environment plus Batch's ``AWS_BATCH_*`` variables. Its output goes to
+CloudWatch Logs (``/aws/batch/job``, the stream named in the job's attempt), its exit code
+decides SUCCEEDED or FAILED, and ``TerminateJob`` kills it. A host that dies under a job fails
+the job with Batch's own reason, ``Host EC2 (instance i-...) terminated.``: that is how a spot
+interruption shows on Batch.
+
+What differs from AWS, on purpose: the container image is not pulled (the job sees the host's
+filesystem), each environment has one host that runs its jobs one at a time (what a benchmark
+wants anyway), and the host lives until its environment is deleted instead of scaling in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from amibake.errors import LocalCloudError
+from amibake.local.engine import LocalCloud
+
+log = logging.getLogger("amibake.local")
+LOG_GROUP = "/aws/batch/job"
+HOST_GONE = "Host EC2 (instance {}) terminated."
+EXITED = "Essential container in task exited"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BOOT_TIMEOUT_S = 120.0
+
+# (EC2 backend, instance id, account, region): starts the sandbox of an instance moto created.
+LaunchFn = Callable[[Any, str, str, str], None]
+
+
+class JobRunner:
+    """Takes every job moto accepts and runs it on its compute environment's host."""
+
+    def __init__(self, cloud: LocalCloud, launch: LaunchFn) -> None:
+        self.cloud = cloud
+        self.launch = launch
+        self.hosts: dict[str, Host] = {}  # compute environment ARN -> its host
+        self._lock = threading.Lock()
+
+    def accept(self, backend: Any, job: Any, runs: bool) -> None:
+        """Called by moto's submit_job for each job; ``runs`` is False for an array's parent,
+        whose status follows its children."""
+        backend._jobs[job.job_id] = job
+        job.status = "PENDING" if not runs else "RUNNABLE"
+        if not runs:
+            return
+        environment = next((e for e in job.job_queue.environments if e.state == "ENABLED"), None)
+        if environment is None:
+            return  # as on AWS: RUNNABLE until the queue has an enabled environment
+        with self._lock:
+            host = self.hosts.get(environment.arn)
+            if host is None or not host.thread.is_alive():
+                host = self.hosts[environment.arn] = Host(self, backend, environment)
+        host.jobs.put(job)
+
+
+class Host:
+    """One compute environment's instance and the jobs it runs, one at a time, in order."""
+
+    def __init__(self, runner: JobRunner, backend: Any, environment: Any) -> None:
+        self.runner = runner
+        self.backend = backend
+        self.environment = environment
+        self.instance_id: str | None = None
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.thread = threading.Thread(
+            target=self._loop, name=f"batch-host-{environment.name}", daemon=True
+        )
+        self.thread.start()
+
+    # --- the environment's life ---------------------------------------------------------
+
+    def _environment_alive(self) -> bool:
+        return self.environment.arn in self.backend._compute_environments
+
+    def _loop(self) -> None:
+        while self._environment_alive():
+            try:
+                job = self.jobs.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            try:
+                self._run(job)
+            except Exception as exc:  # a job must end, whatever broke
+                log.exception("batch job %s", job.job_id)
+                self._stop(job, False, f"local cloud: {exc}")
+
+    def _sandbox_alive(self) -> bool:
+        return self.instance_id is not None and self.instance_id in self.runner.cloud.sandboxes
+
+    def _ensure_instance(self) -> str:
+        if self._sandbox_alive():
+            assert self.instance_id is not None
+            return self.instance_id
+        from moto.ec2.models import ec2_backends
+
+        resources = self.environment.compute_resources
+        image = next(
+            (c.get("imageIdOverride") for c in resources.get("ec2Configuration", [])), None
+        )
+        if not image:
+            raise LocalCloudError(
+                f"compute environment {self.environment.name} has no ec2Configuration "
+                "imageIdOverride: the local cloud has no ECS-optimized image to pick"
+            )
+        account, region = self.backend.account_id, self.backend.region_name
+        ec2 = ec2_backends[account][region]
+        tags = {
+            **(resources.get("tags") or {}),
+            "aws:batch:compute-environment": self.environment.name,
+        }
+        reservation = ec2.run_instances(
+            image_id=image,
+            count=1,
+            user_data=None,
+            security_group_names=[],
+            instance_type=resources["instanceTypes"][0],
+            region_name=region,
+            subnet_id=resources["subnets"][0],
+            key_name=None,
+            security_group_ids=resources.get("securityGroupIds", []),
+            is_instance_type_default=False,
+            tags={"instance": tags},
+            lifecycle="spot" if resources.get("type") == "SPOT" else None,
+        )
+        instance = reservation.instances[0]
+        self.environment.add_instance(instance)  # DeleteComputeEnvironment terminates it
+        self.runner.launch(ec2, instance.id, account, region)
+        sandbox = self.runner.cloud.sandboxes.get(instance.id)
+        if sandbox is None:
+            raise LocalCloudError(f"host {instance.id} of {self.environment.name} did not start")
+        # The ECS agent registers once the instance has booted: wait for the boot units.
+        finished = sandbox.upper / "var/lib/cloud/instance/boot-finished"
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while not finished.exists():
+            if time.monotonic() > deadline or instance.id not in self.runner.cloud.sandboxes:
+                raise LocalCloudError(f"host {instance.id} did not finish booting")
+            time.sleep(0.1)
+        self.instance_id = instance.id
+        log.info("batch host %s up for %s", instance.id, self.environment.name)
+        return instance.id
+
+    # --- one job ------------------------------------------------------------------------
+
+    def _run(self, job: Any) -> None:
+        if job.stop:
+            self._stop(job, False, job.job_stopped_reason or "terminated before it started")
+            return
+        instance_id = self._ensure_instance()
+        sandbox = self.runner.cloud.sandboxes[instance_id]
+        job.status = "STARTING"
+        job.log_stream_name = f"{job.job_definition.name}/default/{uuid.uuid4().hex}"
+        job.job_started_at = _now()
+        job._start_attempt()
+        job.latest_attempt["container"]["containerInstanceArn"] = instance_id
+        process = sandbox.container(self._command(job), self._environment(job))
+        job.status = "RUNNING"
+        lines: list[dict[str, Any]] = []
+        reader = threading.Thread(target=_read, args=(process, lines), daemon=True)
+        reader.start()
+        while process.poll() is None:
+            if job.stop or instance_id not in self.runner.cloud.sandboxes:
+                _kill(process)
+                break
+            time.sleep(0.2)
+        code = process.wait()
+        reader.join(timeout=5)
+        self._logs(job, lines)
+        if instance_id not in self.runner.cloud.sandboxes:
+            self.instance_id = None
+            self._stop(job, False, HOST_GONE.format(instance_id))
+        elif job.stop:
+            self._stop(job, False, job.job_stopped_reason or "terminated")
+        else:
+            job.exit_code = code
+            self._stop(job, code == 0, None if code == 0 else EXITED)
+
+    @staticmethod
+    def _command(job: Any) -> list[str]:
+        command = job._add_parameters_to_command(job._get_container_property("command", []))
+        if not command:
+            raise LocalCloudError("the job has no command (the local cloud pulls no image)")
+        return [str(part) for part in command]
+
+    def _environment(self, job: Any) -> dict[str, str]:
+        props = job.job_definition.container_properties or {}
+        env = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8"}
+        overrides = job.container_overrides.get("environment", [])
+        for source in (props.get("environment", []), overrides):
+            env.update({e["name"]: str(e["value"]) for e in source})
+        env.update(
+            AWS_BATCH_JOB_ID=job.job_id,
+            AWS_BATCH_JQ_NAME=job.job_queue.name,
+            AWS_BATCH_CE_NAME=self.environment.name,
+            AWS_BATCH_JOB_ATTEMPT=str(len(job.attempts)),
+        )
+        if "index" in job.array_properties:
+            env["AWS_BATCH_JOB_ARRAY_INDEX"] = str(job.array_properties["index"])
+        return env
+
+    @staticmethod
+    def _logs(job: Any, lines: list[dict[str, Any]]) -> None:
+        logs = job._log_backend
+        logs.ensure_log_group(LOG_GROUP)
+        logs.ensure_log_stream(LOG_GROUP, job.log_stream_name)
+        if lines:
+            logs.put_log_events(LOG_GROUP, job.log_stream_name, lines)
+
+    def _stop(self, job: Any, success: bool, reason: str | None) -> None:
+        if reason:
+            job.job_stopped_reason = reason
+        job._mark_stopped(success=success)
+        parent_id, _, index = job.job_id.rpartition(":")
+        parent = self.backend._jobs.get(parent_id) if index.isdigit() else None
+        children = getattr(parent, "_child_jobs", None) or []
+        if parent is not None and children and all(c.job_stopped for c in children):
+            parent._mark_stopped(success=all(c.status == "SUCCEEDED" for c in children))
+
+
+def _now() -> Any:
+    from datetime import datetime
+
+    return datetime.now()
+
+
+def _read(process: subprocess.Popen[bytes], lines: list[dict[str, Any]]) -> None:
+    assert process.stdout is not None
+    for raw in process.stdout:
+        message = raw.decode(errors="replace").rstrip("\n")
+        lines.append({"timestamp": int(time.time() * 1000), "message": message})
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """The job's process group: nsenter and unshare, whose death takes the job's PID namespace."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def install(runner: JobRunner) -> None:
+    """Route moto's Docker-less Batch (which would mark every job SUCCEEDED) to the runner."""
+    from moto.batch_simple.models import BatchSimpleBackend
+    from moto.moto_api import state_manager
+
+    # Job states are ours to set: never advanced by moto on describe.
+    state_manager.set_transition("batch::job", {"progression": "manual", "times": 10**9})
+
+    def mark(self: Any, include_start_attempt: bool, job: Any) -> None:
+        runner.accept(self.backend, job, runs=include_start_attempt)
+
+    BatchSimpleBackend._mark_job_as_finished = mark  # type: ignore[method-assign]
+
+    # DescribeJobs on AWS reports the container's exit code; moto's full describe drops it.
+    from moto.batch.models import Job
+
+    details = Job._container_details
+    if getattr(details, "_amibake", False):
+        return
+
+    def container_details(self: Any) -> dict[str, Any]:
+        found = details(self)
+        if self.exit_code is not None:
+            found["exitCode"] = self.exit_code
+        return found
+
+    container_details._amibake = True  # type: ignore[attr-defined]
+    Job._container_details = container_details  # type: ignore[method-assign]
