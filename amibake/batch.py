@@ -141,6 +141,89 @@ def _network(cloud: Cloud) -> tuple[list[str], str]:
     return subnets, str(created["GroupId"])
 
 
+def bucket_name(cloud: Cloud) -> str:
+    """The bucket jobs exchange files through (fleet's payloads and monitor CSVs): one per
+    account and region, named so it is globally unique."""
+    account = cloud.client("sts").get_caller_identity()["Account"]
+    return f"amibake-batch-{account}-{cloud.config.region}"
+
+
+def _ensure_bucket(cloud: Cloud) -> str:
+    s3 = cloud.client("s3")
+    name = bucket_name(cloud)
+    try:
+        s3.head_bucket(Bucket=name)
+        return name
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+            raise
+    where = cloud.config.region
+    s3.create_bucket(
+        Bucket=name,
+        **(
+            {}
+            if where == "us-east-1"
+            else {"CreateBucketConfiguration": {"LocationConstraint": where}}
+        ),
+    )
+    s3.put_public_access_block(
+        Bucket=name,
+        PublicAccessBlockConfiguration={
+            "BlockPublicAcls": True,
+            "IgnorePublicAcls": True,
+            "BlockPublicPolicy": True,
+            "RestrictPublicBuckets": True,
+        },
+    )
+    s3.put_bucket_encryption(
+        Bucket=name,
+        ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+        },
+    )
+    # What a SIGKILLed run could not delete goes by itself within a week.
+    s3.put_bucket_lifecycle_configuration(
+        Bucket=name,
+        LifecycleConfiguration={
+            "Rules": [
+                {
+                    "ID": "expire",
+                    "Status": "Enabled",
+                    "Filter": {"Prefix": ""},
+                    "Expiration": {"Days": 7},
+                }
+            ]
+        },
+    )
+    s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": [{"Key": TAG, "Value": "true"}]})
+    return name
+
+
+def delete_prefix(cloud: Cloud, bucket: str, prefix: str) -> int:
+    """Delete every object under ``prefix`` (all of them for ""); how many there were."""
+    s3 = cloud.client("s3")
+    count = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            count += len(keys)
+    return count
+
+
+def _delete_bucket(cloud: Cloud) -> list[str]:
+    name = bucket_name(cloud)
+    try:
+        cloud.client("s3").head_bucket(Bucket=name)
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
+            return []
+        raise
+    delete_prefix(cloud, name, "")
+    cloud.client("s3").delete_bucket(Bucket=name)
+    return [f"deleted bucket {name}"]
+
+
 def names(image: Image) -> tuple[str, str]:
     """(compute environment, queue) names: one environment per image, one queue per arch."""
     return f"amibake-{image.architecture}-{image.image_id}", f"amibake-{image.architecture}"
@@ -150,7 +233,12 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
     batch = cloud.client("batch")
     service_role, profile = _ensure_iam(cloud)
     subnets, group = _network(cloud)
-    result: dict[str, Any] = {"queues": {}, "job_definitions": [], "retired": []}
+    result: dict[str, Any] = {
+        "queues": {},
+        "job_definitions": [],
+        "retired": [],
+        "bucket": _ensure_bucket(cloud),
+    }
     for image in images:
         env_name, queue_name = names(image)
         types = sorted(
@@ -188,7 +276,7 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
                 serviceRole=service_role,
                 tags={TAG: "true"},
             )
-        _wait_valid(batch, "compute environment", env_name)
+        wait_valid(batch, "compute environment", env_name)
         env_arn = batch.describe_compute_environments(computeEnvironments=[env_name])[
             "computeEnvironments"
         ][0]["computeEnvironmentArn"]
@@ -199,7 +287,7 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
     return result
 
 
-def _wait_valid(batch: Any, kind: str, name: str) -> None:
+def wait_valid(batch: Any, kind: str, name: str) -> None:
     def valid() -> bool:
         if kind == "compute environment":
             found = batch.describe_compute_environments(computeEnvironments=[name])[
@@ -226,20 +314,22 @@ def _swap_into_queue(batch: Any, queue: str, env_arn: str) -> list[str]:
             computeEnvironmentOrder=order,
             tags={TAG: "true"},
         )
-        _wait_valid(batch, "job queue", queue)
+        wait_valid(batch, "job queue", queue)
         return []
-    current = [_arn(batch, e["computeEnvironment"]) for e in found[0]["computeEnvironmentOrder"]]
+    current = [
+        environment_arn(batch, e["computeEnvironment"]) for e in found[0]["computeEnvironmentOrder"]
+    ]
     if current == [env_arn]:
         return []  # already pointing at this image's environment: nothing to do
     batch.update_job_queue(jobQueue=queue, computeEnvironmentOrder=order)
-    _wait_valid(batch, "job queue", queue)
+    wait_valid(batch, "job queue", queue)
     retired = [c for c in current if c != env_arn]
     for old in retired:
         _retire(batch, queue, old)
     return retired
 
 
-def _arn(batch: Any, environment: str) -> str:
+def environment_arn(batch: Any, environment: str) -> str:
     """An environment's ARN from its name or ARN (queues may report either)."""
     if environment.startswith("arn:"):
         return environment
@@ -255,7 +345,7 @@ def _retire(batch: Any, queue: str, environment: str) -> None:
     if any(batch.list_jobs(jobQueue=queue, jobStatus=s)["jobSummaryList"] for s in ACTIVE_JOBS):
         log.warning("%s disabled; delete it once its jobs drain (amibake batch down)", environment)
         return
-    _wait_valid(batch, "compute environment", environment.rsplit("/", 1)[-1])
+    wait_valid(batch, "compute environment", environment.rsplit("/", 1)[-1])
     batch.delete_compute_environment(computeEnvironment=environment)
 
 
@@ -328,6 +418,27 @@ def _queue_gone(batch: Any, queue: str) -> bool:
     return not batch.describe_job_queues(jobQueues=[queue])["jobQueues"]
 
 
+def delete_queue(batch: Any, queue: str) -> None:
+    """Disable, then delete, then wait until it is gone (its environments can go after)."""
+    batch.update_job_queue(jobQueue=queue, state="DISABLED")
+    wait_valid(batch, "job queue", queue)
+    batch.delete_job_queue(jobQueue=queue)
+    wait_until(f"job queue {queue} to go", functools.partial(_queue_gone, batch, queue))
+
+
+def delete_environment(batch: Any, environment: str) -> None:
+    """Disable, then delete (AWS terminates its instances), then wait until it is gone."""
+    batch.update_compute_environment(computeEnvironment=environment, state="DISABLED")
+    wait_valid(batch, "compute environment", environment)
+    batch.delete_compute_environment(computeEnvironment=environment)
+
+    def gone() -> bool:
+        found = batch.describe_compute_environments(computeEnvironments=[environment])
+        return not found["computeEnvironments"]
+
+    wait_until(f"compute environment {environment} to go", gone)
+
+
 def down(cloud: Cloud) -> list[str]:
     """Disable and delete the queues, then the compute environments, then the job definitions."""
     batch = cloud.client("batch")
@@ -338,10 +449,7 @@ def down(cloud: Cloud) -> list[str]:
         if q["jobQueueName"].startswith("amibake-")
     ]
     for queue in queues:
-        batch.update_job_queue(jobQueue=queue, state="DISABLED")
-        _wait_valid(batch, "job queue", queue)
-        batch.delete_job_queue(jobQueue=queue)
-        wait_until(f"job queue {queue} to go", functools.partial(_queue_gone, batch, queue))
+        delete_queue(batch, queue)
         done.append(f"deleted job queue {queue}")
     envs = [
         e["computeEnvironmentName"]
@@ -349,12 +457,10 @@ def down(cloud: Cloud) -> list[str]:
         if e["computeEnvironmentName"].startswith("amibake-")
     ]
     for env in envs:
-        batch.update_compute_environment(computeEnvironment=env, state="DISABLED")
-        _wait_valid(batch, "compute environment", env)
-        batch.delete_compute_environment(computeEnvironment=env)
+        delete_environment(batch, env)
         done.append(f"deleted compute environment {env}")
     for definition in batch.describe_job_definitions(status="ACTIVE")["jobDefinitions"]:
         if definition["jobDefinitionName"].startswith("amibake-"):
             batch.deregister_job_definition(jobDefinition=definition["jobDefinitionArn"])
             done.append(f"deregistered {definition['jobDefinitionName']}:{definition['revision']}")
-    return done
+    return done + _delete_bucket(cloud)

@@ -16,6 +16,7 @@ from typing import Any
 
 import botocore.exceptions
 
+from amibake import batch
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, ignore_missing, retry_on, wait_until
 from amibake.cloud.tags import EXPIRES, KEPT, RUN_ID, parse_expires
@@ -26,6 +27,8 @@ log = logging.getLogger("amibake")
 TAG_TTL = timedelta(hours=6)  # amibake:expires = creation + this (see cloud.tags.run_tags)
 # Deletion order: what holds others goes first.
 ORDER = [
+    "job-queue",
+    "compute-environment",
     "fleet",
     "instance",
     "launch-template",
@@ -91,6 +94,22 @@ def _by_tag(cloud: Cloud) -> dict[tuple[str, str], Leftover]:
         add("snapshot", snapshot["SnapshotId"], snapshot)  # type: ignore[arg-type]
     for volume in ec2.describe_volumes(Filters=tagged)["Volumes"]:
         add("volume", volume["VolumeId"], volume)  # type: ignore[arg-type]
+    # Batch returns tags as a map, and deleted queues and environments for a while.
+    client = cloud.client("batch")
+    for kind, pages, key, name in (
+        ("job-queue", "describe_job_queues", "jobQueues", "jobQueueName"),
+        (
+            "compute-environment",
+            "describe_compute_environments",
+            "computeEnvironments",
+            "computeEnvironmentName",
+        ),
+    ):
+        for page in client.get_paginator(pages).paginate():
+            for item in page[key]:
+                if item.get("status") not in ("DELETING", "DELETED"):
+                    tags = [{"Key": k, "Value": v} for k, v in item.get("tags", {}).items()]
+                    add(kind, item[name], {"Tags": tags})
     return found
 
 
@@ -119,6 +138,14 @@ def _still_there(cloud: Cloud, kind: str, resource_id: str) -> bool:
             return bool(ec2.describe_snapshots(SnapshotIds=[resource_id])["Snapshots"])
         if kind == "volume":
             return bool(ec2.describe_volumes(VolumeIds=[resource_id])["Volumes"])
+        if kind == "job-queue":
+            queues = cloud.client("batch").describe_job_queues(jobQueues=[resource_id])
+            return any(q.get("status") != "DELETED" for q in queues["jobQueues"])
+        if kind == "compute-environment":
+            envs = cloud.client("batch").describe_compute_environments(
+                computeEnvironments=[resource_id]
+            )
+            return any(e.get("status") != "DELETED" for e in envs["computeEnvironments"])
     except botocore.exceptions.ClientError as exc:
         code = error_code(exc)
         if "NotFound" in code or code.startswith("InvalidKeyPair") or "Malformed" in code:
@@ -163,7 +190,10 @@ def delete(cloud: Cloud, journal: Journal, leftovers: list[Leftover]) -> list[st
     """Delete in dependency order; return one line per failure (with the command to finish)."""
     ec2 = cloud.ec2
     failures = []
+    batch_client = cloud.client("batch")
     actions: dict[str, Callable[[str], object]] = {
+        "job-queue": lambda i: batch.delete_queue(batch_client, i),
+        "compute-environment": lambda i: batch.delete_environment(batch_client, i),
         "fleet": lambda i: delete_fleet(ec2, i),
         "instance": lambda i: ec2.terminate_instances(InstanceIds=[i]),
         "launch-template": lambda i: ec2.delete_launch_template(LaunchTemplateId=i),

@@ -74,8 +74,23 @@ ACTIONS: dict[str, list[str]] = {
         "iam:GetInstanceProfile",
         "iam:ListRoles",
         "iam:PassRole",
+        # The job bucket: created, locked down and emptied with the environments.
+        "s3:CreateBucket",
+        "s3:DeleteBucket",
+        "s3:DeleteObject",
+        "s3:ListBucket",
+        "s3:PutBucketPublicAccessBlock",
+        "s3:PutBucketTagging",
+        "s3:PutEncryptionConfiguration",
+        "s3:PutLifecycleConfiguration",
     ],
     "gc": [
+        "batch:DeleteComputeEnvironment",
+        "batch:DeleteJobQueue",
+        "batch:DescribeComputeEnvironments",
+        "batch:DescribeJobQueues",
+        "batch:UpdateComputeEnvironment",
+        "batch:UpdateJobQueue",
         "ec2:DeleteFleets",
         "ec2:DeleteKeyPair",
         "ec2:DeleteLaunchTemplate",
@@ -96,6 +111,23 @@ ACTIONS: dict[str, list[str]] = {
 }
 # Called, but AWS checks no permission for them (and ignores a Deny): not in the policy.
 NEEDS_NO_PERMISSION = {"sts:GetCallerIdentity"}
+# S3 operations whose IAM action has another name.
+S3_ACTION = {
+    "HeadBucket": "ListBucket",
+    "ListObjectsV2": "ListBucket",
+    "DeleteObjects": "DeleteObject",
+    "PutPublicAccessBlock": "PutBucketPublicAccessBlock",
+    "PutBucketEncryption": "PutEncryptionConfiguration",
+    "PutBucketLifecycleConfiguration": "PutLifecycleConfiguration",
+    "HeadObject": "GetObject",
+}
+
+
+def action_of(service: str, operation: str) -> str:
+    """The IAM action AWS checks for an API operation."""
+    if service == "s3":
+        operation = S3_ACTION.get(operation, operation)
+    return f"{service}:{operation}"
 
 
 def document(commands: list[str] | None = None) -> dict[str, Any]:

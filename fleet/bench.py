@@ -26,6 +26,7 @@ from amibake.runner import Boundary
 from amibake.steps.preflight import preflight_instance
 from amibake.steps.state import Variant
 from fleet import control, prices
+from fleet.batch import JobsState, batch_steps, registered
 from fleet.executor import BenchState, BuildArtifact, Replicate, ssh_steps
 from fleet.results import Results, new_run_id
 from fleet.spec import BenchSpec
@@ -167,11 +168,6 @@ def execute(
     """Run (or finish) a recorded run; returns what happened per type."""
     record = results.require(run_id)
     spec = BenchSpec.from_json(record["spec"])
-    if spec.executor != "ssh":
-        raise UserError(
-            'executor batch is not built yet: use executor = "ssh" (the batch executor is '
-            "tracked in issue 5)"
-        )
     live = control.controller(results, run_id)
     if live is not None:
         raise UserError(
@@ -241,7 +237,8 @@ def measure(
         mine = [r for r in todo if r.instance_type == instance_type]
         if not mine:
             continue
-        state = BenchState(
+        kind = JobsState if spec.executor == "batch" else BenchState
+        state = kind(
             family=catalog.family(family_name),
             size=size,
             exact_size=True,
@@ -262,6 +259,8 @@ def measure(
             before_replicate=before_replicate or (lambda state, rep: None),
         )
         preflight_instance(cloud, state)
+        if isinstance(state, JobsState):
+            registered(cloud, state)
         states.append(state)
     with open_run(cloud, f"fleet bench {run_id}") as context:
         results.event(
@@ -272,7 +271,8 @@ def measure(
             amibake_run=context.run_id,
         )
         try:
-            outcomes = run_each(context, states, ssh_steps, on_boundary, spec.concurrency)
+            steps: Any = batch_steps if spec.executor == "batch" else ssh_steps
+            outcomes = run_each(context, states, steps, on_boundary, spec.concurrency)
         except BaseException as exc:
             results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
             raise

@@ -10,8 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from amibake import gc
+import botocore.exceptions
+
+from amibake import batch, gc
 from amibake.cloud import Cloud
+from amibake.cloud.calls import error_code
 from amibake.journal import Journal
 from fleet.results import Results
 
@@ -123,4 +126,22 @@ def sweep(cloud: Cloud, results: Results, run_id: str) -> tuple[list[str], list[
             deleted += [x.describe() for x in leftovers]
     finally:
         journal.close()
+    deleted += _sweep_bucket(cloud, results, run_id)
     return deleted, failures
+
+
+def _sweep_bucket(cloud: Cloud, results: Results, run_id: str) -> list[str]:
+    """The run's files in the Batch job bucket (payloads, monitor CSVs), if it used Batch."""
+    from fleet.spec import BenchSpec
+
+    record = results.require(run_id)
+    if record["kind"] != "bench" or BenchSpec.from_json(record["spec"]).executor != "batch":
+        return []
+    bucket = batch.bucket_name(cloud)
+    try:
+        count = batch.delete_prefix(cloud, bucket, f"fleet/{run_id}/")
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) == "NoSuchBucket":
+            return []
+        raise
+    return [f"{count} files under s3://{bucket}/fleet/{run_id}/"] if count else []

@@ -21,6 +21,7 @@ from typing import Any
 import archspec.cpu
 
 from amibake import flags as flags_module
+from amibake.cloud import Cloud
 from amibake.cloud.reach import describe
 from amibake.errors import RemoteError, UserError
 from amibake.runner import Rerun, RunContext, Step
@@ -151,46 +152,15 @@ class Stage:
             python3 -c 'import psutil' 2>/dev/null && echo monitor=yes || echo monitor=no""",
             stream=False,
         ).stdout.splitlines()
-        cpu_flags = set(facts[4].split()) if len(facts) > 4 else set()
-        state.monitor = state.spec.monitor and "monitor=yes" in facts
-        if state.spec.monitor and not state.monitor:
-            log.warning("%s has no python3-psutil: running without the monitor", state.label)
-        state.facts = {
+        host = {
             "kernel": facts[0] if facts else "",
             "machine": facts[1] if len(facts) > 1 else "",
             "vcpus": int(facts[2]) if len(facts) > 2 and facts[2].isdigit() else None,
             "cpu_model": facts[3].strip() if len(facts) > 3 else "",
-            "microarchitecture": microarchitecture(cpu_flags, state.family.architecture),
-            "ami": state.base_ami,
-            "instance_id": state.instance_id,
-            "zone": state.zone,
-            "market": state.market,
-            "price_usd_hour": state.price,
-            "cloud": self.context.cloud.config.cloud,
-            "builds": {
-                b.name: {
-                    "compiler": b.manifest.get("compiler"),
-                    "cflags": b.manifest.get("cflags"),
-                    "target": b.manifest.get("target_used"),
-                }
-                for b in state.artifacts.values()
-            },
+            "cpu_flags": facts[4] if len(facts) > 4 else "",
+            "monitor": "monitor=yes" in facts,
         }
-        state.record_environment(state)
-        for build in state.artifacts.values():
-            target = str(build.manifest.get("target_used", ""))
-            missing = flags_module.missing_features(target, cpu_flags) if target else []
-            if missing:
-                where = (
-                    " (on the local cloud every type runs on this machine's CPU)"
-                    if self.context.cloud.config.cloud == "local"
-                    else ""
-                )
-                raise UserError(
-                    f"the {build.name} build targets {target}, which {state.label}'s CPU "
-                    f"({state.facts['cpu_model']}) cannot run: it lacks "
-                    f"{', '.join(missing[:4])}{where}"
-                )
+        record_host(self.context.cloud, state, host, state.base_ami)
 
     def cleanup(self, state: BenchState) -> None:
         pass  # the tmpfs dies with the instance
@@ -222,9 +192,14 @@ class Measure:
                 stream=False,
                 timeout_s=timeout + 60,
             )
-            row = self._row(state, replicate, result.stdout + result.stderr, started)
+            row = result_row(state, replicate, result.stdout + result.stderr, started)
             if row.state == "ok" and state.monitor:
-                row = self._monitor(state, replicate, directory, row)
+                local = monitor_csv(state, replicate)
+                try:
+                    remote.get(f"{directory}/{replicate.tag}.csv", local)
+                    row = with_monitor(row, local)
+                except RemoteError as exc:
+                    log.warning("%s: no monitor CSV for %s: %s", state.label, replicate.tag, exc)
             state.record(row)
             if row.state == "interrupted":
                 raise Rerun(f"spot interruption notice on {state.instance_id}")
@@ -235,86 +210,127 @@ class Measure:
     def cleanup(self, state: BenchState) -> None:
         pass  # each replicate is recorded as it ends; nothing is left to undo
 
-    def _row(
-        self, state: BenchState, replicate: Replicate, output: str, started: float
-    ) -> ReplicateRow:
-        lines = output.rstrip("\n").splitlines()
-        summary = next((line for line in reversed(lines) if line.startswith("FLEET-RESULT ")), "")
-        body = [line for line in lines if not line.startswith("FLEET-RESULT ")]
-        tail = " | ".join(body[-TAIL_LINES:])
-        base = ReplicateRow(
-            state="failed",
-            instance_type=state.label,
-            build=replicate.build,
-            replicate=replicate.index,
-            warmup=replicate.warmup,
-            instance_id=state.instance_id,
-            market=state.market,
-            zone=state.zone,
-            price_usd_hour=state.price,
-            started=started,
-            finished=time.time(),
-        )
-        if not summary:
-            raise RemoteError(f"{state.label}: the replicate wrapper did not finish: {tail}")
-        fields = dict(part.split("=", 1) for part in summary.split(" ", 5)[1:5] if "=" in part)
-        metric_file = summary.split("metric_file=", 1)[1] if "metric_file=" in summary else ""
-        code = int(fields.get("exit", "-1"))
-        seconds = float(fields.get("end", "0")) - float(fields.get("start", "0"))
-        if fields.get("state") == "interrupted":
-            return replace(
-                base, state="interrupted", seconds=seconds, error="spot interruption notice"
-            )
-        if fields.get("state") == "timeout":
-            return replace(
-                base,
-                seconds=seconds,
-                error=f"timed out after {state.spec.timeout_s:.0f}s; last lines: {tail}",
-            )
-        if code != 0:
-            return replace(
-                base,
-                seconds=seconds,
-                exit_code=code,
-                error=f"the workload exited {code}; last lines: {tail}",
-            )
-        try:
-            value = state.spec.metric.parse("\n".join(body), seconds, metric_file)
-        except ValueError as exc:
-            return replace(
-                base,
-                seconds=seconds,
-                exit_code=code,
-                error=f"{exc}; last lines: {tail}",
-            )
-        return replace(base, state="ok", metric=value, seconds=seconds, exit_code=code)
 
-    def _monitor(
-        self, state: BenchState, replicate: Replicate, directory: str, row: ReplicateRow
-    ) -> ReplicateRow:
-        local = (
-            state.results_dir
-            / "runs"
-            / state.fleet_run
-            / "monitor"
-            / f"{state.label}_{replicate.tag}_{state.attempt}.csv"
-        )
-        local.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            state.remote.get(f"{directory}/{replicate.tag}.csv", local)  # type: ignore[union-attr]
-        except RemoteError as exc:
-            log.warning("%s: no monitor CSV for %s: %s", state.label, replicate.tag, exc)
-            return row
-        cpu, rss = [], []
-        with local.open() as handle:
-            for sample in csv.DictReader(handle):
-                cpu.append(float(sample["cpu_percent"]))
-                rss.append(float(sample["tree_rss_mb"]))
+def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str) -> None:
+    """Record where the replicates run (the environment row) and refuse, in one line, a build
+    that CPU cannot run. ``host`` is what the instance reported: kernel, machine, vcpus,
+    cpu_model, cpu_flags, monitor (python3-psutil present)."""
+    cpu_flags = set(str(host.get("cpu_flags", "")).split())
+    state.monitor = state.spec.monitor and bool(host.get("monitor"))
+    if state.spec.monitor and not state.monitor:
+        log.warning("%s has no python3-psutil: running without the monitor", state.label)
+    state.facts = {
+        "kernel": host.get("kernel", ""),
+        "machine": host.get("machine", ""),
+        "vcpus": host.get("vcpus"),
+        "cpu_model": str(host.get("cpu_model", "")).strip(),
+        "microarchitecture": microarchitecture(cpu_flags, state.family.architecture),
+        "ami": ami,
+        "instance_id": state.instance_id,
+        "zone": state.zone,
+        "market": state.market,
+        "price_usd_hour": state.price,
+        "cloud": cloud.config.cloud,
+        "builds": {
+            b.name: {
+                "compiler": b.manifest.get("compiler"),
+                "cflags": b.manifest.get("cflags"),
+                "target": b.manifest.get("target_used"),
+            }
+            for b in state.artifacts.values()
+        },
+    }
+    state.record_environment(state)
+    for build in state.artifacts.values():
+        target = str(build.manifest.get("target_used", ""))
+        missing = flags_module.missing_features(target, cpu_flags) if target else []
+        if missing:
+            where = (
+                " (on the local cloud every type runs on this machine's CPU)"
+                if cloud.config.cloud == "local"
+                else ""
+            )
+            raise UserError(
+                f"the {build.name} build targets {target}, which {state.label}'s CPU "
+                f"({state.facts['cpu_model']}) cannot run: it lacks "
+                f"{', '.join(missing[:4])}{where}"
+            )
+
+
+def result_row(
+    state: BenchState, replicate: Replicate, output: str, started: float
+) -> ReplicateRow:
+    """A replicate's record from its output (the wrapper's FLEET-RESULT line ends it)."""
+    lines = output.rstrip("\n").splitlines()
+    summary = next((line for line in reversed(lines) if line.startswith("FLEET-RESULT ")), "")
+    body = [line for line in lines if not line.startswith(("FLEET-RESULT ", "FLEET-HOST "))]
+    tail = " | ".join(body[-TAIL_LINES:])
+    base = ReplicateRow(
+        state="failed",
+        instance_type=state.label,
+        build=replicate.build,
+        replicate=replicate.index,
+        warmup=replicate.warmup,
+        instance_id=state.instance_id,
+        market=state.market,
+        zone=state.zone,
+        price_usd_hour=state.price,
+        started=started,
+        finished=time.time(),
+    )
+    if not summary:
+        raise RemoteError(f"{state.label}: the replicate wrapper did not finish: {tail}")
+    fields = dict(part.split("=", 1) for part in summary.split(" ", 5)[1:5] if "=" in part)
+    metric_file = summary.split("metric_file=", 1)[1] if "metric_file=" in summary else ""
+    code = int(fields.get("exit", "-1"))
+    seconds = float(fields.get("end", "0")) - float(fields.get("start", "0"))
+    if fields.get("state") == "interrupted":
+        return replace(base, state="interrupted", seconds=seconds, error="spot interruption notice")
+    if fields.get("state") == "timeout":
         return replace(
-            row,
-            monitor_csv=str(local),
-            cpu_mean=sum(cpu) / len(cpu) if cpu else None,
-            cpu_max=max(cpu) if cpu else None,
-            rss_max_mb=max(rss) if rss else None,
-            monitor_samples=len(cpu),
+            base,
+            seconds=seconds,
+            error=f"timed out after {state.spec.timeout_s:.0f}s; last lines: {tail}",
         )
+    if code != 0:
+        return replace(
+            base,
+            seconds=seconds,
+            exit_code=code,
+            error=f"the workload exited {code}; last lines: {tail}",
+        )
+    try:
+        value = state.spec.metric.parse("\n".join(body), seconds, metric_file)
+    except ValueError as exc:
+        return replace(base, seconds=seconds, exit_code=code, error=f"{exc}; last lines: {tail}")
+    return replace(base, state="ok", metric=value, seconds=seconds, exit_code=code)
+
+
+def monitor_csv(state: BenchState, replicate: Replicate) -> Path:
+    """Where a replicate's monitor CSV is kept on the controller."""
+    local = (
+        state.results_dir
+        / "runs"
+        / state.fleet_run
+        / "monitor"
+        / f"{state.label}_{replicate.tag}_{state.attempt}.csv"
+    )
+    local.parent.mkdir(parents=True, exist_ok=True)
+    return local
+
+
+def with_monitor(row: ReplicateRow, local: Path) -> ReplicateRow:
+    """The row with the summary of its monitor CSV (fetched to ``local``)."""
+    cpu, rss = [], []
+    with local.open() as handle:
+        for sample in csv.DictReader(handle):
+            cpu.append(float(sample["cpu_percent"]))
+            rss.append(float(sample["tree_rss_mb"]))
+    return replace(
+        row,
+        monitor_csv=str(local),
+        cpu_mean=sum(cpu) / len(cpu) if cpu else None,
+        cpu_max=max(cpu) if cpu else None,
+        rss_max_mb=max(rss) if rss else None,
+        monitor_samples=len(cpu),
+    )

@@ -104,6 +104,17 @@ def tagged_alive(cloud: Cloud, run_id: str) -> list[str]:
         and not f["FleetState"].startswith("deleted")
     ]
     alive += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]]
+    client = cloud.client("batch")
+    alive += [
+        f"compute-environment {e['computeEnvironmentName']}"
+        for e in client.describe_compute_environments()["computeEnvironments"]
+        if e.get("tags", {}).get("amibake:run-id") == run_id
+    ]
+    alive += [
+        f"job-queue {q['jobQueueName']}"
+        for q in client.describe_job_queues()["jobQueues"]
+        if q.get("tags", {}).get("amibake:run-id") == run_id
+    ]
     return alive
 
 

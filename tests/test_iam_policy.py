@@ -22,7 +22,7 @@ from amibake.journal import Journal
 from amibake.local import control
 from tests.test_build import FIXTURES
 
-SERVICES = ("ec2", "ssm", "sts", "iam", "batch")
+SERVICES = ("ec2", "ssm", "sts", "iam", "batch", "s3")
 
 
 class Recorder:
@@ -36,7 +36,7 @@ class Recorder:
 
     def record(self, event_name: str, **_: Any) -> None:
         _, service, operation = event_name.split(".")
-        self.calls.add(f"{service}:{operation}")
+        self.calls.add(iam_policy.action_of(service, operation))
 
     def take(self) -> set[str]:
         calls, self.calls = self.calls, set()

@@ -44,6 +44,10 @@ class Cloud:
                     ),
                     connect_timeout=10,
                     read_timeout=120,
+                    # A bucket is a path on the local cloud's one endpoint (no DNS per bucket);
+                    # presigned URLs are SigV4, which every region accepts.
+                    s3={"addressing_style": "path" if self.config.is_local else "auto"},
+                    signature_version="s3v4" if service == "s3" else None,
                 ),
             )
         return self._clients[service]

@@ -1,0 +1,122 @@
+"""One replicate as an AWS Batch job (the batch executor's side of replicate.sh).
+
+Started by the job's bootstrap in the unpacked payload directory, with standard library only
+(a job's image need not have more than python3). The job's array index picks its replicate from
+FLEET_PLAN. It prints one ``FLEET-HOST`` line (where it runs: instance, type, zone, CPU, from
+IMDSv2 and /proc), unpacks its build, runs ``replicate.sh`` (whose output and ``FLEET-RESULT``
+line go to the job's log), and PUTs the monitor CSV to its presigned S3 URL.
+
+Environment: FLEET_PLAN (JSON list of [directory, tag]), FLEET_COMMAND, FLEET_TIMEOUT,
+FLEET_MONITOR (0|1), FLEET_IMDS, FLEET_UPLOAD_URLS (JSON list, one per index).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def imds(base: str) -> dict[str, str]:
+    """What the instance says about itself (IMDSv2: token first); empty where IMDS is closed."""
+    found: dict[str, str] = {}
+    try:
+        request = urllib.request.Request(
+            f"{base}/latest/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"},
+        )
+        with urllib.request.urlopen(request, timeout=2) as response:
+            token = response.read().decode()
+    except OSError:
+        return found
+    for key, path in (
+        ("instance_id", "instance-id"),
+        ("instance_type", "instance-type"),
+        ("zone_id", "placement/availability-zone-id"),
+        ("lifecycle", "instance-life-cycle"),
+        ("ami", "ami-id"),
+    ):
+        try:
+            request = urllib.request.Request(
+                f"{base}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": token}
+            )
+            with urllib.request.urlopen(request, timeout=2) as response:
+                found[key] = response.read().decode().strip()
+        except OSError:
+            pass
+    return found
+
+
+def cpu() -> dict[str, object]:
+    model, flags = "", ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if not model and key.strip() in ("model name", "CPU part"):
+            model = value.strip()
+        if not flags and key.strip() in ("flags", "Features"):
+            flags = value.strip()
+    try:
+        import psutil  # noqa: F401
+
+        monitor = True
+    except ImportError:
+        monitor = False
+    return {
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "vcpus": os.cpu_count(),
+        "cpu_model": model,
+        "cpu_flags": flags,
+        "monitor": monitor,
+    }
+
+
+def main() -> int:
+    index = int(os.environ.get("AWS_BATCH_JOB_ARRAY_INDEX", "0"))
+    directory, tag = json.loads(os.environ["FLEET_PLAN"])[index]
+    host = {**imds(os.environ["FLEET_IMDS"]), **cpu(), "tag": tag}
+    print("FLEET-HOST " + json.dumps(host), flush=True)
+    work = HERE / directory
+    archive = HERE / "builds" / f"{directory}.tar.xz"
+    if archive.exists() and not work.exists():
+        work.mkdir(parents=True)
+        with tarfile.open(archive) as tar:
+            try:
+                tar.extractall(work, filter="data")
+            except TypeError:  # a Python without extraction filters (before 3.9.17)
+                tar.extractall(work)
+    work.mkdir(parents=True, exist_ok=True)
+    monitor = "1" if os.environ.get("FLEET_MONITOR") == "1" and host["monitor"] else "0"
+    code = subprocess.call(
+        [
+            "bash",
+            str(HERE / "replicate.sh"),
+            str(work),
+            tag,
+            os.environ["FLEET_IMDS"],
+            monitor,
+            os.environ["FLEET_TIMEOUT"],
+            os.environ["FLEET_COMMAND"],
+        ]
+    )
+    csv = work / f"{tag}.csv"
+    url = json.loads(os.environ.get("FLEET_UPLOAD_URLS", "[]"))[index]
+    if monitor == "1" and csv.exists() and url:
+        request = urllib.request.Request(url, data=csv.read_bytes(), method="PUT")
+        try:
+            urllib.request.urlopen(request, timeout=60).close()
+        except OSError as exc:
+            print(f"fleet: monitor CSV upload failed: {exc}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""The batch executor: each instance type's replicates as one AWS Batch array job (one child per
+replicate) on the images `amibake batch up` registered.
+
+To measure *that* type, the run gives it a compute environment of its own (a copy of the
+architecture's registered one: same baked image, role, subnets and security group, but only this
+instance type, at most one instance) and a queue over it; both are tagged with the run and torn
+down at its end. Builds, the agent and the job wrapper travel as one payload through the bucket
+of `amibake batch up`; each child PUTs its monitor CSV back through a presigned URL. The results
+come from the job's CloudWatch Logs stream (the replicate's output and its FLEET-RESULT line)
+and from S3 (the monitor CSV).
+
+A child that failed with Batch's "Host EC2 (instance ...) terminated." reason, or whose wrapper
+saw the spot interruption notice, is recorded as interrupted and its replicate goes into the
+next array job: never scored as a failure.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import botocore.exceptions
+
+from amibake import batch as amibake_batch
+from amibake.cloud.calls import error_code
+from amibake.errors import RemoteError, UserError
+from amibake.pipelines import MAX_ATTEMPTS
+from amibake.runner import RunContext, Step
+from fleet.executor import (
+    AGENT,
+    BenchState,
+    Replicate,
+    monitor_csv,
+    record_host,
+    result_row,
+    with_monitor,
+)
+from fleet.results import ReplicateRow
+
+log = logging.getLogger("amibake")
+LOG_GROUP = "/aws/batch/job"
+HOST_GONE = "Host EC2"  # how Batch's status reason starts when the instance went away
+URL_TTL_S = 12 * 3600
+POLL_S = 1.0
+# The job's own side: fetch the payload, unpack it, hand over to job.py (standard library only).
+BOOTSTRAP = (
+    "import io,os,subprocess,sys,tarfile,urllib.request\n"
+    "d='/tmp/fleet-'+os.environ['AWS_BATCH_JOB_ID'].replace(':','-')\n"
+    "os.makedirs(d,exist_ok=True)\n"
+    "r=urllib.request.urlopen(os.environ['FLEET_PAYLOAD_URL'],timeout=600)\n"
+    "tarfile.open(fileobj=io.BytesIO(r.read())).extractall(d)\n"
+    "sys.exit(subprocess.call([sys.executable,d+'/job.py']))\n"
+)
+
+
+@dataclass(kw_only=True)
+class JobsState(BenchState):
+    """One instance type's share of a bench run on Batch."""
+
+    environment: str = ""
+    queue: str = ""
+    job_definition: str = ""
+    bucket: str = ""
+    resources: dict[str, Any] | None = None  # the registered environment's computeResources
+    service_role: str = ""
+    array_job: str = ""
+    children: list[str] | None = None
+    seen_hosts: set[str] | None = None
+    prefix: str = ""  # the run's files in the bucket, fixed by the first step
+    round: int = 0  # array jobs submitted: reruns get files of their own
+
+
+def batch_steps(context: RunContext) -> list[Step[JobsState]]:
+    return [Environment(context), Payload(context), Jobs(context)]
+
+
+def registered(cloud: Any, state: JobsState) -> None:
+    """What `amibake batch up` registered for the type's architecture; a one-line error naming
+    the command to run when it is missing. Creates nothing."""
+    client = cloud.client("batch")
+    architecture = state.family.architecture
+    queue = f"amibake-{architecture}"
+    found = client.describe_job_queues(jobQueues=[queue])["jobQueues"]
+    if not found or not found[0]["computeEnvironmentOrder"]:
+        raise UserError(
+            f"no Batch queue {queue} for {state.label}: register one with "
+            '`amibake batch up --from-bake` (after `amibake bake`), or use executor = "ssh"'
+        )
+    environment = amibake_batch.environment_arn(
+        client, found[0]["computeEnvironmentOrder"][0]["computeEnvironment"]
+    )
+    described = client.describe_compute_environments(computeEnvironments=[environment])
+    registered_env = described["computeEnvironments"][0]
+    state.resources = registered_env["computeResources"]
+    state.service_role = registered_env.get("serviceRole", "")
+    app = state.spec.recipe or ""
+    definitions = [
+        d
+        for d in client.describe_job_definitions(status="ACTIVE")["jobDefinitions"]
+        if d["jobDefinitionName"].startswith("amibake-")
+        and d["jobDefinitionName"].endswith(f"-{architecture}")
+    ]
+    # The app's own definition when the image holds it; else any of the architecture's: the
+    # payload brings the builds, so the image need not hold the app.
+    mine = [d for d in definitions if d["jobDefinitionName"] == f"amibake-{app}-{architecture}"]
+    chosen = (mine or definitions)[-1:]
+    if not chosen:
+        raise UserError(
+            f"no Batch job definition amibake-*-{architecture}: run `amibake batch up "
+            "--from-bake` (after `amibake bake`)"
+        )
+    state.job_definition = str(chosen[0]["jobDefinitionArn"])
+    state.bucket = amibake_batch.bucket_name(cloud)
+    try:
+        cloud.client("s3").head_bucket(Bucket=state.bucket)
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
+            raise UserError(
+                f"the job bucket {state.bucket} does not exist: run `amibake batch up --from-bake`"
+            ) from None
+        raise
+
+
+class Environment:
+    """A compute environment with only this instance type, and a queue over it."""
+
+    name = "environment"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: JobsState) -> None:
+        assert state.resources is not None, "registered() fills it at preflight"
+        state.market = "spot" if state.spot else "on-demand"
+        client = self.context.cloud.client("batch")
+        name = f"fleet-{state.fleet_run}-{state.slot}"
+        state.prefix = f"fleet/{state.fleet_run}/{state.slot}/"
+        vcpus, _ = _size(self.context.cloud, state.label)
+        resources: dict[str, Any] = {
+            key: state.resources[key]
+            for key in ("subnets", "securityGroupIds", "instanceRole", "ec2Configuration")
+            if key in state.resources
+        }
+        spot = state.market == "spot"
+        client.create_compute_environment(
+            computeEnvironmentName=name,
+            type="MANAGED",
+            state="ENABLED",
+            computeResources={
+                **resources,
+                "type": "SPOT" if spot else "EC2",
+                "allocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED"
+                if spot
+                else "BEST_FIT_PROGRESSIVE",
+                "minvCpus": 0,
+                "maxvCpus": vcpus,  # one instance: the replicates run one after another
+                "instanceTypes": [state.label],
+                "tags": self.context.tags,  # on its instances: gc finds them too
+            },
+            serviceRole=state.service_role,
+            tags=self.context.tags,
+        )
+        state.environment = name
+        self.context.created("compute-environment", name)
+        amibake_batch.wait_valid(client, "compute environment", name)
+        environment_arn = client.describe_compute_environments(computeEnvironments=[name])[
+            "computeEnvironments"
+        ][0]["computeEnvironmentArn"]
+        client.create_job_queue(
+            jobQueueName=name,
+            state="ENABLED",
+            priority=1,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment_arn}],
+            tags=self.context.tags,
+        )
+        state.queue = name
+        self.context.created("job-queue", name)
+        amibake_batch.wait_valid(client, "job queue", name)
+
+    def cleanup(self, state: JobsState) -> None:
+        client = self.context.cloud.client("batch")
+        if state.queue:
+            amibake_batch.delete_queue(client, state.queue)
+            self.context.deleted("job-queue", state.queue)
+            state.queue = ""
+        if state.environment:
+            amibake_batch.delete_environment(client, state.environment)
+            self.context.deleted("compute-environment", state.environment)
+            state.environment = ""
+
+
+def _size(cloud: Any, instance_type: str) -> tuple[int, int]:
+    """(vCPUs, MiB of memory) of an instance type."""
+    info = cloud.ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"][0]
+    return int(info["VCpuInfo"]["DefaultVCpus"]), int(info["MemoryInfo"]["SizeInMiB"])
+
+
+class Payload:
+    """The agent and the builds, as one tar in the job bucket under the run's prefix."""
+
+    name = "payload"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: JobsState) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for name in ("job.py", "replicate.sh", "monitor.py"):
+                tar.add(AGENT / name, arcname=name)
+            for build in state.artifacts.values():
+                tar.add(build.path, arcname=f"builds/{build.name}.tar.xz")
+        self.context.cloud.client("s3").put_object(
+            Bucket=state.bucket, Key=state.prefix + "payload.tar", Body=buffer.getvalue()
+        )
+
+    def cleanup(self, state: JobsState) -> None:
+        if state.prefix:
+            amibake_batch.delete_prefix(self.context.cloud, state.bucket, state.prefix)
+
+
+class Jobs:
+    """Submit the pending replicates as an array job; record each child as it ends; resubmit
+    the interrupted ones."""
+
+    name = "jobs"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: JobsState) -> None:
+        rounds = 0
+        while state.pending:
+            rounds += 1
+            if rounds > MAX_ATTEMPTS:
+                raise RemoteError(
+                    f"{state.label}: replicates interrupted {MAX_ATTEMPTS} times in a row"
+                )
+            self._submit(state)
+            interrupted = self._follow(state)
+            state.pending = interrupted
+            state.round += 1
+
+    def cleanup(self, state: JobsState) -> None:
+        """Terminate what still runs (children too: terminating a parent need not reach them)."""
+        client = self.context.cloud.client("batch")
+        for job_id in [state.array_job, *(state.children or [])]:
+            if job_id:
+                client.terminate_job(jobId=job_id, reason="fleet: the run stopped")
+
+    def _submit(self, state: JobsState) -> None:
+        cloud = self.context.cloud
+        s3 = cloud.client("s3")
+        vcpus, memory = _size(cloud, state.label)
+        plan = [[r.build if state.artifacts else "run", r.tag] for r in state.pending]
+        uploads = [
+            s3.generate_presigned_url(
+                "put_object",
+                Params={"Bucket": state.bucket, "Key": f"{state.prefix}{state.round}-{tag}.csv"},
+                ExpiresIn=URL_TTL_S,
+            )
+            for _, tag in plan
+        ]
+        payload = s3.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": state.bucket, "Key": state.prefix + "payload.tar"},
+            ExpiresIn=URL_TTL_S,
+        )
+        environment = {
+            "FLEET_PAYLOAD_URL": payload,
+            "FLEET_PLAN": json.dumps(plan),
+            "FLEET_UPLOAD_URLS": json.dumps(uploads),
+            "FLEET_COMMAND": state.spec.command_line(),
+            "FLEET_TIMEOUT": f"{state.spec.timeout_s:.0f}",
+            "FLEET_MONITOR": "1" if state.spec.monitor else "0",
+            "FLEET_IMDS": cloud.imds_endpoint,
+        }
+        request: dict[str, Any] = {
+            "jobName": f"fleet-{state.fleet_run}-{state.slot}",
+            "jobQueue": state.queue,
+            "jobDefinition": state.job_definition,
+            "containerOverrides": {
+                "command": ["python3", "-c", BOOTSTRAP],
+                "environment": [{"name": k, "value": v} for k, v in environment.items()],
+                # The whole instance: one replicate at a time, nothing beside it. ECS keeps
+                # some memory for itself.
+                "resourceRequirements": [
+                    {"type": "VCPU", "value": str(vcpus)},
+                    {"type": "MEMORY", "value": str(int(memory * 0.85))},
+                ],
+            },
+            "timeout": {"attemptDurationSeconds": int(state.spec.timeout_s + 600)},
+            "tags": self.context.tags,
+        }
+        if len(plan) > 1:  # Batch arrays have at least 2 children
+            request["arrayProperties"] = {"size": len(plan)}
+        job_id = cloud.client("batch").submit_job(**request)["jobId"]
+        state.array_job = job_id
+        state.children = [f"{job_id}:{i}" for i in range(len(plan))] if len(plan) > 1 else []
+        state.on_event(state, f"submitted {len(plan)} jobs")
+
+    def _follow(self, state: JobsState) -> list[Replicate]:
+        """Wait for every child; record each as it ends. Returns the interrupted replicates."""
+        client = self.context.cloud.client("batch")
+        ids = state.children or [state.array_job]
+        by_id = dict(zip(ids, list(state.pending), strict=True))
+        open_ids = list(ids)
+        interrupted: list[Replicate] = []
+        last_line = ""
+        while open_ids:
+            self.context.check_cancel()
+            described = []
+            for start in range(0, len(open_ids), 100):
+                described += client.describe_jobs(jobs=open_ids[start : start + 100])["jobs"]
+            counts: dict[str, int] = {}
+            for job in described:
+                counts[job["status"]] = counts.get(job["status"], 0) + 1
+                if job["status"] not in ("SUCCEEDED", "FAILED"):
+                    continue
+                open_ids.remove(job["jobId"])
+                replicate = by_id[job["jobId"]]
+                row = self._row(state, replicate, job)
+                state.record(row)
+                if row.state == "interrupted":
+                    interrupted.append(replicate)
+                else:
+                    state.done += 1
+                    state.on_event(state, "replicate done")
+            line = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+            if line and line != last_line:
+                state.on_event(state, f"jobs {line}")
+                last_line = line
+            if open_ids:
+                time.sleep(POLL_S)
+        state.array_job, state.children = "", []
+        return interrupted
+
+    def _row(self, state: JobsState, replicate: Replicate, job: dict[str, Any]) -> ReplicateRow:
+        output = self._output(job)
+        started = job.get("startedAt", time.time() * 1000) / 1000
+        host = next(
+            (
+                json.loads(line[11:])
+                for line in output.splitlines()
+                if line.startswith("FLEET-HOST ")
+            ),
+            None,
+        )
+        if host is not None:
+            self._host(state, host)
+        reason = str(job.get("statusReason", ""))
+        if job["status"] == "FAILED" and reason.startswith(HOST_GONE):
+            base = result_row_or_none(state, replicate, output, started)
+            return replace(
+                base or _failed(state, replicate, started),
+                state="interrupted",
+                error=reason,
+            )
+        row = result_row_or_none(state, replicate, output, started)
+        if row is None:
+            tail = " | ".join(output.splitlines()[-8:])
+            return replace(
+                _failed(state, replicate, started),
+                exit_code=(job.get("container") or {}).get("exitCode"),
+                error=f"job {job['jobId']} {job['status']}: {reason or 'no reason given'}; "
+                f"last lines: {tail or '(no output)'}",
+            )
+        if row.state == "ok" and state.monitor:
+            local = monitor_csv(state, replicate)
+            key = f"{state.prefix}{state.round}-{replicate.tag}.csv"
+            try:
+                self.context.cloud.client("s3").download_file(state.bucket, key, str(local))
+                row = with_monitor(row, local)
+            except botocore.exceptions.ClientError as exc:
+                log.warning("%s: no monitor CSV for %s: %s", state.label, replicate.tag, exc)
+        return row
+
+    def _output(self, job: dict[str, Any]) -> str:
+        stream = (job.get("container") or {}).get("logStreamName")
+        if not stream:
+            return ""
+        logs = self.context.cloud.client("logs")
+        lines: list[str] = []
+        token = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "logGroupName": LOG_GROUP,
+                "logStreamName": stream,
+                "startFromHead": True,
+            }
+            if token:
+                kwargs["nextToken"] = token
+            try:
+                page = logs.get_log_events(**kwargs)
+            except botocore.exceptions.ClientError as exc:
+                if error_code(exc) == "ResourceNotFoundException":
+                    return ""
+                raise
+            lines += [e["message"] for e in page["events"]]
+            if not page["events"] or page.get("nextForwardToken") == token:
+                return "\n".join(lines)
+            token = page.get("nextForwardToken")
+
+    def _host(self, state: JobsState, host: dict[str, Any]) -> None:
+        """Where a child ran: the instance, its zone and price; recorded once per instance."""
+        state.instance_id = host.get("instance_id", "")
+        state.zone = host.get("zone_id", "")
+        spot = host.get("lifecycle", "spot" if state.spot else "on-demand") == "spot"
+        state.market = "spot" if spot else "on-demand"
+        state.price = state.price_of(state.label, spot, state.zone)
+        seen = state.seen_hosts if state.seen_hosts is not None else set()
+        state.seen_hosts = seen
+        if state.instance_id not in seen:
+            seen.add(state.instance_id)
+            if not state.launched_at:
+                state.launched_at = time.time()
+                state.on_event(state, "staging")
+            record_host(self.context.cloud, state, host, host.get("ami", ""))
+
+
+def result_row_or_none(
+    state: JobsState, replicate: Replicate, output: str, started: float
+) -> ReplicateRow | None:
+    """The replicate's row, or None when the wrapper never finished (no FLEET-RESULT line)."""
+    try:
+        return result_row(state, replicate, output, started)
+    except RemoteError:
+        return None
+
+
+def _failed(state: JobsState, replicate: Replicate, started: float) -> ReplicateRow:
+    return ReplicateRow(
+        state="failed",
+        instance_type=state.label,
+        build=replicate.build,
+        replicate=replicate.index,
+        warmup=replicate.warmup,
+        instance_id=state.instance_id,
+        market=state.market,
+        zone=state.zone,
+        price_usd_hour=state.price,
+        started=started,
+        finished=time.time(),
+    )

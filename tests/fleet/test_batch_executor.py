@@ -1,0 +1,200 @@
+"""`fleet bench` with executor = "batch" on the local cloud: array jobs on the environments of
+`amibake batch up`, results from CloudWatch Logs and S3, a host lost mid-job ("Host EC2
+terminated") rerun, runs stopped after each resource-creating step or killed mid-job leaving
+nothing, and a missing registration refused before anything is created."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amibake import batch, pipelines
+from amibake.cloud import Cloud
+from amibake.runner import Interrupted
+from fleet import bench, control
+from fleet.cli import main
+from tests.fleet.test_bench import (
+    assert_nothing_left,
+    fleet_process,
+    new_run,
+    results_of,
+    wait_for,
+)
+from tests.test_bake import built  # noqa: F401 - the module-scoped artifact fixture
+
+
+@pytest.fixture(scope="module")
+def registered(cloud: Cloud, built: None) -> Iterator[None]:  # noqa: F811
+    outcome = pipelines.bake(cloud, pipelines.BakeRequest())[0]
+    assert outcome.ok, outcome.error
+    batch.up(cloud, batch.images_from_bake(cloud.config.results_dir / "amis.json"))
+    yield
+    batch.down(cloud)
+
+
+def bucket_files(cloud: Cloud, run_id: str) -> list[str]:
+    listed = cloud.client("s3").list_objects_v2(
+        Bucket=batch.bucket_name(cloud), Prefix=f"fleet/{run_id}/"
+    )
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def batch_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
+    results = results_of(cloud)
+    assert_nothing_left(cloud, results, run_id, local_dir)
+    assert bucket_files(cloud, run_id) == []
+    client = cloud.client("batch")
+    names = [
+        e["computeEnvironmentName"]
+        for e in client.describe_compute_environments()["computeEnvironments"]
+    ]
+    assert not [n for n in names if n.startswith(f"fleet-{run_id}")], names
+
+
+def test_two_builds_measured_as_array_jobs(cloud: Cloud, registered: None, local_dir: Path) -> None:
+    run_id = new_run(
+        cloud,
+        executor="batch",
+        recipe="kernels",
+        builds=["tuned", "generic"],
+        replicates=2,
+        warmups=1,
+        args="--size 2",
+    )
+    results = results_of(cloud)
+    submitted: list[dict[str, Any]] = []
+    client = cloud.client("batch")
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        submitted.append(params)
+
+    client.meta.events.register("provide-client-params.batch.SubmitJob", record)
+    try:
+        summary = bench.execute(cloud, run_id, results)
+    finally:
+        client.meta.events.unregister("provide-client-params.batch.SubmitJob", record)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    rows = results.replicates(run_id)
+    assert len(rows) == 6 and set(rows.state) == {"ok"}, rows[["state", "error"]]
+    assert set(rows.build) == {"tuned", "generic"} and (rows.metric > 0).all()
+    # One array job of 6 children on the run's own queue, the whole instance per child.
+    assert len(submitted) == 1 and submitted[0]["arrayProperties"] == {"size": 6}
+    assert submitted[0]["jobQueue"].startswith(f"fleet-{run_id}-c5a-large")
+    requirements = submitted[0]["containerOverrides"]["resourceRequirements"]
+    assert {"type": "VCPU", "value": "2"} in requirements
+    # Where each ran came from the job itself (IMDS) and is recorded with its price.
+    environment = results.environments(run_id)[0]
+    assert environment["instance_id"].startswith("i-")
+    assert set(environment["builds"]) == {"tuned", "generic"}
+    assert set(rows.instance_id) == {environment["instance_id"]}
+    assert (rows.price_usd_hour > 0).all()
+    # The monitor's CSV came back through S3.
+    measured = rows[~rows.warmup.astype(bool)]
+    assert measured.monitor_csv.map(lambda p: Path(p).exists()).all()
+    batch_left(cloud, run_id, local_dir)
+
+
+def test_a_lost_host_reruns_its_replicate(cloud: Cloud, registered: None, local_dir: Path) -> None:
+    run_id = new_run(
+        cloud, executor="batch", command="sleep 2; echo value=7", metric="value=(\\d+)"
+    )
+    results = results_of(cloud)
+    killed: list[str] = []
+
+    def terminate_first_host() -> None:
+        # The first host, once a job runs on it: as a spot reclaim would.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            reservations = cloud.ec2.describe_instances(
+                Filters=[
+                    {"Name": "tag-key", "Values": ["aws:batch:compute-environment"]},
+                    {"Name": "instance-state-name", "Values": ["running"]},
+                ]
+            )["Reservations"]
+            for reservation in reservations:
+                for instance in reservation["Instances"]:
+                    jobs = cloud.client("batch").list_jobs(
+                        jobQueue=f"fleet-{run_id}-c5a-large-0", jobStatus="RUNNING"
+                    )["jobSummaryList"]
+                    if jobs:
+                        time.sleep(0.5)
+                        cloud.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+                        killed.append(instance["InstanceId"])
+                        return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=terminate_first_host)
+    thread.start()
+    summary = bench.execute(cloud, run_id, results)
+    thread.join()
+    assert killed and all(t["ok"] for t in summary["types"].values()), summary
+    rows = results.replicates(run_id)
+    interrupted = rows[rows.state == "interrupted"]
+    assert len(interrupted) >= 1
+    assert interrupted.error.iloc[0] == f"Host EC2 (instance {killed[0]}) terminated."
+    ok = rows[rows.state == "ok"]
+    assert sorted(ok.replicate) == [0, 1, 2] and (ok.metric == 7).all()
+    assert killed[0] not in set(ok.instance_id)
+    batch_left(cloud, run_id, local_dir)
+
+
+@pytest.mark.parametrize("step", ["environment", "payload"])
+def test_a_run_stopped_after_each_creating_step_leaves_nothing(
+    cloud: Cloud, registered: None, local_dir: Path, step: str
+) -> None:
+    run_id = new_run(cloud, executor="batch", command="echo value=1", metric="value=(\\d+)")
+    results = results_of(cloud)
+
+    def stop(name: str) -> None:
+        if name == step:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted):
+        bench.execute(cloud, run_id, results, on_boundary=stop)
+    batch_left(cloud, run_id, local_dir)
+
+
+def test_fleet_kill_mid_job_removes_everything(
+    cloud: Cloud, registered: None, local_dir: Path
+) -> None:
+    run_id = new_run(
+        cloud, executor="batch", command="sleep 60; echo value=1", metric="value=(\\d+)"
+    )
+    results = results_of(cloud)
+    process = fleet_process("bench", "--resume", run_id)
+    queue = f"fleet-{run_id}-c5a-large-0"
+
+    def running() -> bool:
+        found = cloud.client("batch").describe_job_queues(jobQueues=[queue])["jobQueues"]
+        return bool(found) and bool(
+            cloud.client("batch").list_jobs(jobQueue=queue, jobStatus="RUNNING")["jobSummaryList"]
+        )
+
+    try:
+        wait_for(running, timeout_s=120)
+        # SIGKILL: no cleanup by the controller; `fleet kill` must find it all by tag.
+        process.kill()
+        process.wait(30)
+        assert main(["kill", run_id]) == 0
+    finally:
+        process.kill()
+    assert control.status(results, run_id)["state"] == "killed"
+    batch_left(cloud, run_id, local_dir)
+
+
+def test_batch_without_registration_is_refused_before_creating_anything(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No `amibake batch up` in this module's cloud state outside the fixture: use another arch.
+    run_id = new_run(
+        cloud, executor="batch", types=["c7g.large"], command="echo value=1", metric="value=(\\d+)"
+    )
+    assert main(["bench", "--resume", run_id]) == 2
+    err = capsys.readouterr().err
+    assert "no Batch queue amibake-arm64" in err and "amibake batch up" in err
+    assert results_of(cloud).replicates(run_id).empty
