@@ -328,6 +328,7 @@ class Jobs:
                 state.record(row)
                 if row.state == "interrupted":
                     interrupted.append(replicate)
+                    self._retire(row.instance_id, job)
                 else:
                     state.done += 1
                     state.on_event(state, "replicate done")
@@ -379,6 +380,13 @@ class Jobs:
             except botocore.exceptions.ClientError as exc:
                 log.warning("%s: no monitor CSV for %s: %s", state.label, replicate.tag, exc)
         return row
+
+    def _retire(self, instance_id: str | None, job: dict[str, Any]) -> None:
+        """A host with a spot notice dies within two minutes: end it now, so Batch places the
+        rerun on a new host instead of the doomed one."""
+        if instance_id and not str(job.get("statusReason", "")).startswith(HOST_GONE):
+            log.info("terminating %s: it has a spot interruption notice", instance_id)
+            self.context.cloud.ec2.terminate_instances(InstanceIds=[instance_id])
 
     def _output(self, job: dict[str, Any]) -> str:
         stream = (job.get("container") or {}).get("logStreamName")

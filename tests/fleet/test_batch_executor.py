@@ -15,6 +15,7 @@ import pytest
 
 from amibake import batch, pipelines
 from amibake.cloud import Cloud
+from amibake.local import control as local_control
 from amibake.runner import Interrupted
 from fleet import bench, control
 from fleet.cli import main
@@ -99,7 +100,10 @@ def test_two_builds_measured_as_array_jobs(cloud: Cloud, registered: None, local
     batch_left(cloud, run_id, local_dir)
 
 
-def test_a_lost_host_reruns_its_replicate(cloud: Cloud, registered: None, local_dir: Path) -> None:
+@pytest.mark.parametrize("how", ["terminated", "notice"])
+def test_a_lost_host_reruns_its_replicate(
+    cloud: Cloud, registered: None, local_dir: Path, how: str
+) -> None:
     run_id = new_run(
         cloud, executor="batch", command="sleep 2; echo value=7", metric="value=(\\d+)"
     )
@@ -123,7 +127,10 @@ def test_a_lost_host_reruns_its_replicate(cloud: Cloud, registered: None, local_
                     )["jobSummaryList"]
                     if jobs:
                         time.sleep(0.5)
-                        cloud.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+                        if how == "terminated":
+                            cloud.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+                        else:
+                            local_control.interrupt(cloud.config, instance["InstanceId"])
                         killed.append(instance["InstanceId"])
                         return
             time.sleep(0.2)
@@ -136,7 +143,11 @@ def test_a_lost_host_reruns_its_replicate(cloud: Cloud, registered: None, local_
     rows = results.replicates(run_id)
     interrupted = rows[rows.state == "interrupted"]
     assert len(interrupted) >= 1
-    assert interrupted.error.iloc[0] == f"Host EC2 (instance {killed[0]}) terminated."
+    reason = {
+        "terminated": f"Host EC2 (instance {killed[0]}) terminated.",
+        "notice": "spot interruption notice",
+    }[how]
+    assert interrupted.error.iloc[0] == reason
     ok = rows[rows.state == "ok"]
     assert sorted(ok.replicate) == [0, 1, 2] and (ok.metric == 7).all()
     assert killed[0] not in set(ok.instance_id)
