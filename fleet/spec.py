@@ -7,7 +7,7 @@ anything is launched. Errors name the file and the line of the key at fault.
     replicates = 3
     warmups = 1
     args = "--size 2"                        # or a table: [args] threads = 2 -> --threads 2
-    executor = "ssh"
+    executor = "ssh"                         # or "batch": jobs on `amibake batch up`
     spot = true
     concurrency = 2
     [metric]                                 # default: the recipe's bench metric, or runtime

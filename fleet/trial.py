@@ -1,6 +1,6 @@
 """One `fleet tune` trial on a cloud: build the configuration's compile-time flags (through
 amibake's artifact cache, so a configuration seen before is not rebuilt), run its replicates
-with the run-time arguments on the ssh executor, and score it."""
+with the run-time arguments on the chosen executor (ssh or batch), and score it."""
 
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ class CloudEvaluator:
             metric=self.metric,
             concurrency=1,
             workload=self.workload,
+            executor=spec.executor,
         )
         todo = [Replicate(instance_type, "tuned", i, False) for i in range(spec.replicates)]
         artifacts = {(family, "tuned"): BuildArtifact("tuned", state.artifact, manifest)}

@@ -27,7 +27,7 @@ import pandas as pd
 from amibake.errors import UserError
 from fleet.results import Results, new_run_id
 from fleet.space import Space, parse
-from fleet.spec import line_of, read_toml
+from fleet.spec import EXECUTORS, line_of, read_toml
 
 log = logging.getLogger("amibake")
 ALGORITHMS = ("tpe", "random", "grid")
@@ -70,6 +70,7 @@ class TuneSpec:
     types: list[str] = field(default_factory=list)
     recipe: str = ""
     replicates: int = 1
+    executor: str = "ssh"  # or "batch": trials measured as Batch jobs
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -94,7 +95,7 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
     known = {
         "params", "objective", "algorithm", "seed", "trials", "startup_trials", "parallel",
         "max_usd", "max_hours", "constraints", "replay", "replay_column", "types", "recipe",
-        "replicates", "name",
+        "replicates", "name", "executor",
     }  # fmt: skip
     for key in data:
         if key not in known:
@@ -122,6 +123,9 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
         raise fail("recipe", "name the recipe to tune (or a replay table to search offline)")
     if replay is None and not types and "instance_type" not in space.params:
         raise fail("types", "name the instance type (or make instance_type a parameter)")
+    executor = data.get("executor", "ssh")
+    if executor not in EXECUTORS:
+        raise fail("executor", f"{executor!r} is not one of {', '.join(EXECUTORS)}")
     if algorithm == "grid":
         space.size()  # a continuous parameter is refused here, not mid-search
     return TuneSpec(
@@ -140,6 +144,7 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
         types=types,
         recipe=str(data.get("recipe", "")),
         replicates=int(data.get("replicates", 1)),
+        executor=str(executor),
         raw=data,
     )
 

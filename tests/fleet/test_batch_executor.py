@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from amibake import batch, pipelines
+from amibake import batch, config, pipelines
 from amibake.cloud import Cloud
 from amibake.local import control as local_control
 from amibake.runner import Interrupted
-from fleet import bench, control
+from fleet import bench, control, tune
 from fleet.cli import main
 from tests.fleet.test_bench import (
     assert_nothing_left,
@@ -209,3 +209,31 @@ def test_batch_without_registration_is_refused_before_creating_anything(
     err = capsys.readouterr().err
     assert "no Batch queue amibake-arm64" in err and "amibake batch up" in err
     assert results_of(cloud).replicates(run_id).empty
+
+
+def test_a_tune_search_measures_its_trials_as_batch_jobs(
+    cloud: Cloud, registered: None, tmp_path: Path
+) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(
+        'recipe = "kernels"\ntypes = ["c5a.large"]\nexecutor = "batch"\nalgorithm = "grid"\n'
+        "trials = 2\nreplicates = 1\n"
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+    )
+    spec = tune.load(path)
+    results = results_of(cloud)
+    run_id = tune.start(results, spec, "local", cloud.config.region)
+    outcome = tune.search(spec, tune.evaluator(spec, config.load()), results, run_id)
+    trials = results.trials(run_id)
+    final = trials[trials.state != "asked"]
+    assert len(final) == 2 and set(final.state) == {"ok"}, final.reason.tolist()
+    assert outcome.best is not None
+    rows = results.replicates(run_id)
+    assert sorted(rows.trial) == [0, 1] and set(rows.state) == {"ok"}
+    # Each trial ran on its own Batch environment's host, now gone with it.
+    assert all(i.startswith("i-") for i in rows.instance_id)
+    names = [
+        e["computeEnvironmentName"]
+        for e in cloud.client("batch").describe_compute_environments()["computeEnvironments"]
+    ]
+    assert not [n for n in names if n.startswith(f"fleet-{run_id}")], names

@@ -210,6 +210,8 @@ def test_bad_tune_input_names_file_and_line(
         + '[params.a]\nkind = "int"\nlow = 5\nhigh = 1\n': ":3: params.a: low 5 is above high 1",
         head + '[params.a]\nkind = "normal"\n': ":3: params.a: unknown kind 'normal'",
         head
+        + 'executor = "k8s"\n[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n': ":3: executor: 'k8s' is not one of ssh, batch",
+        head
         + '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\nwhen = { param = "zz", in = [1] }\n': ":3: params.a: when names an unknown parameter 'zz'",
         f'replay = "{tmp_path / "t.csv"}"\nobjective = "metric"\n'
         '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n': "t.csv:1: the replay table has no column metric",
