@@ -138,8 +138,10 @@ class Environment:
         assert state.resources is not None, "registered() fills it at preflight"
         state.market = "spot" if state.spot else "on-demand"
         client = self.context.cloud.client("batch")
-        name = f"fleet-{state.fleet_run}-{state.slot}"
-        state.prefix = f"fleet/{state.fleet_run}/{state.slot}/"
+        # Unique per controller run: a tune search measures trial after trial on the same type,
+        # and a name just deleted may still be held by its environment going away.
+        name = f"fleet-{state.fleet_run}-{self.context.run_id.removeprefix('ab-')[:6]}-{state.slot}"
+        state.prefix = f"fleet/{state.fleet_run}/{name}/"
         vcpus, _ = _size(self.context.cloud, state.label)
         resources: dict[str, Any] = {
             key: state.resources[key]
@@ -281,7 +283,7 @@ class Jobs:
             "FLEET_IMDS": cloud.imds_endpoint,
         }
         request: dict[str, Any] = {
-            "jobName": f"fleet-{state.fleet_run}-{state.slot}",
+            "jobName": state.queue,
             "jobQueue": state.queue,
             "jobDefinition": state.job_definition,
             "containerOverrides": {

@@ -123,6 +123,7 @@ def test_bake_boot_test_and_security_invariants(cloud: Cloud, built: None, local
     image_id = state.image_id  # type: ignore[attr-defined]
     report = state.boot_report  # type: ignore[attr-defined]
     assert report["fstype"] == "tmpfs" and report["ecs_enabled"]
+    assert report["ecs_cluster"] == "amibake-boot-test"  # the launch's user data ran
     assert report["apps"]["trivial"] == {"family": "c5a", "smoke": "passed"}
     # moto ignores ImdsSupport on images: assert on the request amibake sent.
     assert {"ImageId": image_id, "ImdsSupport": {"Value": "v2.0"}} in sent

@@ -65,7 +65,8 @@ class JobRunner:
             return  # as on AWS: RUNNABLE until the queue has an enabled environment
         with self._lock:
             host = self.hosts.get(environment.arn)
-            if host is None or not host.thread.is_alive():
+            # A new environment may reuse a deleted one's name, and so its ARN.
+            if host is None or not host.thread.is_alive() or host.environment is not environment:
                 host = self.hosts[environment.arn] = Host(self, backend, environment)
         host.jobs.put(job)
 
@@ -87,7 +88,7 @@ class Host:
     # --- the environment's life ---------------------------------------------------------
 
     def _environment_alive(self) -> bool:
-        return self.environment.arn in self.backend._compute_environments
+        return self.backend._compute_environments.get(self.environment.arn) is self.environment
 
     def _loop(self) -> None:
         while self._environment_alive():

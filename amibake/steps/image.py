@@ -183,6 +183,7 @@ class CreateImage:
             self.context.deleted("snapshot", snapshot_id)
 
 
+BOOT_TEST_CLUSTER = "amibake-boot-test"  # set through user data, read back by the boot test
 _SIZE = re.compile(r"size_mb=(\d+) available_mb=(\d+) vcpus=(\d+) reserve_mb_per_vcpu=(\d+)")
 
 
@@ -205,6 +206,9 @@ class BootTest:
             KeyName=state.key_name,
             SecurityGroupIds=[state.security_group_id],
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            # Per-launch settings reach the image through user data: the check below reads
+            # them back.
+            UserData=bake.user_data(ecs_cluster=BOOT_TEST_CLUSTER),
             TagSpecifications=[
                 tags.specification(
                     "instance",
@@ -236,7 +240,8 @@ class BootTest:
             "tail -n 1 /var/log/amibake/stage.log || true; "
             f"test -s /shared/{app}/manifest.json && echo staged || echo not-staged; "
             "test -e /etc/systemd/system/multi-user.target.wants/ecs.service "
-            "&& echo ecs-enabled || echo ecs-disabled",
+            "&& echo ecs-enabled || echo ecs-disabled; "
+            "grep -h '^ECS_CLUSTER=' /etc/ecs/ecs.config | tail -n 1 || echo ECS_CLUSTER=",
             stream=False,
             timeout_s=300,
         ).stdout.splitlines()
@@ -249,6 +254,9 @@ class BootTest:
             "stage_log": out[2] if len(out) > 2 else "",
             "staged": "staged" in out,
             "ecs_enabled": "ecs-enabled" in out,
+            "ecs_cluster": next(
+                (line.split("=", 1)[1] for line in out if line.startswith("ECS_CLUSTER=")), ""
+            ),
         }
         problems = []
         if fstype != "tmpfs":
@@ -263,6 +271,11 @@ class BootTest:
             problems.append(f"nothing staged in /shared/{app}")
         if not report["ecs_enabled"]:
             problems.append("the ECS agent is not enabled")
+        if report["ecs_cluster"] != BOOT_TEST_CLUSTER:
+            problems.append(
+                f"the launch's user data did not set ECS_CLUSTER={BOOT_TEST_CLUSTER} "
+                f"(ecs.config says {report['ecs_cluster'] or 'nothing'})"
+            )
         if not problems:  # the details only mean something once the basics hold
             problems += self._check_staged(state, remote, report)
         if problems:

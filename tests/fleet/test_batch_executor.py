@@ -26,6 +26,7 @@ from tests.fleet.test_bench import (
     results_of,
     wait_for,
 )
+from tests.helpers import wait_until_clean
 from tests.test_bake import built  # noqa: F401 - the module-scoped artifact fixture
 
 
@@ -45,6 +46,14 @@ def bucket_files(cloud: Cloud, run_id: str) -> list[str]:
     return [o["Key"] for o in listed.get("Contents", [])]
 
 
+def run_queue(cloud: Cloud, run_id: str) -> str | None:
+    """The run's own job queue, once it exists."""
+    for queue in cloud.client("batch").describe_job_queues()["jobQueues"]:
+        if queue["jobQueueName"].startswith(f"fleet-{run_id}-"):
+            return str(queue["jobQueueName"])
+    return None
+
+
 def batch_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
     results = results_of(cloud)
     assert_nothing_left(cloud, results, run_id, local_dir)
@@ -55,6 +64,7 @@ def batch_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
         for e in client.describe_compute_environments()["computeEnvironments"]
     ]
     assert not [n for n in names if n.startswith(f"fleet-{run_id}")], names
+    assert wait_until_clean(local_dir) == []  # each trial's host went with its environment
 
 
 def test_two_builds_measured_as_array_jobs(cloud: Cloud, registered: None, local_dir: Path) -> None:
@@ -85,7 +95,8 @@ def test_two_builds_measured_as_array_jobs(cloud: Cloud, registered: None, local
     assert set(rows.build) == {"tuned", "generic"} and (rows.metric > 0).all()
     # One array job of 6 children on the run's own queue, the whole instance per child.
     assert len(submitted) == 1 and submitted[0]["arrayProperties"] == {"size": 6}
-    assert submitted[0]["jobQueue"].startswith(f"fleet-{run_id}-c5a-large")
+    assert submitted[0]["jobQueue"].startswith(f"fleet-{run_id}-")
+    assert submitted[0]["jobQueue"].endswith("-c5a-large-0")
     requirements = submitted[0]["containerOverrides"]["resourceRequirements"]
     assert {"type": "VCPU", "value": "2"} in requirements
     # Where each ran came from the job itself (IMDS) and is recorded with its price.
@@ -122,9 +133,13 @@ def test_a_lost_host_reruns_its_replicate(
             )["Reservations"]
             for reservation in reservations:
                 for instance in reservation["Instances"]:
-                    jobs = cloud.client("batch").list_jobs(
-                        jobQueue=f"fleet-{run_id}-c5a-large-0", jobStatus="RUNNING"
-                    )["jobSummaryList"]
+                    queue = run_queue(cloud, run_id)
+                    jobs = (
+                        queue
+                        and cloud.client("batch").list_jobs(jobQueue=queue, jobStatus="RUNNING")[
+                            "jobSummaryList"
+                        ]
+                    )
                     if jobs:
                         time.sleep(0.5)
                         if how == "terminated":
@@ -178,11 +193,10 @@ def test_fleet_kill_mid_job_removes_everything(
     )
     results = results_of(cloud)
     process = fleet_process("bench", "--resume", run_id)
-    queue = f"fleet-{run_id}-c5a-large-0"
 
     def running() -> bool:
-        found = cloud.client("batch").describe_job_queues(jobQueues=[queue])["jobQueues"]
-        return bool(found) and bool(
+        queue = run_queue(cloud, run_id)
+        return bool(queue) and bool(
             cloud.client("batch").list_jobs(jobQueue=queue, jobStatus="RUNNING")["jobSummaryList"]
         )
 
@@ -212,7 +226,7 @@ def test_batch_without_registration_is_refused_before_creating_anything(
 
 
 def test_a_tune_search_measures_its_trials_as_batch_jobs(
-    cloud: Cloud, registered: None, tmp_path: Path
+    cloud: Cloud, registered: None, tmp_path: Path, local_dir: Path
 ) -> None:
     path = tmp_path / "t.toml"
     path.write_text(
@@ -237,3 +251,4 @@ def test_a_tune_search_measures_its_trials_as_batch_jobs(
         for e in cloud.client("batch").describe_compute_environments()["computeEnvironments"]
     ]
     assert not [n for n in names if n.startswith(f"fleet-{run_id}")], names
+    assert wait_until_clean(local_dir) == []  # each trial's host went with its environment
