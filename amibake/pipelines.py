@@ -13,7 +13,7 @@ from typing import Any
 import botocore.exceptions
 
 from amibake import bake as bake_module
-from amibake import catalog, recipes, sources
+from amibake import catalog, recipes, runner, sources
 from amibake.cloud import Cloud, tags
 from amibake.errors import AmibakeError, CloudError, UserError
 from amibake.flags import Compiler, for_build
@@ -124,6 +124,7 @@ def open_run(cloud: Cloud, command: str) -> Iterator[RunContext]:
         log_dir=log_dir,
     )
     state = "failed"
+    runner.opened(context)
     try:
         yield context
         state = "succeeded"
@@ -131,6 +132,7 @@ def open_run(cloud: Cloud, command: str) -> Iterator[RunContext]:
         state = "interrupted"
         raise
     finally:
+        runner.closed(context)
         left = journal.alive(run_id)
         detail = f"{len(left)} resources left" if left else "nothing left"
         journal.finish_run(run_id, state, detail)

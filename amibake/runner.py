@@ -80,6 +80,30 @@ class RunContext:
         self.journal.deleted(kind, resource_id)
 
 
+# Every run context open in this process. Ctrl-C reaches only the main thread; a caller that runs
+# whole runs on worker threads (fleet tune's trials in flight) stops them all with cancel_all().
+_open: dict[str, RunContext] = {}
+_open_lock = threading.Lock()
+
+
+def opened(context: RunContext) -> None:
+    with _open_lock:
+        _open[context.run_id] = context
+
+
+def closed(context: RunContext) -> None:
+    with _open_lock:
+        _open.pop(context.run_id, None)
+
+
+def cancel_all() -> int:
+    """Ask every open run to stop and unwind; returns how many were asked."""
+    with _open_lock:
+        for context in _open.values():
+            context.cancel.set()
+        return len(_open)
+
+
 # Called after each step completes, with the step's name: tests kill runs here.
 Boundary = Callable[[str], None]
 

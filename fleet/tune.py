@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from amibake.errors import UserError
+from amibake.runner import cancel_all
 from fleet.results import Results, new_run_id
 from fleet.space import Space, parse
 from fleet.spec import EXECUTORS, line_of, read_toml
@@ -336,7 +337,13 @@ def search(
                 futures[pool.submit(evaluate, trial, params)] = (trial, params)
             if not futures:
                 break
-            finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            try:
+                finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt:
+                # The trials run on worker threads, which never see Ctrl-C: stop their runs so
+                # each unwinds what it created now, instead of finishing its replicates first.
+                log.warning("[%s] interrupted: stopping %d trials in flight", run_id, cancel_all())
+                raise
             for future in finished:
                 trial, params = futures.pop(future)
                 try:

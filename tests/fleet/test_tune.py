@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,10 +16,13 @@ import pytest
 
 from amibake import config
 from amibake.cloud import Cloud
+from amibake.journal import Journal
+from amibake.local import control as local_control
 from fleet import bench, tune
 from fleet.cli import main
 from fleet.results import Results
 from fleet.space import Space
+from tests.helpers import tagged_alive, wait_until_clean
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -274,3 +280,44 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 2  # convergence, loss by parameter
     assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
+
+
+def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    """Trials run on worker threads, which never see Ctrl-C: the search must stop their runs
+    (each then unwinds) rather than wait for their replicates to finish."""
+    path = tmp_path / "t.toml"
+    path.write_text(
+        'recipe = "kernels"\ntypes = ["c5a.large"]\nalgorithm = "grid"\ntrials = 2\n'
+        "parallel = 2\nreplicates = 3\n"
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+        '[params.size]\nkind = "categorical"\nvalues = [16]\nstage = "run"\n'
+    )
+    spec = tune.load(path)
+    cfg = config.load()
+    results = bench.results_db(cfg.results_dir)
+    run_id = tune.start(results, spec, cfg.cloud, cfg.region)
+
+    def interrupt_mid_replicate() -> None:
+        deadline = time.monotonic() + 120
+        while len(local_control.status(cfg)["instances"]) < 2:  # type: ignore[index]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(3.0)  # staged, and into the first replicate (each takes ~3.5 s)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Thread(target=interrupt_mid_replicate)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        tune.search(spec, tune.evaluator(spec, cfg), results, run_id)
+    timer.join()
+    journal = Journal(cfg.results_dir / "journal.sqlite")
+    runs = [d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"]
+    assert len(runs) == 2
+    assert [journal.run_state(r) for r in runs] == ["interrupted", "interrupted"]
+    for amibake_run in runs:
+        assert tagged_alive(cloud, amibake_run) == [] and journal.alive(amibake_run) == []
+    assert wait_until_clean(local_dir) == []
+    trials = results.trials(run_id)
+    assert set(trials.state) == {"asked"}  # neither was scored: a resume runs both again
