@@ -6,7 +6,10 @@ the whole machine (CPU total and per core, memory, disk and network I/O) and the
 process tree (RSS, CPU), and stops by itself when the workload exits or on SIGTERM.
 
 Cheap by construction: per sample, one pass over the workload's tree and a few system counters;
-the sleep is aligned to the schedule, so sampling never drifts or piles up.
+the sleep is aligned to the schedule, so sampling never drifts or piles up. Started with
+``--pid-file`` it is ready before the workload exists (interpreter and psutil loaded, CSV header
+written), so its own start-up never competes with the run being timed; the agent then writes
+the workload's pid to that file.
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ class Monitor:
         self.root = psutil.Process(pid)
         self.out = out
         self.interval_s = interval_s
-        self.stopped = False
         self._tree: dict[int, psutil.Process] = {}
 
     def _tree_sample(self) -> tuple[int, float, float]:
@@ -87,20 +89,23 @@ class Monitor:
             "tree_cpu_percent": round(cpu, 1),
         }
 
-    def run(self) -> int:
-        """Sample until the workload is gone; return the number of samples written."""
+    def run(self, header: bool = True) -> int:
+        """Sample until the workload is gone; return the number of samples written. Without
+        header, the rows go after the header that was written as the ready signal."""
         psutil.cpu_percent(None, percpu=True)  # prime the counters: the first reading is empty
         self._tree_sample()
         started = time.monotonic()
         count = 0
-        with self.out.open("w", newline="") as handle:
+        with self.out.open("w" if header else "a", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-            writer.writeheader()
+            if header:
+                writer.writeheader()
+                handle.flush()  # visible at once: the CSV's existence says sampling has begun
             next_at = started + self.interval_s
-            while not self.stopped and self.root.is_running() and self.root.status() != "zombie":
+            while self.root.is_running() and self.root.status() != "zombie":
                 delay = next_at - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
+                if delay > 0 and _stop_requested(delay):
+                    break
                 # Missed slots (a stalled machine) are skipped, not caught up in a burst.
                 next_at = max(next_at + self.interval_s, time.monotonic() + self.interval_s / 2)
                 writer.writerow(self._row(started))
@@ -134,28 +139,65 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _write_header(out: Path) -> None:
+    with out.open("w", newline="") as handle:
+        csv.DictWriter(handle, fieldnames=COLUMNS).writeheader()
+
+
+def _stop_requested(wait_s: float) -> bool:
+    """Wait up to wait_s; True at once if SIGTERM came. main() blocks SIGTERM so that it waits
+    here to be taken: a handler would only run after the whole sleep (PEP 475 resumes it), and
+    the agent waiting for the monitor would wait out the interval."""
+    return signal.sigtimedwait([signal.SIGTERM], wait_s) is not None
+
+
+def _await_pid(pid_file: Path, timeout_s: float) -> int | None:
+    """The workload's pid once the agent has written it (atomically, by rename); None when told
+    to stop or when no workload came within timeout_s (the agent died before starting it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return int(pid_file.read_text())
+        except FileNotFoundError:
+            # A few hundred checks at most: the agent starts the workload at once.
+            if _stop_requested(0.005):
+                return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="monitor", description=__doc__.splitlines()[0])
-    parser.add_argument("--pid", type=int, required=True, help="the workload's process id")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--pid", type=int, help="the workload's process id")
+    target.add_argument(
+        "--pid-file",
+        type=Path,
+        help="get ready first (the CSV header written), then wait for the workload's pid here",
+    )
     parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    parser.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for --pid-file (default 60)"
+    )
     args = parser.parse_args(argv)
     if args.interval <= 0:
         print("monitor: --interval must be positive", file=sys.stderr)
         return 2
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # taken by _stop_requested
+    pid = args.pid
+    if args.pid_file is not None:
+        _write_header(args.out)
+        pid = _await_pid(args.pid_file, args.wait)
+        if pid is None:
+            return 0
     try:
-        monitor = Monitor(args.pid, args.out, args.interval)
+        monitor = Monitor(pid, args.out, args.interval)
     except psutil.NoSuchProcess:
         # The workload was done before the monitor started: a run too short to sample.
-        with args.out.open("w", newline="") as handle:
-            csv.DictWriter(handle, fieldnames=COLUMNS).writeheader()
+        if args.pid_file is None:
+            _write_header(args.out)
         return 0
-
-    def stop(*_: object) -> None:
-        monitor.stopped = True
-
-    signal.signal(signal.SIGTERM, stop)
-    monitor.run()
+    monitor.run(header=args.pid_file is None)
     return 0
 
 

@@ -137,6 +137,8 @@ def test_a_spot_notice_mid_replicate_reruns_it_on_a_new_instance(
     assert rows.instance_id[1] == interrupted[0] != rows.instance_id[2]
     assert sorted(rows[rows.state == "ok"].replicate) == [0, 1, 2]
     assert (rows[rows.state == "ok"].metric == 7).all()
+    # The monitor, ready before each 2 s workload started, sampled it (1 Hz) all along.
+    assert (rows[rows.state == "ok"].monitor_samples >= 1).all(), rows.monitor_samples
     made = report.make(results, run_id, cloud.config.results_dir / "reports", html_page=False)
     assert int(made.summary.n[0]) == 3  # the interrupted attempt is never scored
     assert_nothing_left(cloud, results, run_id, local_dir)

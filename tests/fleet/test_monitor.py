@@ -6,6 +6,7 @@ import csv
 import itertools
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fleet.agent import monitor
@@ -53,3 +54,62 @@ def test_a_process_gone_before_the_first_sample_gives_an_empty_csv(tmp_path: Pat
     # A workload done before the monitor starts is a run too short to sample: an empty CSV.
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "x.csv").read_text().startswith("time_s,cpu_percent,")
+
+
+def test_started_first_it_is_ready_before_the_workload_and_then_samples_it(
+    tmp_path: Path,
+) -> None:
+    out, pid_file = tmp_path / "run.csv", tmp_path / "run.pid"
+    command = [sys.executable, "-m", "fleet.agent.monitor", "--pid-file", str(pid_file)]
+    watcher = subprocess.Popen([*command, "--out", str(out), "--interval", "0.2"])
+    try:
+        # Ready (header written) with no workload yet: its start-up is over before the run.
+        deadline = time.monotonic() + 30
+        while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert out.read_text().strip() == ",".join(monitor.COLUMNS)
+        assert watcher.poll() is None  # waiting for the pid, not gone
+        workload = subprocess.Popen([sys.executable, "-c", WORKLOAD])
+        pid_file.write_text(str(workload.pid))
+        assert watcher.wait(timeout=30) == 0
+    finally:
+        watcher.kill()
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) >= 4  # one header, then the samples of the workload
+    assert max(int(r["tree_processes"]) for r in rows) == 2
+    assert max(float(r["tree_cpu_percent"]) for r in rows) > 50
+
+
+def test_started_first_with_no_workload_coming_it_gives_up(tmp_path: Path) -> None:
+    out = tmp_path / "run.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet.agent.monitor", "--pid-file", str(tmp_path / "none.pid"),
+         "--out", str(out), "--wait", "0.3"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert out.read_text().strip() == ",".join(monitor.COLUMNS)
+
+
+def test_sigterm_stops_it_at_once_not_after_the_interval(tmp_path: Path) -> None:
+    # The agent stops the monitor when the workload ends; a monitor that slept out its interval
+    # first would add that interval to every replicate.
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    out = tmp_path / "run.csv"
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "fleet.agent.monitor", "--pid", str(workload.pid),
+         "--out", str(out), "--interval", "30"]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # into its first 30 s wait
+        asked = time.monotonic()
+        watcher.terminate()
+        assert watcher.wait(timeout=20) == 0
+        assert time.monotonic() - asked < 5
+    finally:
+        watcher.kill()
+        workload.kill()
+        workload.wait()
