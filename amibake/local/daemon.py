@@ -70,6 +70,18 @@ def _configure_moto(directory: Path) -> None:
     default_user_config.setdefault("batch", {})["use_docker"] = False
 
 
+def _quiet_fast_dispatch() -> None:
+    """Per request, moto's dispatcher lists its package directory (one stat per service, under a
+    lock) and werkzeug logs a line: measured as 11% of the daemon's CPU while eight builds ran.
+    The listing never changes in a running process; request lines stay out of daemon.log
+    (errors still go there)."""
+    from moto import backends
+
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules  # type: ignore[assignment]
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
 def serve(settings: LocalSettings) -> None:
     _configure_moto(settings.directory)
     from moto.moto_server.werkzeug_app import (
@@ -83,6 +95,7 @@ def serve(settings: LocalSettings) -> None:
     from amibake.local.gateway import Gateway
 
     moto_gaps.apply()
+    _quiet_fast_dispatch()
 
     cloud = LocalCloud(settings)
     cloud.start()

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import TCPServer
 from typing import Any
 
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
@@ -121,6 +122,12 @@ class IMDSServer(ThreadingHTTPServer):
             target=self.serve_forever, name=f"imds-{metadata.instance_id}", daemon=True
         )
         self._thread.start()
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would look up its own name (socket.getfqdn, a resolver round
+        # trip per instance launched); nothing here uses server_name.
+        TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
     def stop(self) -> None:
         self.shutdown()

@@ -172,28 +172,34 @@ class Sandbox:
         (self.root / "units.sh").write_text(spec.units.script())
         if spec.user_data is not None:
             (self.root / "user-data").write_bytes(spec.user_data)
-        init = self.root / "init.sh"
-        init.write_text(self._init_script())
         (self.root / "spec.json").write_text(json.dumps(self._record(), indent=1))
-
-        with self.console_log.open("ab") as console:
-            console.write(self._console_header().encode())
-            console.flush()
-            command = [
-                "unshare",
-                "--mount",
-                "--uts",
-                "--pid",
-                "--fork",
-                "--kill-child=SIGKILL",
-                "--propagation",
-                "private",
-            ]
-            if os.geteuid() != 0:
-                command[1:1] = ["--user", "--map-root-user"]
-            self.process = spawn([*command, "/bin/sh", str(init)], console)
-        (self.root / "pid").write_text(str(self.process.pid))
-        self._wait_for_sshd(wait_s)
+        # sshd says READY=1 on NOTIFY_SOCKET once it listens (Debian's sd_notify patch): an
+        # abstract socket (the kernel picks its name) reaches it through the chroot and spares
+        # the daemon polling the port while eight sandboxes boot on two cores.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as ready:
+            ready.bind("")
+            name = ready.getsockname()
+            name = name.decode() if isinstance(name, bytes) else name
+            init = self.root / "init.sh"
+            init.write_text(self._init_script("@" + name.lstrip("\0")))
+            with self.console_log.open("ab") as console:
+                console.write(self._console_header().encode())
+                console.flush()
+                command = [
+                    "unshare",
+                    "--mount",
+                    "--uts",
+                    "--pid",
+                    "--fork",
+                    "--kill-child=SIGKILL",
+                    "--propagation",
+                    "private",
+                ]
+                if os.geteuid() != 0:
+                    command[1:1] = ["--user", "--map-root-user"]
+                self.process = spawn([*command, "/bin/sh", str(init)], console)
+            (self.root / "pid").write_text(str(self.process.pid))
+            self._wait_for_sshd(wait_s, ready)
 
     @property
     def hostname(self) -> str:
@@ -205,8 +211,9 @@ class Sandbox:
         record["units"] = self.spec.units.names
         return record
 
-    def _wait_for_sshd(self, wait_s: float) -> None:
+    def _wait_for_sshd(self, wait_s: float, ready: socket.socket) -> None:
         deadline = time.monotonic() + wait_s
+        ready.settimeout(0.05)
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
@@ -214,10 +221,17 @@ class Sandbox:
                     f"sandbox {self.spec.instance_id} exited during boot: {self.console_tail()}"
                 )
             try:
+                if b"READY=1" in ready.recv(4096):
+                    return
+            except TimeoutError:
+                pass
+            # An sshd without the notify patch never says so: then the port tells, checked at
+            # the pace of the notify wait.
+            try:
                 with socket.create_connection((self.spec.address, self.spec.ssh_port), 0.2):
                     return
             except OSError:
-                time.sleep(0.005)
+                continue
         raise LocalCloudError(
             f"sandbox {self.spec.instance_id}: sshd did not listen on "
             f"{self.spec.address}:{self.spec.ssh_port} within {wait_s:.0f}s: {self.console_tail()}"
@@ -284,7 +298,7 @@ chmod 440 /etc/sudoers.d/90-cloud-init-users
 echo {self.hostname} > /etc/hostname
 """
 
-    def _init_script(self) -> str:
+    def _init_script(self, notify_socket: str) -> str:
         spec = self.spec
         q = shlex.quote
         merged = self.root / "merged"
@@ -324,7 +338,7 @@ chroot "$M" /bin/sh /run/amibake/firstboot.sh
 set +e
 echo "systemd: starting enabled oneshot units"
 chroot "$M" /bin/sh -s < {q(str(self.root / "units.sh"))}
-chroot "$M" {find_sshd()} -D -e -f /run/amibake/sshd_config &
+NOTIFY_SOCKET={q(notify_socket)} chroot "$M" {find_sshd()} -D -e -f /run/amibake/sshd_config &
 {user_data}
 date -u +%s > "$M/var/lib/cloud/instance/boot-finished"
 echo "cloud-init: boot finished"
