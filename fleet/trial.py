@@ -126,11 +126,14 @@ class CloudEvaluator:
         cost = stats.cost_per_unit(per_unit, price) if price is not None else None
         usd = float((rows.seconds * rows.price_usd_hour.fillna(0)).sum() / 3600)
         objective = self.spec.objective
-        loss = {"runtime": seconds, "metric": median, "cost": cost}[objective]
+        # A rate (work per second) is maximised: minimised negated, in its own units, so that a
+        # fixed-time workload (the kernels repeat to a minimum time) is judged by its throughput.
+        sign = -1.0 if metric.higher_is_better else 1.0
+        loss = {"runtime": seconds, "metric": sign * median, "cost": cost}[objective]
         # The interval of what is minimised, from the replicates (a re-run is judged by it).
         per_replicate = {
             "runtime": rows.seconds.to_numpy(dtype=float),
-            "metric": values,
+            "metric": sign * values,
             "cost": np.array(
                 [stats.cost_per_unit(metric.seconds_per_unit(v), price or 0.0) for v in values]
             ),
