@@ -13,7 +13,7 @@ from typing import Any
 import botocore.exceptions
 
 from amibake import bake as bake_module
-from amibake import catalog, recipes, runner, sources
+from amibake import catalog, recipes, render, runner, sources
 from amibake.cloud import Cloud, tags
 from amibake.errors import AmibakeError, CloudError, UserError
 from amibake.flags import Compiler, for_build
@@ -375,32 +375,37 @@ def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
     for name in request.families or []:
         catalog.family(name)
     artifacts = bake_module.load_artifacts(cloud.config.results_dir / "artifacts", request.families)
+    if request.base_ami is not None and len({a.architecture for a in artifacts}) > 1:
+        raise UserError("--base-ami names one image, but the artifacts span architectures")
     states = []
-    for architecture in sorted({a.architecture for a in artifacts}):
-        mine = [a for a in artifacts if a.architecture == architecture]
-        if request.base_ami is not None and len({a.architecture for a in artifacts}) > 1:
-            raise UserError("--base-ami names one image, but the artifacts span architectures")
-        base = bake_module.base_image(cloud, architecture, request.base_ami, request.allow_eol)
-        families = sorted({a.family for a in mine})
-        bake_module.check_shapes(cloud, families, request.reserve_mb_per_vcpu)
-        files = bake_module.render_files(
-            mine, architecture, request.reserve_mb_per_vcpu, cloud.imds_endpoint
-        )
-        # Bake (and boot-test) on the most generic family: every artifact's fallback runs there.
-        generic = next(iter(bake_module.fallbacks(mine).values()))
-        states.append(
-            BakeState(
-                family=catalog.family(generic),
-                size="large",
-                base_ami=base,
-                architecture=architecture,
-                name=request.name,
-                artifacts=mine,
-                files=files,
-                reserve_mb_per_vcpu=request.reserve_mb_per_vcpu,
-                amis_file=cloud.config.results_dir / "amis.json",
+    # The rendered files' checkers run while the cloud answers the lookups below.
+    with render.Checks() as checks:
+        boot_user_data = bake_module.user_data(bake_module.BOOT_TEST_CLUSTER, checks)
+        for architecture in sorted({a.architecture for a in artifacts}):
+            mine = [a for a in artifacts if a.architecture == architecture]
+            files = bake_module.render_files(
+                mine, architecture, request.reserve_mb_per_vcpu, cloud.imds_endpoint, checks
             )
-        )
+            base = bake_module.base_image(cloud, architecture, request.base_ami, request.allow_eol)
+            families = sorted({a.family for a in mine})
+            bake_module.check_shapes(cloud, families, request.reserve_mb_per_vcpu)
+            # Bake (and boot-test) on the most generic family: every artifact's fallback runs
+            # there.
+            generic = next(iter(bake_module.fallbacks(mine).values()))
+            states.append(
+                BakeState(
+                    family=catalog.family(generic),
+                    size="large",
+                    base_ami=base,
+                    architecture=architecture,
+                    name=request.name,
+                    artifacts=mine,
+                    files=files,
+                    boot_user_data=boot_user_data,
+                    reserve_mb_per_vcpu=request.reserve_mb_per_vcpu,
+                    amis_file=cloud.config.results_dir / "amis.json",
+                )
+            )
     return states
 
 

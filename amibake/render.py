@@ -3,8 +3,13 @@ error at render time, not an empty string in a script that runs as root."""
 
 from __future__ import annotations
 
+import functools
+import itertools
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +19,24 @@ from amibake.errors import UserError
 
 USER_DATA_LIMIT = 16 * 1024
 
+Verdict = Callable[[int, str, str], "str | None"]  # (exit code, stdout, stderr) -> the problem
 
-def render(template: Path, **variables: Any) -> str:
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template.parent)),
+
+@functools.cache
+def _environment(directory: Path) -> jinja2.Environment:
+    # One per template directory, kept: it caches each compiled template (re-read if the file
+    # changes), where a fresh one compiled every template again (20 ms of a bake's own time).
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(directory)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,  # shell and unit files, not HTML
     )
+
+
+def render(template: Path, **variables: Any) -> str:
     try:
-        return environment.get_template(template.name).render(**variables)
+        return _environment(template.parent).get_template(template.name).render(**variables)
     except jinja2.UndefinedError as exc:
         raise UserError(
             f"{template}: {exc.message}; define it or remove it from the template"
@@ -32,25 +45,88 @@ def render(template: Path, **variables: Any) -> str:
         raise UserError(f"{template}:{exc.lineno}: {exc.message}") from None
 
 
+class Checks:
+    """External checkers of rendered files (bash -n, shellcheck, systemd-analyze verify), all
+    started at once and left to run: each is a process of 10-50 ms, which a bake paid one after
+    another (measured: 150 ms of its 190 ms own time), and they can run while the caller waits
+    on the cloud. They are started from a thread of their own, so that even their process starts
+    (3 ms each, the binary loaded before vfork returns) overlap the caller's work. Leaving the
+    ``with`` block waits for them and raises the first problem; an error inside the block stops
+    them instead.
+
+        with Checks() as checks:
+            checks.shell(script, "stage.sh.j2")
+            ...  # other work, the checkers running meanwhile
+    """
+
+    def __init__(self) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="amibake-check-"))
+        self._starter = ThreadPoolExecutor(1, thread_name_prefix="checks")
+        self._pending: list[tuple[Future[subprocess.Popen[str] | None], Verdict]] = []
+        self._scripts = itertools.count()
+
+    def start(self, command: list[str], verdict: Verdict, *, optional: bool = False) -> None:
+        """Run `command`; `verdict(exit code, stdout, stderr)` says what is wrong, or None.
+        An optional checker that is not installed is skipped."""
+
+        def spawn() -> subprocess.Popen[str] | None:
+            try:
+                return subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            except FileNotFoundError:
+                if optional:
+                    return None
+                raise
+
+        self._pending.append((self._starter.submit(spawn), verdict))
+
+    def shell(self, script: str, name: str) -> None:
+        """Refuse a rendered script that bash cannot parse, or that shellcheck finds errors in."""
+        path = self.scratch / f"{next(self._scripts)}.sh"
+        path.write_text(script)
+
+        def parses(code: int, _: str, err: str) -> str | None:
+            return f"{name}: rendered script does not parse: {err.strip()}" if code else None
+
+        def lints(code: int, out: str, _: str) -> str | None:
+            if not code:
+                return None
+            first = (out.strip().splitlines() or ["failed"])[0].replace(str(path), name)
+            return f"{name}: shellcheck: {first}"
+
+        self.start(["bash", "-n", str(path)], parses)
+        self.start(
+            ["shellcheck", "--severity=error", "--format=gcc", str(path)], lints, optional=True
+        )
+
+    def __enter__(self) -> Checks:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        failed = kind is not None
+        # On an error, checkers not yet started never start; the started ones are killed.
+        self._starter.shutdown(wait=True, cancel_futures=failed)
+        try:
+            problems = []
+            for started, verdict in self._pending:
+                if started.cancelled() or (failed and started.exception() is not None):
+                    continue
+                process = started.result()
+                if process is None:  # an optional checker that is not installed
+                    continue
+                if failed:
+                    process.kill()
+                out, err = process.communicate()
+                if not failed and (problem := verdict(process.returncode, out, err)):
+                    problems.append(problem)
+            if problems:  # in the order started: a parse error before shellcheck's take on it
+                raise UserError(problems[0])
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
 def check_shell(script: str, name: str) -> None:
     """Refuse a rendered script that bash cannot parse, or that shellcheck finds errors in."""
-    with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as handle:
-        handle.write(script)
-        path = Path(handle.name)
-    try:
-        parsed = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
-        if parsed.returncode != 0:
-            raise UserError(f"{name}: rendered script does not parse: {parsed.stderr.strip()}")
-        try:
-            checked = subprocess.run(
-                ["shellcheck", "--severity=error", "--format=gcc", str(path)],
-                capture_output=True,
-                text=True,
-            )
-        except FileNotFoundError:
-            return
-        if checked.returncode != 0:
-            first = checked.stdout.strip().splitlines()[0].replace(str(path), name)
-            raise UserError(f"{name}: shellcheck: {first}")
-    finally:
-        path.unlink(missing_ok=True)
+    with Checks() as checks:
+        checks.shell(script, name)

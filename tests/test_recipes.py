@@ -60,6 +60,24 @@ def test_a_rendered_script_that_does_not_parse_is_refused() -> None:
         render.check_shell("#!/bin/bash\nif true; then\n", "broken.sh")
 
 
+def test_a_rendered_script_shellcheck_rejects_is_refused_and_its_scratch_removed() -> None:
+    # bash -n accepts it (the missing space before ] fails only at run time); shellcheck does not.
+    refused = pytest.raises(UserError, match=r"^stage.sh: shellcheck: stage.sh:2:\d+: error")
+    with refused, render.Checks() as checks:
+        checks.shell('#!/bin/bash\n[ "$1" = x]\n', "stage.sh")
+        scratch = checks.scratch
+    assert not scratch.exists()
+
+
+def test_checks_still_running_when_the_caller_fails_are_stopped() -> None:
+    with pytest.raises(RuntimeError), render.Checks() as checks:
+        checks.start(["sleep", "30"], lambda *_: "never judged")
+        process = checks._pending[0][0].result()
+        raise RuntimeError("the cloud lookup failed")
+    assert process.returncode is not None  # killed and reaped, not left running
+    assert not checks.scratch.exists()
+
+
 def test_source_packing_is_reproducible(tmp_path: Path) -> None:
     recipe = copy_recipe(tmp_path)
     first = recipes.pack_directory(recipe / "src")

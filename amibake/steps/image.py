@@ -36,6 +36,7 @@ class BakeState(InstanceState):
     name: str
     artifacts: list[bake.Artifact]
     files: dict[str, tuple[str, int]]
+    boot_user_data: str  # rendered and checked with the files, before anything is created
     reserve_mb_per_vcpu: int
     amis_file: Path
     image_id: str = ""
@@ -183,7 +184,6 @@ class CreateImage:
             self.context.deleted("snapshot", snapshot_id)
 
 
-BOOT_TEST_CLUSTER = "amibake-boot-test"  # set through user data, read back by the boot test
 _SIZE = re.compile(r"size_mb=(\d+) available_mb=(\d+) vcpus=(\d+) reserve_mb_per_vcpu=(\d+)")
 
 
@@ -208,7 +208,7 @@ class BootTest:
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
             # Per-launch settings reach the image through user data: the check below reads
             # them back.
-            UserData=bake.user_data(ecs_cluster=BOOT_TEST_CLUSTER),
+            UserData=state.boot_user_data,
             TagSpecifications=[
                 tags.specification(
                     "instance",
@@ -271,9 +271,9 @@ class BootTest:
             problems.append(f"nothing staged in /shared/{app}")
         if not report["ecs_enabled"]:
             problems.append("the ECS agent is not enabled")
-        if report["ecs_cluster"] != BOOT_TEST_CLUSTER:
+        if report["ecs_cluster"] != bake.BOOT_TEST_CLUSTER:
             problems.append(
-                f"the launch's user data did not set ECS_CLUSTER={BOOT_TEST_CLUSTER} "
+                f"the launch's user data did not set ECS_CLUSTER={bake.BOOT_TEST_CLUSTER} "
                 f"(ecs.config says {report['ecs_cluster'] or 'nothing'})"
             )
         if not problems:  # the details only mean something once the basics hold
