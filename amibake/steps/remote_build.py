@@ -15,7 +15,7 @@ import archspec.cpu
 from amibake import flags as flags_module
 from amibake.cloud.reach import reach
 from amibake.errors import RemoteError
-from amibake.render import check_shell, render
+from amibake.render import Checks, check_shell, render
 from amibake.runner import RunContext
 from amibake.sources import sha256_of
 from amibake.steps.state import BuildState, InstanceState
@@ -133,8 +133,14 @@ class Build:
 
 
 def render_build_script(
-    state: BuildState, flags: flags_module.Flags, jobs: int, cc: str = "gcc"
+    state: BuildState,
+    flags: flags_module.Flags,
+    jobs: int,
+    cc: str = "gcc",
+    checks: Checks | None = None,
 ) -> str:
+    """The recipe's build script for these flags; checked on `checks` when given (the caller
+    waits for it), else before returning."""
     work = state.work_dir
     script = render(
         state.recipe.directory / state.recipe.template,
@@ -147,7 +153,11 @@ def render_build_script(
         out_dir=f"{work}/out",
         jobs=jobs,
     )
-    check_shell(script, f"{state.recipe.name}/{state.recipe.template}")
+    name = f"{state.recipe.name}/{state.recipe.template}"
+    if checks is None:
+        check_shell(script, name)
+    else:
+        checks.shell(script, name)
     return script
 
 
