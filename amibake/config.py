@@ -20,7 +20,8 @@ CLOUDS = ("aws", "local")
 RETRY_MODES = ("standard", "adaptive")
 
 
-def _cache_home() -> Path:
+def cache_home() -> Path:
+    """Where amibake keeps what it can rebuild (XDG): the local cloud, the source cache."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
@@ -41,7 +42,7 @@ class Config:
     ssh_timeout_s: float = 300.0
     # The local cloud: where its daemon listens and keeps state, and which loopback range its
     # sandboxes take addresses from. Tests use their own values so they never touch a user's.
-    local_dir: Path = field(default_factory=lambda: _cache_home() / "amibake" / "local")
+    local_dir: Path = field(default_factory=lambda: cache_home() / "amibake" / "local")
     local_port: int = 5077
     local_subnet: str = "127.77.0.0/16"
     local_ssh_port: int = 22

@@ -8,13 +8,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from amibake.config import cache_home
 from amibake.errors import UserError
 from amibake.recipes import Recipe, available, load, pack_directory
 
 
 def cache_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    path = Path(os.environ.get("AMIBAKE_SOURCE_CACHE", base / "amibake" / "sources"))
+    path = Path(os.environ.get("AMIBAKE_SOURCE_CACHE", cache_home() / "amibake" / "sources"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
