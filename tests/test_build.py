@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from amibake import pipelines
 from amibake.cloud import Cloud
 from amibake.journal import Journal
 from amibake.runner import Interrupted
+from amibake.sources import sha256_of
 from tests.helpers import tagged_alive, wait_until_clean
 
 FIXTURES = Path(__file__).parent / "recipes"
@@ -80,6 +82,20 @@ def test_the_same_inputs_never_build_twice(cloud: Cloud) -> None:
     second = pipelines.build(cloud, request())[0]
     assert second.ok and second.state is not None and second.state.cache_hit
     assert second.state.instance_id == ""  # nothing was launched
+
+
+def test_the_same_build_started_twice_at_once_builds_once(cloud: Cloud) -> None:
+    # fleet tune's trials in flight can ask for the same build: both used to write the same
+    # files (one fetch failed, the other's archive was corrupt).
+    _fresh(cloud)
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = [o[0] for o in pool.map(lambda _: pipelines.build(cloud, request()), "ab")]
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    states = [o.state for o in outcomes]
+    assert sorted(bool(s.cache_hit) for s in states) == [False, True]  # type: ignore[union-attr]
+    built = next(s for s in states if not s.cache_hit)  # type: ignore[union-attr]
+    sidecar = json.loads((built.artifacts_dir / f"{built.label}.manifest.json").read_text())  # type: ignore[union-attr]
+    assert sidecar["artifact_sha256"] == sha256_of(built.artifact)  # type: ignore[union-attr,arg-type]
 
 
 def test_an_avx512_family_builds_and_reports_the_skipped_smoke_test(cloud: Cloud) -> None:

@@ -3,9 +3,11 @@ stop early when the artifact cache already holds this exact build."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
+import time
 
 import botocore.exceptions
 
@@ -102,9 +104,12 @@ class ArtifactCache:
         self.context = context
 
     def run(self, state: BuildState) -> None:
+        if state.dry_run:
+            return
+        self._lock(state)
         manifest_path = state.artifacts_dir / f"{state.label}.manifest.json"
         artifact = state.artifacts_dir / f"{state.label}.tar.xz"
-        if state.dry_run or not manifest_path.exists() or not artifact.exists():
+        if not manifest_path.exists() or not artifact.exists():
             return
         try:
             manifest = json.loads(manifest_path.read_text())
@@ -120,6 +125,38 @@ class ArtifactCache:
         state.cache_hit = True
         state.finished_early = True
         log.info("cache hit: %s (key %s)", artifact, state.cache_key[:12])
+        release_artifact(state)
+
+    def _lock(self, state: BuildState) -> None:
+        """Own the artifact's files until Fetch has written them. Two runs building the same
+        artifact at once (fleet tune's trials in flight, or two shells) wrote the same files:
+        measured, one fetch failed and the other's archive was corrupt. The second now waits,
+        then finds the first's build in the cache."""
+        locks = state.artifacts_dir / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        handle = (locks / f"{state.label}.lock").open("wb")
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    log.info("waiting for another run building %s", state.label)
+                    waiting = True
+                try:
+                    self.context.check_cancel()
+                except BaseException:
+                    handle.close()
+                    raise
+                time.sleep(0.2)
+        state.artifact_lock = handle
 
     def cleanup(self, state: BuildState) -> None:
-        pass
+        release_artifact(state)  # a run that failed before Fetch
+
+
+def release_artifact(state: BuildState) -> None:
+    if state.artifact_lock is not None:
+        state.artifact_lock.close()  # closing the file releases its flock
+        state.artifact_lock = None

@@ -18,6 +18,7 @@ from amibake.errors import RemoteError
 from amibake.render import Checks, check_shell, render
 from amibake.runner import RunContext
 from amibake.sources import sha256_of
+from amibake.steps.preflight import release_artifact
 from amibake.steps.state import BuildState, InstanceState
 
 log = logging.getLogger("amibake")
@@ -284,6 +285,7 @@ class Fetch:
         sidecar.write_text(json.dumps(manifest, indent=2))
         state.manifest = manifest
         state.artifact = target
+        release_artifact(state)  # written: a run waiting for it finds it in the cache
 
     def cleanup(self, state: BuildState) -> None:
         pass

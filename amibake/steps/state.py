@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from amibake.catalog import Family
 from amibake.flags import Compiler, Flags
@@ -90,6 +90,8 @@ class BuildState(InstanceState):
     manifest: dict[str, Any] = field(default_factory=dict)
     artifact: Path | None = None
     cache_hit: bool = False
+    # Held (flock) from the cache check until the artifact is written: see ArtifactCache.
+    artifact_lock: IO[bytes] | None = None
     variant: Variant = field(default_factory=Variant)
 
     @property
