@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,7 +178,7 @@ def verify_units(files: dict[str, tuple[str, int]], checks: Checks) -> None:
     """systemd-analyze verify in a scratch root holding the units, their scripts and the targets."""
     if shutil.which("systemd-analyze") is None:
         return
-    root = checks.scratch / "root"
+    root = Path(tempfile.mkdtemp(prefix="units-", dir=checks.scratch))  # one per architecture
     system = Path("/usr/lib/systemd/system")
     (root / "usr/lib/systemd/system").mkdir(parents=True)
     for target in system.glob("*.target"):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from amibake import bake, pipelines
+from amibake import bake, pipelines, render
 from amibake.cli import main
 from amibake.cloud import Cloud
 from amibake.errors import UserError
@@ -81,6 +81,16 @@ def test_rendered_units_and_scripts_pass_their_checks() -> None:
     assert "kernels_c6a.tar.xz" in stage
     unit = files["/etc/systemd/system/amibake-shared-tmpfs.service"][0]
     assert "Before=ecs.service" in unit and "AMIBAKE_RESERVE_MB_PER_VCPU=700" in unit
+
+
+def test_both_architectures_render_and_check_together() -> None:
+    # One bake per architecture, their checks sharing one scratch directory.
+    arm = [bake.Artifact("kernels", "c7g", "arm64", "neoverse_v1", Path("/x/k.tar.xz"), {})]
+    with render.Checks() as checks:
+        x86 = bake.render_files(_artifacts(), "x86_64", 700, "http://169.254.169.254", checks)
+        arm64 = bake.render_files(arm, "arm64", 700, "http://169.254.169.254", checks)
+    assert set(x86) == set(arm64)
+    assert "kernels_c7g.tar.xz" in arm64["/usr/local/libexec/amibake/stage"][0]
 
 
 def test_a_unit_systemd_would_reject_is_refused_at_render_time(
