@@ -1,8 +1,7 @@
-"""The least-privilege policy: every call the commands make is in it; build and bake pass under
-IAM enforcement with exactly it; and each action, removed alone, makes the run fail naming it.
-
-moto enforces IAM for EC2, SSM, STS and IAM in server mode, but denies Batch calls even when
-allowed, so Batch's part of the policy is checked by recording its calls, not by enforcement.
+"""The least-privilege policy: every call the commands make is in it; build, bake and batch pass
+under IAM enforcement with exactly it; and each action, removed alone, makes the run fail naming
+it. (moto denied every Batch call under enforcement until amibake.local.moto_gaps named Batch's
+actions as AWS does.)
 """
 
 from __future__ import annotations
@@ -14,10 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import botocore.session
 import pytest
 
 from amibake import batch, config, gc, iam_policy, pipelines
 from amibake.cloud import Cloud, connect
+from amibake.cloud.session import name_denied_action
 from amibake.journal import Journal
 from amibake.local import control
 from tests.test_build import FIXTURES
@@ -45,6 +46,29 @@ class Recorder:
     def close(self) -> None:
         for service in SERVICES:
             self.cloud.client(service).meta.events.unregister("before-call.*.*", self.record)
+
+
+@pytest.mark.parametrize(
+    ("service", "operation", "error", "named"),
+    [
+        ("s3", "CreateBucket", {"Code": "AccessDenied", "Message": "Access Denied"},
+         "Access Denied (not authorized to perform: s3:CreateBucket; see amibake iam-policy)"),
+        ("s3", "HeadBucket", {"Code": "403", "Message": "Forbidden"},
+         "Forbidden (not authorized to perform: s3:ListBucket; see amibake iam-policy)"),
+        ("ec2", "RunInstances",
+         {"Code": "UnauthorizedOperation", "Message": "not authorized to perform: ec2:X"},
+         "not authorized to perform: ec2:X"),  # AWS's own naming is kept
+        ("ec2", "RunInstances", {"Code": "InvalidAMIID.NotFound", "Message": "no such image"},
+         "no such image"),  # not a denial
+    ],
+)  # fmt: skip
+def test_a_denial_names_the_iam_action_it_needs(
+    service: str, operation: str, error: dict[str, str], named: str
+) -> None:
+    model = botocore.session.get_session().get_service_model(service).operation_model(operation)
+    parsed = {"Error": dict(error)}
+    name_denied_action(parsed, model)
+    assert parsed["Error"]["Message"] == named
 
 
 def _fresh(cloud: Cloud) -> None:
@@ -151,3 +175,41 @@ def test_build_and_bake_under_enforcement_need_exactly_the_policy(
         enforcing_cloud["allow"](policy - {action})
         error = _build_and_bake(enforcing_cloud["user"]())
         assert f"not authorized to perform: {action}" in error, (action, error)
+
+
+def _batch_cycle(user: Cloud, images: Any) -> str:
+    """batch up, status and down; return '' on success, else the first error."""
+    try:
+        batch.up(user, images)
+        batch.status(user)
+        batch.down(user)
+        return ""
+    except Exception as exc:
+        return str(exc)
+
+
+def test_batch_under_enforcement_needs_exactly_the_policy(
+    enforcing_cloud: dict[str, Any],
+) -> None:
+    policy = iam_policy.actions(["build", "bake", "batch"])
+    enforcing_cloud["allow"](policy)
+    user = enforcing_cloud["user"]()
+    assert _build_and_bake(user) == ""
+    images = batch.images_from_bake(user.config.results_dir / "amis.json")
+    # The first cycle creates the IAM pieces batch needs, under exactly the policy; they are
+    # kept (found, not created, from then on), so the removals below are judged against the
+    # calls of a later cycle.
+    assert _batch_cycle(user, images) == ""
+    recorder = Recorder(user)
+    try:
+        assert _batch_cycle(user, images) == ""
+        called = recorder.take()
+    finally:
+        recorder.close()
+    assert any(action.startswith("batch:Create") for action in called), called
+    for action in sorted(called - iam_policy.NEEDS_NO_PERMISSION):
+        enforcing_cloud["allow"](policy - {action})
+        error = _batch_cycle(enforcing_cloud["user"](), images)
+        assert f"not authorized to perform: {action}" in error, (action, error)
+        enforcing_cloud["allow"](policy)
+        assert _batch_cycle(enforcing_cloud["user"](), images) == ""  # nothing left half up

@@ -13,12 +13,29 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from amibake import iam_policy
 from amibake.config import Config
 from amibake.errors import CloudError, UserError
 
 # The local cloud tags each sandboxed instance with where its sshd listens. On AWS the instance's
 # own IP is the address and the port is 22.
 LOCAL_SSH_TAG = "amibake-local:ssh"
+
+
+# "403": a HEAD request's denial has no body, so botocore has only the status for a code.
+DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403"}
+
+
+def name_denied_action(parsed: dict[str, Any], model: Any, **_: Any) -> None:
+    """A denial names the IAM action it needs, as EC2 and IAM's do ("not authorized to perform:
+    ec2:X"), so the one-line error says what to add to the policy. S3 often says only "Access
+    Denied". Runs before botocore raises the error built from `parsed`."""
+    error = parsed.get("Error") or {}
+    message = str(error.get("Message") or "Access Denied")
+    if error.get("Code") not in DENIED or "not authorized to perform" in message:
+        return
+    action = iam_policy.action_of(model.service_model.signing_name, model.name)
+    error["Message"] = f"{message} (not authorized to perform: {action}; see amibake iam-policy)"
 
 
 @dataclass
@@ -50,6 +67,7 @@ class Cloud:
                     signature_version="s3v4" if service == "s3" else None,
                 ),
             )
+            self._clients[service].meta.events.register("after-call.*.*", name_denied_action)
         return self._clients[service]
 
     # Clients are typed Any on purpose: the SDK's stubs type instance types and filters as vast

@@ -1,4 +1,4 @@
-"""Where moto differs from EC2 in a way amibake's (correct) requests run into, filled in moto's
+"""Where moto differs from AWS in a way amibake's (correct) requests run into, filled in moto's
 backend so the request on the wire stays exactly what amibake sends to AWS (a rewritten request
 would no longer match its signature, which moto checks once IAM enforcement is on)."""
 
@@ -9,6 +9,8 @@ from typing import Any
 
 def apply() -> None:
     _create_image_snapshot_tags()
+    _batch_action_names()
+    _s3_action_names()
 
 
 def _create_image_snapshot_tags() -> None:
@@ -39,3 +41,59 @@ def _create_image_snapshot_tags() -> None:
 
     create_image._amibake = True  # type: ignore[attr-defined]
     AmiBackend.create_image = create_image  # type: ignore[method-assign]
+
+
+def _batch_action_names() -> None:
+    """Under IAM enforcement moto denied every Batch call, even allowed ones.
+
+    Its Batch responses name the action by the request path's lowercase segment
+    ("createcomputeenvironment"), and its policy matching is case-sensitive, so
+    batch:CreateComputeEnvironment never matched. AWS matches action names regardless of case.
+    The action being authorized gets the operation's own name (from botocore's model), so a
+    policy matches as on AWS and a denial names the action as AWS would.
+    """
+    import botocore.session
+    from moto.iam.access_control import IAMRequest
+
+    original = IAMRequest.__init__
+    if getattr(original, "_amibake", False):
+        return
+    model = botocore.session.get_session().get_service_model("batch")
+    names = {name.lower(): name for name in model.operation_names}
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        service, _, action = self._action.partition(":")
+        if service == "batch":
+            self._action = f"batch:{names.get(action.lower(), action)}"
+
+    init._amibake = True  # type: ignore[attr-defined]
+    IAMRequest.__init__ = init  # type: ignore[method-assign]
+
+
+def _s3_action_names() -> None:
+    """moto authorizes some S3 bucket requests under names IAM does not have.
+
+    HeadBucket is s3:ListBucket on AWS; the public access block and default encryption
+    sub-resources (query keys publicAccessBlock and encryption) fell through to CreateBucket.
+    Named here as in AWS's service authorization reference.
+    """
+    from moto.s3.responses import ACTION_MAP
+
+    bucket = ACTION_MAP["BUCKET"]
+    bucket["HEAD"]["DEFAULT"] = "ListBucket"
+    for method, names in {
+        "GET": {
+            "publicAccessBlock": "GetBucketPublicAccessBlock",
+            "encryption": "GetEncryptionConfiguration",
+        },
+        "PUT": {
+            "publicAccessBlock": "PutBucketPublicAccessBlock",
+            "encryption": "PutEncryptionConfiguration",
+        },
+        "DELETE": {
+            "publicAccessBlock": "PutBucketPublicAccessBlock",
+            "encryption": "PutEncryptionConfiguration",
+        },
+    }.items():
+        bucket[method].update(names)
