@@ -215,7 +215,4 @@ def check_user_data(text: str, checks: Checks | None = None) -> None:
     size = len(text.encode())
     if size > USER_DATA_LIMIT:
         raise UserError(f"user data is {size} bytes; EC2 accepts at most {USER_DATA_LIMIT}")
-    if checks is None:
-        check_shell(text, "user data")
-    else:
-        checks.shell(text, "user data")
+    check_shell(text, "user data", checks)

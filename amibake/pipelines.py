@@ -168,7 +168,7 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
                 artifacts_dir=results_dir / "artifacts" / ("variants" if variant.name else ""),
                 expected_compiler=request.compiler,
                 dry_run=request.dry_run,
-                variant=request.variant,
+                variant=variant,
             )
             candidate_sizes(state)
             if family.architecture not in recipe.architectures:
@@ -180,7 +180,7 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
             # not after an instance was launched. The real render uses the instance's compiler.
             render_build_script(
                 state,
-                for_build(family, request.compiler, request.variant.generic),
+                for_build(family, request.compiler, variant.generic),
                 jobs=2,
                 checks=checks,
             )

@@ -126,7 +126,11 @@ class Checks:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def check_shell(script: str, name: str) -> None:
-    """Refuse a rendered script that bash cannot parse, or that shellcheck finds errors in."""
-    with Checks() as checks:
+def check_shell(script: str, name: str, checks: Checks | None = None) -> None:
+    """Refuse a rendered script that bash cannot parse, or that shellcheck finds errors in: on
+    `checks` when given (its caller waits for them), else before returning."""
+    if checks is not None:
         checks.shell(script, name)
+        return
+    with Checks() as own:
+        own.shell(script, name)

@@ -3,16 +3,18 @@ run is killed at any step."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import tarfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from amibake import pipelines
+from amibake import pipelines, runner
 from amibake.cloud import Cloud
 from amibake.journal import Journal
 from amibake.runner import Interrupted
@@ -96,6 +98,35 @@ def test_the_same_build_started_twice_at_once_builds_once(cloud: Cloud) -> None:
     built = next(s for s in states if not s.cache_hit)  # type: ignore[union-attr]
     sidecar = json.loads((built.artifacts_dir / f"{built.label}.manifest.json").read_text())  # type: ignore[union-attr]
     assert sidecar["artifact_sha256"] == sha256_of(built.artifact)  # type: ignore[union-attr,arg-type]
+
+
+def test_a_run_waiting_for_another_to_build_the_same_stops_when_cancelled(cloud: Cloud) -> None:
+    _fresh(cloud)
+    locks = cloud.config.results_dir / "artifacts" / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    held = (locks / "trivial_c5a.lock").open("wb")
+    fcntl.flock(held, fcntl.LOCK_EX)  # another run is building trivial_c5a
+    pool = ThreadPoolExecutor(1)
+    try:
+        journal = Journal(cloud.config.results_dir / "journal.sqlite")
+        before = journal.last_run_id()
+        waiting = pool.submit(pipelines.build, cloud, request())
+        deadline = time.monotonic() + 60
+        while journal.last_run_id() == before and time.monotonic() < deadline:
+            time.sleep(0.1)  # preflight done, the run opened: it is at the cache step
+        time.sleep(0.5)
+        still_waiting = not waiting.done()
+        asked = runner.cancel_all()
+        try:
+            outcomes = waiting.result(timeout=30)
+        except Interrupted:
+            outcomes = []
+    finally:  # released before the pool is joined, so a failed assertion cannot hang here
+        held.close()
+        pool.shutdown(wait=True)
+    assert still_waiting and asked == 1
+    assert all(not o.ok and "interrupted" in o.error for o in outcomes), outcomes
+    assert journal.alive(journal.last_run_id() or "") == []  # it created nothing
 
 
 def test_an_avx512_family_builds_and_reports_the_skipped_smoke_test(cloud: Cloud) -> None:

@@ -7,12 +7,11 @@ import fcntl
 import hashlib
 import json
 import logging
-import time
 
 import botocore.exceptions
 
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code
+from amibake.cloud.calls import error_code, wait_until
 from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
 from amibake.runner import RunContext
@@ -135,21 +134,20 @@ class ArtifactCache:
         locks = state.artifacts_dir / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
         handle = (locks / f"{state.label}.lock").open("wb")
-        waiting = False
-        while True:
+
+        def acquired() -> bool:
+            self.context.check_cancel()
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                return True
             except BlockingIOError:
-                if not waiting:
-                    log.info("waiting for another run building %s", state.label)
-                    waiting = True
-                try:
-                    self.context.check_cancel()
-                except BaseException:
-                    handle.close()
-                    raise
-                time.sleep(0.2)
+                return False
+
+        try:  # as long as a build may take; progress shows what it waits for
+            wait_until(f"another run building {state.label}", acquired, timeout_s=6 * 3600)
+        except BaseException:
+            handle.close()
+            raise
         state.artifact_lock = handle
 
     def cleanup(self, state: BuildState) -> None:

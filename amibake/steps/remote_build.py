@@ -154,11 +154,7 @@ def render_build_script(
         out_dir=f"{work}/out",
         jobs=jobs,
     )
-    name = f"{state.recipe.name}/{state.recipe.template}"
-    if checks is None:
-        check_shell(script, name)
-    else:
-        checks.shell(script, name)
+    check_shell(script, f"{state.recipe.name}/{state.recipe.template}", checks)
     return script
 
 
