@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from amibake import pipelines
 from amibake.cli import main
 from amibake.cloud import Cloud
+from amibake.errors import CloudError
 from amibake.journal import Journal
+from tests.test_build_faults import _ec2_error
 
 FIXTURES = Path(__file__).parent / "recipes"
 
@@ -112,3 +118,57 @@ def test_families_lists_targets_and_fallbacks(capsys: pytest.CaptureFixture[str]
     assert rows["c7a"]["target"] == "zen4"
     assert "(fallback: zen2)" in rows["c7a"]["flags"]
     assert rows["c6g"]["arch"] == "arm64"
+
+
+def _prepared(cloud: Cloud, families: list[str]) -> list[pipelines.BuildState]:
+    request = pipelines.BuildRequest(families, "trivial", "large", recipes_dir=FIXTURES)
+    return pipelines.prepare(request, cloud.config.results_dir)
+
+
+def test_families_are_preflighted_side_by_side(cloud: Cloud) -> None:
+    """Each family's lookup waits at a barrier for the others': checked one after another, the
+    first would wait alone, the barrier would time out and the preflight fail."""
+    states = _prepared(cloud, ["c5a", "c6i", "c7g"])
+    together = threading.Barrier(len(states), timeout=10)
+
+    def meet(**_: Any) -> None:
+        together.wait()
+
+    event = "before-call.ec2.DescribeInstanceTypes"
+    cloud.ec2.meta.events.register(event, meet)
+    try:
+        pipelines.preflight_all(cloud, states)
+    finally:
+        cloud.ec2.meta.events.unregister(event, meet)
+    assert all(state.base_ami and state.cache_key for state in states)
+
+
+def test_a_preflight_failing_for_one_family_of_several_names_it(cloud: Cloud) -> None:
+    states = _prepared(cloud, ["c5a", "c7g", "c6i"])
+
+    def refuse_graviton(request: Any, **_: Any) -> Any:
+        body = request.body or b""
+        if b"c7g." in (body if isinstance(body, bytes) else body.encode()):
+            return _ec2_error("UnauthorizedOperation", 403)
+        return None
+
+    event = "before-send.ec2.DescribeInstanceTypes"
+    cloud.ec2.meta.events.register(event, refuse_graviton)
+    try:
+        with pytest.raises(CloudError, match=r"preflight for c7g: .*UnauthorizedOperation"):
+            pipelines.preflight_all(cloud, states)
+    finally:
+        cloud.ec2.meta.events.unregister(event, refuse_graviton)
+
+
+def test_a_client_first_wanted_by_many_threads_at_once_is_built_once(cloud: Cloud) -> None:
+    fresh = Cloud(cloud.config, cloud.session, cloud.endpoint_url)
+    start = threading.Barrier(8)
+
+    def wanted(_: int) -> int:
+        start.wait(timeout=10)
+        return id(fresh.client("ec2"))
+
+    with ThreadPoolExecutor(8) as pool:
+        built = set(pool.map(wanted, range(8)))
+    assert len(built) == 1, f"{len(built)} ec2 clients built for one Cloud"

@@ -6,6 +6,7 @@ cloud accepts any) and the SSH address lookup differ.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -46,10 +47,14 @@ class Cloud:
     session: boto3.session.Session
     endpoint_url: str | None
     _clients: dict[str, Any] = field(default_factory=dict)
+    _building: threading.Lock = field(default_factory=threading.Lock)
 
     def client(self, service: str) -> Any:
-        # Clients are thread-safe and costly to build (~50 ms), so each is built once.
-        if service not in self._clients:
+        # Clients are thread-safe and costly to build (~50 ms), so each is built once. Building
+        # one is not thread-safe (a boto3 session is not): concurrent runs build under a lock.
+        with self._building:
+            if service in self._clients:
+                return self._clients[service]
             self._clients[service] = self.session.client(
                 service,  # type: ignore[call-overload]
                 endpoint_url=self.endpoint_url,
@@ -68,7 +73,7 @@ class Cloud:
                 ),
             )
             self._clients[service].meta.events.register("after-call.*.*", name_denied_action)
-        return self._clients[service]
+            return self._clients[service]
 
     # Clients are typed Any on purpose: the SDK's stubs type instance types and filters as vast
     # Literal unions that only add casts to code that builds requests from data.
