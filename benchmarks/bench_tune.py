@@ -74,6 +74,7 @@ def run(cloud: Cloud) -> dict[str, Any]:
         tpe, rand = small
         tpe_tenth = tune.compare(spec, evaluator, ["tpe"], SEEDS, tenth)[0]
         within = sum(1 for t in tpe_tenth.to_2pct if t is not None)
+        near = evaluator.near_optimum(0.02)
         tpe30 = tune.compare(spec, evaluator, ["tpe"], SEEDS, 30)[0]
         # Overhead: a 300-trial TPE search through the database, the evaluation a lookup.
         results = Results(Path(tmp) / "fleet.sqlite")
@@ -90,6 +91,9 @@ def run(cloud: Cloud) -> dict[str, Any]:
         "tpe_budget_10pct_of_grid": tenth,
         "tpe_within_2pct_at_10pct_seeds": f"{within}/{SEEDS}",
         "tpe_within_2pct_goal_met": within >= 0.8 * SEEDS,
+        # The target's size: a table with few configurations near its optimum is a needle.
+        "configurations_within_2pct": near,
+        "blind_draw_chance_within_2pct_at_10pct": round(tune.blind_chance(grid, near, tenth), 3),
         "tpe_at_30_median_best_over_optimum": round(float(np.median(tpe30.ratios)), 4),
         "random_at_60_median_best_over_optimum": round(float(np.median(rand.ratios)), 4),
         "tpe_30_vs_random_60_goal_met": float(np.median(tpe30.ratios))

@@ -304,7 +304,10 @@ def _tune_compare(args: argparse.Namespace) -> int:
         {"algorithm": r.algorithm, "ratios": r.ratios, "to_2pct": r.to_2pct, "to_5pct": r.to_5pct}
         for r in rows
     ]
-    print_result(args, summary, lambda _: tune.compare_text(rows, args.budget, spec.space.size()))
+    near = {t: evaluator.near_optimum(t) for t in (0.02, 0.05)}
+    print_result(
+        args, summary, lambda _: tune.compare_text(rows, args.budget, spec.space.size(), near)
+    )
     return 0
 
 

@@ -207,6 +207,19 @@ def test_compare_reports_each_algorithm_against_the_optimum(
     assert all(r >= 1.0 for r in rows["tpe"]["ratios"] + rows["random"]["ratios"])
 
 
+def test_compare_says_how_big_the_target_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    replay = known_optimum(tmp_path)
+    argv = ["tune", "compare", "--replay", str(replay), "--algorithms", "random"]
+    assert main([*argv, "--seeds", "2", "--budget", "20"]) == 0
+    out = capsys.readouterr().out
+    # 20 distinct draws of 60 miss the one optimum with chance 40/60.
+    assert "of the 60: 1 within 2% (a blind draw of 20 hits one 33% of the time)" in out, out
+    assert tune.blind_chance(60, 0, 20) == 0.0 and tune.blind_chance(60, 2, 60) == 1.0
+    assert round(tune.blind_chance(60, 2, 20), 4) == round(1 - (40 * 39) / (60 * 59), 4)
+
+
 def test_bad_tune_input_names_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
