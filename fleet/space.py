@@ -169,7 +169,19 @@ class Space:
                 yield {**chosen, **dict(zip((p.name for p in conditional), extra, strict=True))}
 
     def size(self) -> int:
-        return sum(1 for _ in self.grid())
+        """How many combinations grid() yields, counted without enumerating them (a space of
+        ten parameters of ten values has 10^10)."""
+        continuous = [p.name for p in self.params.values() if p.kind in ("uniform", "loguniform")]
+        if continuous:
+            raise UserError(f"{', '.join(continuous)} is continuous: the space has no size")
+        total = 1
+        for root in (p for p in self.params.values() if not p.when_param):
+            children = [p for p in self.params.values() if p.when_param == root.name]
+            total *= sum(
+                math.prod(len(c.options()) for c in children if option in c.when_in)
+                for option in root.options()
+            )
+        return total
 
     def cflags(self, chosen: dict[str, Any]) -> str:
         return " ".join(

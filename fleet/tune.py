@@ -37,6 +37,8 @@ CONSTRAINTS = ("max_seconds", "max_usd_per_unit", "max_rss_mb", "min_rate")
 # What an infeasible or failed trial tells the search: worse than anything real, so TPE puts it
 # among the bad trials (it ranks losses; the magnitude does not matter) and steers away.
 PENALTY = 1e18
+REDRAWS = 50  # suggestions asked for before a configuration already seen is run again
+TPE_REDRAWS = 1  # of them from TPE; the rest are random
 
 
 @dataclass(frozen=True)
@@ -173,26 +175,56 @@ class Search:
         self.suggest = (
             partial(tpe.suggest, n_startup_jobs=startup) if algorithm == "tpe" else rand.suggest
         )
+        self._random = rand.suggest
+        self._asked: set[str] = set()  # every configuration handed out, as canonical JSON
+        discrete = all(p.kind in ("categorical", "int") for p in space.params.values())
+        self._distinct: float = space.size() if discrete else math.inf
+        self._count = 0
 
     def ask(self) -> tuple[int, dict[str, Any]] | None:
         """The next trial's id and parameters; None when a grid is exhausted."""
         if self.algorithm == "grid":
-            chosen = next(self._grid, None)
-            if chosen is None:
+            cell = next(self._grid, None)
+            if cell is None:
                 return None
             self._next_id += 1
-            return self._next_id - 1, chosen
+            return self._next_id - 1, cell
         import hyperopt
+        from hyperopt import JOB_STATE_ERROR, JOB_STATE_NEW
 
-        ids = self.trials.new_trial_ids(1)
-        docs = self.suggest(ids, self.domain, self.trials, int(self.rng.integers(2**31 - 1)))
-        self.trials.insert_trial_docs(docs)
-        self.trials.refresh()
-        doc = self.trials._dynamic_trials[-1]
-        values = {k: v[0] for k, v in doc["misc"]["vals"].items() if v}
-        sample = hyperopt.space_eval(self.hp_space, values)
-        self._docs[doc["tid"]] = doc
-        return int(doc["tid"]), self.space.active(self.space.from_sample(sample))
+        # Once every configuration has run, a repeat is all there is: no redraws.
+        redraws = REDRAWS if len(self._asked) < self._distinct else 1
+        for attempt in range(redraws):
+            # TPE's next pick after a seen one is mostly that one again (it takes the best of 24
+            # candidates from the same density): then hyperopt's random suggestion instead.
+            suggest = self.suggest if attempt < TPE_REDRAWS else self._random
+            ids = self.trials.new_trial_ids(1)
+            docs = suggest(ids, self.domain, self.trials, int(self.rng.integers(2**31 - 1)))
+            self.trials.insert_trial_docs(docs)
+            self.trials.refresh()
+            doc = self.trials._dynamic_trials[-1]
+            values = {k: v[0] for k, v in doc["misc"]["vals"].items() if v}
+            chosen = self.space.active(
+                self.space.from_sample(hyperopt.space_eval(self.hp_space, values))
+            )
+            key = json.dumps(chosen, sort_keys=True, default=str)
+            if key not in self._asked or redraws == 1:
+                break
+            # A configuration already run (or running): a trial spent on it would only measure
+            # it again (TPE re-proposes its best point often: 2 of 22 trials on a 220-point
+            # table, 12 of 40 on a 60-point one). The suggestion is dropped (an errored doc,
+            # which hyperopt's algorithms ignore) and another asked for. Replicates are how to
+            # measure a point again.
+            doc["state"] = JOB_STATE_ERROR
+            self.trials.refresh()
+        else:
+            doc["state"] = JOB_STATE_NEW  # nearly every configuration seen: run it again
+            self.trials.refresh()
+        self._asked.add(key)
+        trial = self._count
+        self._count += 1
+        self._docs[trial] = doc
+        return trial, chosen
 
     def tell(self, trial: int, loss: float | None) -> None:
         if self.algorithm == "grid":

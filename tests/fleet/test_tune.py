@@ -102,6 +102,27 @@ def test_tpe_and_random_are_reproducible_given_a_seed(tmp_path: Path, algorithm:
     assert runs[0] != runs[2]
 
 
+@pytest.mark.parametrize("algorithm", ["tpe", "random"])
+def test_no_configuration_runs_twice_until_the_space_is_spent(
+    tmp_path: Path, algorithm: str
+) -> None:
+    """TPE re-proposes its best point again and again (unchecked, 12 of seed 0's 40 trials were
+    repeats); a repeat is asked again instead of run. Past the grid's 60, repeats are allowed."""
+    replay = known_optimum(tmp_path)
+    for seed in range(3):
+        folder = tmp_path / f"{algorithm}{seed}"
+        folder.mkdir()
+        spec = tune.load(tune_file(folder, replay, algorithm=algorithm, trials=40, seed=seed))
+        spec.startup_trials = 5
+        results, run_id = run_search(folder, spec)
+        asked = sequence(results, run_id)
+        assert len(asked) == 40 and len(set(asked)) == 40, f"seed {seed}: repeats in {asked}"
+    spec = tune.load(tune_file(tmp_path, replay, algorithm=algorithm, trials=63, seed=0))
+    results, run_id = run_search(tmp_path, spec)
+    asked = sequence(results, run_id)
+    assert len(asked) == 63 and len(set(asked)) == 60
+
+
 def test_infeasible_and_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
     rows = [
         {"a": a, "b": b, "metric": (a - 7) ** 2 + 1, "rss_mb": 900 if a == 7 else 100}
