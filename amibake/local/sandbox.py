@@ -285,9 +285,13 @@ class Sandbox:
         key = shlex.quote(self.spec.authorized_key)
         user = DEFAULT_USER
         return f"""set -e
-id {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user}
-# '*' = no password but not locked: sshd refuses key logins to a locked ('!') account.
-usermod -p '*' {user}
+# '*' = no password but not locked: sshd refuses key logins to a locked ('!') account. One
+# useradd, not useradd then usermod: each rewrites the account files (14 ms a boot).
+if id {user} >/dev/null 2>&1; then
+  usermod -p '*' {user}
+else
+  useradd -m -p '*' -s /bin/bash {user}
+fi
 install -d -m 700 -o {user} -g {user} /home/{user}/.ssh
 printf '%s\\n' {key} > /home/{user}/.ssh/authorized_keys
 chown {user}:{user} /home/{user}/.ssh/authorized_keys
