@@ -192,9 +192,6 @@ def preflight_all(cloud: Cloud, states: list[BuildState]) -> None:
     """Check every build against the cloud; creates nothing, so it is not journaled. Families
     are checked side by side: one after another, eight families' 32 lookups took 0.3 s on the
     local cloud, and would take seconds on AWS at tens of milliseconds a call."""
-    if len(states) == 1:
-        preflight(cloud, states[0])
-        return
     with ThreadPoolExecutor(len(states), thread_name_prefix="preflight") as pool:
         checked = [pool.submit(preflight, cloud, state) for state in states]
     for done in checked:  # the first problem in the order the families were given

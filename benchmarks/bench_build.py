@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import archspec.cpu
+import psutil
 
 from amibake import catalog, flags, pipelines, recipes
 from amibake.cloud import Cloud
@@ -203,19 +203,18 @@ def _waiting_recipe() -> Path:
 @dataclass
 class Timed:
     wall: float
-    machine_cpu: float  # every process's, from /proc/stat
+    machine_cpu: float  # every process's
     controller_cpu: float  # this process's own (the controller: steps, boto3, paramiko)
 
 
 def _machine_cpu_s() -> float:
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    times = psutil.cpu_times()
+    return times.user + times.nice + times.system + times.irq + times.softirq
 
 
 def _own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
 
 
 def _timed_build(cloud: Cloud, families: list[str], recipes_dir: Path) -> Timed:

@@ -151,14 +151,21 @@ class Space:
                 flat[name] = value
         return flat
 
-    def grid(self) -> Iterator[dict[str, Any]]:
-        """Every valid combination of a discrete space, each once."""
-        continuous = [p.name for p in self.params.values() if p.kind in ("uniform", "loguniform")]
-        if continuous:
+    @property
+    def continuous(self) -> list[str]:
+        """The parameters with no list of values (uniform, loguniform)."""
+        return [p.name for p in self.params.values() if p.kind in ("uniform", "loguniform")]
+
+    def _require_discrete(self) -> None:
+        if self.continuous:
             raise UserError(
-                f"grid needs a discrete space: {', '.join(continuous)} "
+                f"grid needs a discrete space: {', '.join(self.continuous)} "
                 "is continuous (make it int with a step, or categorical)"
             )
+
+    def grid(self) -> Iterator[dict[str, Any]]:
+        """Every valid combination of a discrete space, each once."""
+        self._require_discrete()
         roots = [p for p in self.params.values() if not p.when_param]
         for combination in itertools.product(*(p.options() for p in roots)):
             chosen = dict(zip((p.name for p in roots), combination, strict=True))
@@ -171,9 +178,7 @@ class Space:
     def size(self) -> int:
         """How many combinations grid() yields, counted without enumerating them (a space of
         ten parameters of ten values has 10^10)."""
-        continuous = [p.name for p in self.params.values() if p.kind in ("uniform", "loguniform")]
-        if continuous:
-            raise UserError(f"{', '.join(continuous)} is continuous: the space has no size")
+        self._require_discrete()
         total = 1
         for root in (p for p in self.params.values() if not p.when_param):
             children = [p for p in self.params.values() if p.when_param == root.name]

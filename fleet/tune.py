@@ -159,13 +159,13 @@ class Search:
         self.space = space
         self.algorithm = algorithm
         self.rng = np.random.default_rng(seed)
+        self._count = 0  # trials handed out; the next one's id
         self._docs: dict[int, dict[str, Any]] = {}
         if algorithm == "grid":
             grid = list(space.grid())
             # Shuffled (seeded): a budget smaller than the grid then samples it evenly.
             random.Random(seed).shuffle(grid)
             self._grid: Iterator[dict[str, Any]] = iter(grid)
-            self._next_id = 0
             return
         from hyperopt import Domain, Trials, rand, tpe
 
@@ -177,9 +177,7 @@ class Search:
         )
         self._random = rand.suggest
         self._asked: set[str] = set()  # every configuration handed out, as canonical JSON
-        discrete = all(p.kind in ("categorical", "int") for p in space.params.values())
-        self._distinct: float = space.size() if discrete else math.inf
-        self._count = 0
+        self._distinct: float = math.inf if space.continuous else space.size()
 
     def ask(self) -> tuple[int, dict[str, Any]] | None:
         """The next trial's id and parameters; None when a grid is exhausted."""
@@ -187,10 +185,10 @@ class Search:
             cell = next(self._grid, None)
             if cell is None:
                 return None
-            self._next_id += 1
-            return self._next_id - 1, cell
+            self._count += 1
+            return self._count - 1, cell
         import hyperopt
-        from hyperopt import JOB_STATE_ERROR, JOB_STATE_NEW
+        from hyperopt import JOB_STATE_ERROR
 
         # Once every configuration has run, a repeat is all there is: no redraws.
         redraws = REDRAWS if len(self._asked) < self._distinct else 1
@@ -208,17 +206,14 @@ class Search:
                 self.space.from_sample(hyperopt.space_eval(self.hp_space, values))
             )
             key = json.dumps(chosen, sort_keys=True, default=str)
-            if key not in self._asked or redraws == 1:
-                break
+            if key not in self._asked or attempt == redraws - 1:
+                break  # new, or the last try: nearly every configuration seen, run it again
             # A configuration already run (or running): a trial spent on it would only measure
             # it again (TPE re-proposes its best point often: 2 of 22 trials on a 220-point
             # table, 12 of 40 on a 60-point one). The suggestion is dropped (an errored doc,
             # which hyperopt's algorithms ignore) and another asked for. Replicates are how to
             # measure a point again.
             doc["state"] = JOB_STATE_ERROR
-            self.trials.refresh()
-        else:
-            doc["state"] = JOB_STATE_NEW  # nearly every configuration seen: run it again
             self.trials.refresh()
         self._asked.add(key)
         trial = self._count
@@ -282,15 +277,14 @@ class ReplayEvaluator:
         return min(self.objective_of(r) for r in self.table.values())
 
     def near_optimum(self, tolerance: float) -> int:
-        """How many of the space's configurations are within `tolerance` of the optimum (as
+        """How many of the table's configurations are within `tolerance` of its optimum (as
         `compare` measures it): the size of the target a search has to hit."""
         optimum = self.optimum()
         scale = abs(optimum) or 1.0
-        reachable = {self._key(chosen) for chosen in self.spec.space.grid()}
         return sum(
             1
-            for key, row in self.table.items()
-            if key in reachable and self.objective_of(row) - optimum <= tolerance * scale
+            for row in self.table.values()
+            if self.objective_of(row) - optimum <= tolerance * scale
         )
 
     def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:

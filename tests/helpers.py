@@ -1,12 +1,16 @@
-"""Test helpers: launching on the local cloud, and an independent look for leftovers."""
+"""Test helpers: launching on the local cloud, an independent look for leftovers, and EC2 errors
+to inject on the wire."""
 
 from __future__ import annotations
 
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from botocore.awsrequest import AWSResponse
 
 from amibake.cloud import Cloud
 from amibake.cloud.reach import reach
@@ -130,3 +134,20 @@ def tagged_images_alive(cloud: Cloud, run_id: str) -> list[str]:
         for s in ec2.describe_snapshots(OwnerIds=["self"], Filters=tag)["Snapshots"]
     ]
     return alive
+
+
+class _Body:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.body
+
+
+def ec2_error(code: str, status: int) -> AWSResponse:
+    """An EC2 error response, for a before-send hook to return instead of sending the request."""
+    body = (
+        f"<Response><Errors><Error><Code>{code}</Code><Message>injected</Message></Error>"
+        "</Errors><RequestID>injected</RequestID></Response>"
+    ).encode()
+    return AWSResponse("https://ec2.local", status, {}, _Body(body))  # type: ignore[arg-type]

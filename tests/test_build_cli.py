@@ -16,7 +16,7 @@ from amibake.cli import main
 from amibake.cloud import Cloud
 from amibake.errors import CloudError
 from amibake.journal import Journal
-from tests.test_build_faults import _ec2_error
+from tests.helpers import ec2_error
 
 FIXTURES = Path(__file__).parent / "recipes"
 
@@ -149,7 +149,7 @@ def test_a_preflight_failing_for_one_family_of_several_names_it(cloud: Cloud) ->
     def refuse_graviton(request: Any, **_: Any) -> Any:
         body = request.body or b""
         if b"c7g." in (body if isinstance(body, bytes) else body.encode()):
-            return _ec2_error("UnauthorizedOperation", 403)
+            return ec2_error("UnauthorizedOperation", 403)
         return None
 
     event = "before-send.ec2.DescribeInstanceTypes"

@@ -23,24 +23,8 @@ from amibake.cli import main
 from amibake.cloud import Cloud
 from amibake.journal import Journal
 from amibake.steps import launch
-from tests.helpers import tagged_alive, wait_until_clean
+from tests.helpers import ec2_error, tagged_alive, wait_until_clean
 from tests.test_build import FIXTURES, assert_nothing_left, request
-
-
-class _Body:
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-
-    def stream(self, **_: Any) -> Iterator[bytes]:
-        yield self.body
-
-
-def _ec2_error(code: str, status: int) -> AWSResponse:
-    body = (
-        f"<Response><Errors><Error><Code>{code}</Code><Message>injected</Message></Error>"
-        "</Errors><RequestID>injected</RequestID></Response>"
-    ).encode()
-    return AWSResponse("https://ec2.local", status, {}, _Body(body))  # type: ignore[arg-type]
 
 
 @contextmanager
@@ -54,7 +38,7 @@ def failing(
     def handler(**_: Any) -> AWSResponse | None:
         if hits[0] < times:
             hits[0] += 1
-            return _ec2_error(code, status)
+            return ec2_error(code, status)
         return None
 
     event = f"before-send.ec2.{operation}"
