@@ -96,25 +96,31 @@ def test_missing_sshd_is_a_one_line_error(
 
 
 def test_control_port_in_use_is_a_one_line_error(
-    own_cloud: Path, capsys: pytest.CaptureFixture[str]
+    own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The squatter takes a port the kernel picks, so nothing else can hold it: a fixed port
+    # failed CI once, already taken before the test bound it.
     with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", 5179))
+        squatter.bind(("127.0.0.1", 0))
         squatter.listen()
+        port = squatter.getsockname()[1]
+        monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
         assert main(["local", "up"]) == 2
-    assert "port 5179 on 127.0.0.1 is already in use" in _one_line_error(capsys)
+    assert f"port {port} on 127.0.0.1 is already in use" in _one_line_error(capsys)
+    assert not (own_cloud / "daemon.json").exists()
 
 
 def test_sandbox_ssh_port_in_use_is_a_one_line_error(
     own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("AMIBAKE_LOCAL_SSH_PORT", "2200")
     with socket.socket() as squatter:
-        squatter.bind(("127.79.0.1", 2200))
+        squatter.bind(("127.79.0.1", 0))
         squatter.listen()
+        port = squatter.getsockname()[1]
+        monkeypatch.setenv("AMIBAKE_LOCAL_SSH_PORT", str(port))
         assert main(["local", "up"]) == 2
     err = _one_line_error(capsys)
-    assert "ssh port 2200 on 127.79.0.1 is already in use" in err
+    assert f"ssh port {port} on 127.79.0.1 is already in use" in err
     assert "AMIBAKE_LOCAL_SSH_PORT" in err
 
 
