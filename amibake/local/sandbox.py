@@ -103,17 +103,32 @@ def _set_pdeathsig() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def host_key(directory: Path) -> tuple[str, str]:
-    """Generate a fresh ed25519 host key; return (public key line, SHA256 fingerprint)."""
-    key = directory / "ssh_host_ed25519_key"
-    for stale in (key, key.with_suffix(".pub")):
-        stale.unlink(missing_ok=True)
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(key)],
-        check=True,
-        capture_output=True,
+def host_key(etc_ssh: Path) -> tuple[str, str]:
+    """Write a fresh ed25519 host key into `etc_ssh`; return (public key line, SHA256
+    fingerprint). Generated in process: ssh-keygen was a fork of the daemon and 9 ms of CPU a
+    boot, eight boots at once on two cores."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
     )
-    public = key.with_name(key.name + ".pub").read_text().strip()
+    etc_ssh.mkdir(parents=True, exist_ok=True)
+    path = etc_ssh / "ssh_host_ed25519_key"
+    path.unlink(missing_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(private)
+    path.with_name(path.name + ".pub").write_text(public + "\n")
+    # As amibake.remote.fingerprint computes it; not imported: paramiko would add 0.4 s to the
+    # daemon's start.
     blob = base64.b64decode(public.split()[1])
     fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
     return public, fingerprint
@@ -152,21 +167,17 @@ class Sandbox:
 
     def start(self, spawn: SpawnFn, wait_s: float = 10.0) -> None:
         spec = self.spec
-        for sub in ("upper", "work", "merged", "keys"):
+        for sub in ("upper", "work", "merged"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self.public_host_key, self.fingerprint = host_key(self.root / "keys")
         # cloud-init writes fresh host keys on an instance's first boot; so do we, straight into
         # the instance's own layer, where a bake's hygiene step will find and remove them.
-        etc_ssh = self.upper / "etc" / "ssh"
-        etc_ssh.mkdir(parents=True, exist_ok=True)
-        for name in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
-            shutil.copy2(self.root / "keys" / name, etc_ssh / name)
-        os.chmod(etc_ssh / "ssh_host_ed25519_key", 0o600)
+        self.public_host_key, self.fingerprint = host_key(self.upper / "etc" / "ssh")
 
         (self.root / "hosts").write_text(
             f"127.0.0.1 localhost\n{spec.address} {self.hostname}\n"
             f"{spec.address} instance-data instance-data.ec2.internal\n"
         )
+        (self.root / "fstab").write_text(self._fstab())
         (self.root / "sshd_config").write_text(self._sshd_config())
         (self.root / "firstboot.sh").write_text(self._firstboot_script())
         (self.root / "units.sh").write_text(spec.units.script())
@@ -302,12 +313,32 @@ chmod 440 /etc/sudoers.d/90-cloud-init-users
 echo {self.hostname} > /etc/hostname
 """
 
+    def _fstab(self) -> str:
+        """The instance's mounts, in order, for one ``mount --all``: one process where nine
+        ``mount`` commands cost 3 ms of CPU each, a boot's largest share after useradd."""
+        merged = self.root / "merged"
+        lowers = ":".join([*self.spec.layers, "/"])
+        overlay = f"lowerdir={lowers},upperdir={self.root}/upper,workdir={self.root}/work"
+        entries = [
+            ("overlay", merged, "overlay", overlay),
+            ("proc", merged / "proc", "proc", "defaults"),
+            ("/dev", merged / "dev", "none", "rbind"),
+            ("tmpfs", merged / "dev/shm", "tmpfs", "mode=1777"),
+            ("/sys", merged / "sys", "none", "rbind"),
+            ("tmpfs", merged / "run", "tmpfs", "mode=755"),
+            ("tmpfs", merged / "tmp", "tmpfs", "mode=1777"),
+            (str(self.root / "hosts"), merged / "etc/hosts", "none", "bind"),
+        ]
+        return "".join(
+            " ".join([_fstab_field(source), _fstab_field(str(target)), kind, _fstab_field(options)])
+            + " 0 0\n"
+            for source, target, kind, options in entries
+        )
+
     def _init_script(self, notify_socket: str) -> str:
         spec = self.spec
         q = shlex.quote
         merged = self.root / "merged"
-        lowers = ":".join([*spec.layers, "/"])
-        overlay_options = f"lowerdir={lowers},upperdir={self.root}/upper,workdir={self.root}/work"
         user_data = ""
         if spec.user_data is not None:
             user_data = f"""
@@ -323,21 +354,13 @@ fi"""
 set -eu
 M={q(str(merged))}
 hostname {q(self.hostname)}
-mount -t overlay overlay -o {q(overlay_options)} "$M"
-mount -t proc proc "$M/proc"
-mount --rbind /dev "$M/dev"
-mount -t tmpfs -o mode=1777 tmpfs "$M/dev/shm"
-mount --rbind /sys "$M/sys"
-mount -t tmpfs -o mode=755 tmpfs "$M/run"
-mount -t tmpfs -o mode=1777 tmpfs "$M/tmp"
+mount --all --fstab {q(str(self.root / "fstab"))}
 # Hide the local cloud's own state from the instance (already hidden if it lives in /tmp).
 H="$M"{q(str(self.hidden))}
 if [ -d "$H" ]; then mount -t tmpfs -o mode=700,size=1m tmpfs "$H"; fi
-mount --bind {q(str(self.root / "hosts"))} "$M/etc/hosts"
 mkdir -p "$M/run/sshd" "$M/run/amibake" "$M/var/lib/cloud/instance"
 rm -f "$M/var/lib/cloud/instance/boot-finished"
-cp {q(str(self.root / "sshd_config"))} "$M/run/amibake/sshd_config"
-cp {q(str(self.root / "firstboot.sh"))} "$M/run/amibake/firstboot.sh"
+cp {q(str(self.root / "sshd_config"))} {q(str(self.root / "firstboot.sh"))} "$M/run/amibake/"
 chroot "$M" /bin/sh /run/amibake/firstboot.sh
 set +e
 echo "systemd: starting enabled oneshot units"
@@ -402,6 +425,11 @@ wait
                     f"kill it by hand: kill -9 {self.process.pid}"
                 ) from None
         remove_tree(self.root)
+
+
+def _fstab_field(text: str) -> str:
+    """fstab separates fields by whitespace: a space in a path is written as \\040 (fstab(5))."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in text)
 
 
 def remove_tree(path: Path) -> None:

@@ -90,3 +90,27 @@ def test_instances_die_with_their_fleet_or_stop(cloud: Cloud, local_dir: Path) -
     cloud.ec2.stop_instances(InstanceIds=[instance_id])
     assert wait_until_clean(local_dir) == []
     cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+
+
+def test_a_sandbox_mount_table_keeps_paths_with_spaces(tmp_path: Path) -> None:
+    # The instance's mounts go through one `mount --all --fstab`, whose fields are split on
+    # whitespace: a local cloud directory with a space must still mount where it says.
+    import os
+    import subprocess
+
+    from amibake.local.sandbox import _fstab_field
+
+    target = tmp_path / "a dir\twith\\odd names"
+    target.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"tmpfs {_fstab_field(str(target))} tmpfs {_fstab_field('mode=1777')} 0 0\n")
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        unshare[1:1] = ["--user", "--map-root-user"]
+    shown = subprocess.run(
+        [*unshare, "sh", "-c", 'mount --all --fstab "$1" && findmnt -no FSTYPE "$2"', "-",
+         str(fstab), str(target)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "tmpfs"
