@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +69,31 @@ def test_a_rendered_script_shellcheck_rejects_is_refused_and_its_scratch_removed
         checks.shell('#!/bin/bash\n[ "$1" = x]\n', "stage.sh")
         scratch = checks.scratch
     assert not scratch.exists()
+
+
+def test_a_script_that_passed_is_not_checked_again_and_one_that_failed_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[list[str]] = []
+    real_start = render.Checks.start
+
+    def counted(self: render.Checks, command: list[str], *args: Any, **kw: Any) -> None:
+        started.append(command)
+        real_start(self, command, *args, **kw)
+
+    monkeypatch.setattr(render.Checks, "start", counted)
+    good = f"#!/bin/bash\necho {uuid.uuid4().hex}\n"  # new to this process
+    render.check_shell(good, "good.sh")
+    assert len(started) == 2  # bash -n and shellcheck
+    render.check_shell(good, "good.sh")
+    with render.Checks() as checks:
+        checks.shell(good, "good.sh")
+    assert len(started) == 2  # the same text: the answer is known
+    broken = "#!/bin/bash\nif true; then\n"
+    for _ in range(2):
+        with pytest.raises(UserError, match="does not parse"):
+            render.check_shell(broken, "broken.sh")
+    assert len(started) == 6  # a refusal is never remembered as a pass
 
 
 def test_checks_still_running_when_the_caller_fails_are_stopped() -> None:
