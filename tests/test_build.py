@@ -242,3 +242,34 @@ def test_instructions_beyond_the_target_fail_the_isa_scan(
     run_id = journal(cloud).last_run_id()
     assert run_id is not None
     assert_nothing_left(cloud, run_id, local_dir)
+
+
+def test_the_tmpfs_is_capped_by_the_recipe_and_a_missing_artifact_is_named(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    root = tmp_path / "recipes"
+    shutil.copytree(FIXTURES / "trivial", root / "trivial")
+    toml = root / "trivial" / "recipe.toml"
+    toml.write_text(
+        toml.read_text()
+        .replace("tmpfs_max_mb = 256", "tmpfs_max_mb = 96")
+        .replace('artifacts = ["bin/hello"]', 'artifacts = ["bin/hello", "bin/absent"]')
+    )
+    template = root / "trivial" / "build.sh.j2"
+    template.write_text(
+        template.read_text()
+        + 'echo "shared tmpfs: $(df -m --output=size /shared | tail -1 | tr -d " ") MiB"\n'
+    )
+    _fresh(cloud)
+    outcome = pipelines.build(cloud, request(recipes_dir=root))[0]
+    assert not outcome.ok
+    assert "build produced no bin/absent in" in outcome.error
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None
+    logs = "".join(
+        p.read_text() for p in (cloud.config.results_dir / "logs" / run_id).glob("*.log")
+    )
+    assert "shared tmpfs: 96 MiB" in logs
+    assert_nothing_left(cloud, run_id, local_dir)

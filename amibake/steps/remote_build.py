@@ -73,14 +73,24 @@ class Build:
         # the native gcc is used; on the local cloud every instance runs on this machine's CPU,
         # so an arm64 family is cross-compiled when a cross compiler is there.
         want = {"x86_64": "x86_64", "arm64": "aarch64"}[state.family.architecture]
-        facts = remote.run(
+        work = state.work_dir
+        user = self.context.cloud.config.ssh_user
+        cap = state.recipe.tmpfs_max_mb or 0
+        # One round trip (as root) learns the build host's facts and prepares the tmpfs, sized
+        # from its memory: half of it, or the recipe's cap.
+        facts = remote.script(
             f"""arch=$(uname -m); want={want}
             if [ "$arch" = "$want" ]; then cc=gcc; objdump=objdump
             else cc=$want-linux-gnu-gcc; objdump=$want-linux-gnu-objdump; fi
             if ! command -v "$cc" >/dev/null; then echo "missing $arch $cc"; exit 0; fi
-            echo "$cc"; echo "$objdump"; "$cc" -dumpfullversion
-            awk '/MemTotal/ {{print int($2/1024)}}' /proc/meminfo; nproc
-            grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2""",
+            memory_mb=$(awk '/MemTotal/ {{print int($2/1024)}}' /proc/meminfo)
+            tmpfs_mb=$((memory_mb / 2))
+            if [ {cap} -gt 0 ] && [ "$tmpfs_mb" -gt {cap} ]; then tmpfs_mb={cap}; fi
+            mkdir -p {SHARED}
+            mountpoint -q {SHARED} || mount -t tmpfs -o size="$tmpfs_mb"m,mode=1777 tmpfs {SHARED}
+            rm -rf {work} && mkdir -p {work}/src {work}/out && chown -R {user} {work}
+            echo "$cc"; echo "$objdump"; "$cc" -dumpfullversion; nproc
+            grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2 || true""",
             stream=False,
         ).stdout.splitlines()
         if facts and facts[0].startswith("missing "):
@@ -90,30 +100,17 @@ class Build:
                 f"({state.family.architecture}); on the local cloud install the cross compiler "
                 f"(make install does: gcc-{want.replace('_', '-')}-linux-gnu)"
             )
-        if len(facts) < 5:
+        if len(facts) < 4:
             raise RemoteError(f"{state.instance_id}: could not read the build host's facts")
         state.cc, state.objdump = facts[0], facts[1]
         state.compiler = flags_module.Compiler("gcc", facts[2].strip())
-        memory_mb, cpus = int(facts[3]), int(facts[4])
-        cpu_flags = set(facts[5].split()) if len(facts) > 5 else set()
+        cpus = int(facts[3])
+        cpu_flags = set(facts[4].split()) if len(facts) > 4 else set()
         state.flags = flags_module.for_build(state.family, state.compiler, state.variant.generic)
         if state.flags.warning:
             log.warning("%s", state.flags.warning)
             state.warnings.append(state.flags.warning)
-        tmpfs_mb = memory_mb // 2
-        if state.recipe.tmpfs_max_mb:
-            tmpfs_mb = min(tmpfs_mb, state.recipe.tmpfs_max_mb)
-        work = state.work_dir
         state.build_script = render_build_script(state, state.flags, cpus, state.cc)
-        user = self.context.cloud.config.ssh_user
-        remote.script(
-            f"""
-            mkdir -p {SHARED}
-            mountpoint -q {SHARED} || mount -t tmpfs -o size={tmpfs_mb}m,mode=1777 tmpfs {SHARED}
-            rm -rf {work} && mkdir -p {work}/src {work}/out && chown -R {user} {work}
-            """,
-            stream=False,
-        )
         local_script = self.context.log_dir / f"{state.family.name}.build.sh"
         local_script.write_text(state.build_script)
         remote.put(state.source.path, f"{work}/{state.source.filename}")
@@ -181,20 +178,29 @@ class Verify:
         assert remote is not None and state.flags is not None
         out = f"{state.work_dir}/out"
         files = " ".join(shlex.quote(a) for a in state.recipe.artifacts)
-        missing = remote.run(
-            f'cd {out} && for f in {files}; do [ -f "$f" ] || echo "$f"; done', stream=False
-        ).stdout.split()
-        if missing:
-            raise RemoteError(f"build produced no {', '.join(missing)} in {out}")
-        # One line per distinct register name keeps the transfer small for large binaries; the
-        # instruction count proves objdump understood the binary (else the scan proves nothing).
-        scan = remote.run(
-            f'cd {out} && for f in {files}; do {state.objdump} -d --no-show-raw-insn "$f"; '
+        # One round trip: the files that are missing (then nothing else), else each file's
+        # sha256 (the manifest records the files verified here), the instruction count (it
+        # proves objdump understood the binary, else the scan proves nothing) and one line per
+        # distinct register name (small for large binaries).
+        report = remote.run(
+            f'cd {out} && missing=""; for f in {files}; do [ -f "$f" ] || missing="$missing $f"; '
+            'done; if [ -n "$missing" ]; then echo "missing:$missing"; exit 0; fi; '
+            f"sha256sum {files}; echo ---; "
+            f'for f in {files}; do {state.objdump} -d --no-show-raw-insn "$f"; '
             "done > /tmp/amibake-disasm && grep -cE '^ +[0-9a-f]+:' /tmp/amibake-disasm; "
             "grep -oE '%[xyz]mm[0-9]+|%k[0-7]|\\b[zp][0-9]+(\\.[bhsdq]|/[mz])' /tmp/amibake-disasm "
             "| sort -u; rm -f /tmp/amibake-disasm",
             stream=False,
-        ).stdout.split("\n", 1)
+        ).stdout
+        if report.startswith("missing:"):
+            missing = report.removeprefix("missing:").split()
+            raise RemoteError(f"build produced no {', '.join(missing)} in {out}")
+        sums, _, scan_text = report.partition("---\n")
+        state.file_hashes = {
+            name.lstrip("*"): digest
+            for digest, name in (line.split(None, 1) for line in sums.splitlines() if line.strip())
+        }
+        scan = scan_text.split("\n", 1)
         if int(scan[0] or 0) == 0:
             raise RemoteError(f"ISA scan: {state.objdump} disassembled no instruction")
         registers = scan[1] if len(scan) > 1 else ""
@@ -238,12 +244,6 @@ class Fetch:
         remote = state.remote
         assert remote is not None and state.flags is not None and state.compiler is not None
         out = f"{state.work_dir}/out"
-        files = " ".join(shlex.quote(a) for a in state.recipe.artifacts)
-        sums = remote.run(f"cd {out} && sha256sum {files}", stream=False).stdout
-        file_hashes = {
-            name.lstrip("*"): digest
-            for digest, name in (line.split(None, 1) for line in sums.splitlines() if line.strip())
-        }
         manifest = {
             "app": state.recipe.name,
             "family": state.family.name,
@@ -255,7 +255,7 @@ class Fetch:
             "compiler": str(state.compiler),
             "cflags": f"{state.recipe.base_cflags} {state.cflags}".strip(),
             "variant": state.variant.name,
-            "files": file_hashes,
+            "files": state.file_hashes,
             "isa_features": state.isa_features,
             "smoke": state.smoke,
             "smoke_command": state.recipe.smoke_command,
@@ -266,9 +266,13 @@ class Fetch:
         }
         local_manifest = self.context.log_dir / f"{state.label}.manifest.json"
         local_manifest.write_text(json.dumps(manifest, indent=2))
-        remote.put(local_manifest, f"{out}/manifest.json")
         archive = f"{state.work_dir}/{state.label}.tar.xz"
-        remote.run(f"tar -C {out} -cJf {archive} .", stream=False)
+        # The manifest goes in on the archiving command's stdin: one round trip, not two.
+        remote.run(
+            f"cat > {out}/manifest.json && tar -C {out} -cJf {archive} .",
+            stream=False,
+            stdin=local_manifest.read_bytes(),
+        )
         state.artifacts_dir.mkdir(parents=True, exist_ok=True)
         target = state.artifacts_dir / f"{state.label}.tar.xz"
         partial = target.with_suffix(".part")

@@ -87,6 +87,7 @@ class BuildState(InstanceState):
     remote_seconds: float = 0.0
     smoke: str = ""
     isa_features: list[str] = field(default_factory=list)
+    file_hashes: dict[str, str] = field(default_factory=dict)  # artifact file -> sha256, verified
     manifest: dict[str, Any] = field(default_factory=dict)
     artifact: Path | None = None
     cache_hit: bool = False
