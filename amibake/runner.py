@@ -25,6 +25,7 @@ from amibake.journal import Journal
 
 log = logging.getLogger("amibake")
 S = TypeVar("S")
+T = TypeVar("T")
 S_contra = TypeVar("S_contra", contravariant=True)
 
 
@@ -66,6 +67,17 @@ class RunContext:
     log_dir: Path
     cancel: threading.Event = field(default_factory=threading.Event)
     keep_on_error: bool = False
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+    _shared_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def shared(self, key: str, fetch: Callable[[], T]) -> T:
+        """A lookup every instance of this run needs alike (the default VPC, its subnets): made
+        once, by whichever asks first while the others wait; a failure is not remembered."""
+        with self._shared_lock:
+            if key not in self._shared:
+                self._shared[key] = fetch()
+            value: T = self._shared[key]
+            return value
 
     def check_cancel(self) -> None:
         if self.cancel.is_set():

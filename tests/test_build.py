@@ -139,8 +139,20 @@ def test_an_avx512_family_builds_and_reports_the_skipped_smoke_test(cloud: Cloud
 
 
 def test_several_families_build_concurrently(cloud: Cloud, local_dir: Path) -> None:
-    outcomes = pipelines.build(cloud, request(families=["c6a", "c6i", "m5"]))
+    calls: list[str] = []
+
+    def count(event_name: str, **_: object) -> None:
+        calls.append(event_name.rsplit(".", 1)[1])
+
+    cloud.ec2.meta.events.register("before-call.ec2.*", count)
+    try:
+        outcomes = pipelines.build(cloud, request(families=["c6a", "c6i", "m5"]))
+    finally:
+        cloud.ec2.meta.events.unregister("before-call.ec2.*", count)
     assert [o.ok for o in outcomes] == [True, True, True], [o.error for o in outcomes]
+    # What the three launches need alike is looked up once for the run.
+    assert calls.count("DescribeVpcs") == 1 and calls.count("DescribeSubnets") == 1, calls
+    assert calls.count("CreateSecurityGroup") == 3
     targets = {o.family: o.state.flags.target for o in outcomes}  # type: ignore[union-attr]
     assert targets == {"c6a": "zen3", "c6i": "icelake", "m5": "skylake_avx512"}
     run_id = journal(cloud).last_run_id()

@@ -62,7 +62,10 @@ class SecurityGroup:
 
     def run(self, state: InstanceState) -> None:
         ec2 = self.context.cloud.ec2
-        vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+        vpcs = self.context.shared(
+            "default-vpcs",
+            lambda: ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"],
+        )
         if not vpcs:
             raise CloudError("no default VPC in this region; create one or set a subnet")
         created = ec2.create_security_group(
@@ -73,7 +76,7 @@ class SecurityGroup:
         )
         state.security_group_id = created["GroupId"]
         self.context.created("security-group", state.security_group_id)
-        cidr = caller_cidr(self.context)
+        cidr = self.context.shared("caller-cidr", lambda: caller_cidr(self.context))
         retry_on(
             {"InvalidGroup.NotFound"},
             lambda: ec2.authorize_security_group_ingress(

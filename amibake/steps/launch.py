@@ -83,9 +83,12 @@ class LaunchFleet:
 
     def _overrides(self, state: InstanceState) -> list[dict[str, Any]]:
         ec2 = self.context.cloud.ec2
-        subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])[
-            "Subnets"
-        ]
+        subnets = self.context.shared(
+            "default-subnets",
+            lambda: ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])[
+                "Subnets"
+            ],
+        )
         overrides = []
         for priority, size in enumerate(candidate_sizes(state)):
             for subnet in subnets or [{}]:
