@@ -33,7 +33,8 @@ _LAUNCH = [
     "ec2:GetConsoleOutput",
     "ec2:RunInstances",
     "ec2:TerminateInstances",
-    "ssm:GetParameter",
+    "ssm:GetParameter",  # bake: the base image of one architecture
+    "ssm:GetParameters",  # build: every family's base image at once
 ]
 
 ACTIONS: dict[str, list[str]] = {

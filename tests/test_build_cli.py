@@ -125,22 +125,37 @@ def _prepared(cloud: Cloud, families: list[str]) -> list[pipelines.BuildState]:
     return pipelines.prepare(request, cloud.config.results_dir)
 
 
-def test_families_are_preflighted_side_by_side(cloud: Cloud) -> None:
-    """Each family's lookup waits at a barrier for the others': checked one after another, the
-    first would wait alone, the barrier would time out and the preflight fail."""
+def test_families_are_preflighted_side_by_side_and_shared_lookups_made_once(
+    cloud: Cloud,
+) -> None:
+    """Each family's DryRun launch waits at a barrier for the others': checked one after
+    another, the first would wait alone, the barrier would time out and the preflight fail."""
     states = _prepared(cloud, ["c5a", "c6i", "c7g"])
     together = threading.Barrier(len(states), timeout=10)
+    calls: list[str] = []
 
     def meet(**_: Any) -> None:
         together.wait()
 
-    event = "before-call.ec2.DescribeInstanceTypes"
-    cloud.ec2.meta.events.register(event, meet)
+    def count(event_name: str, **_: Any) -> None:
+        calls.append(event_name.rsplit(".", 1)[1])
+
+    clients = [cloud.ec2, cloud.ssm]
+    cloud.ec2.meta.events.register("before-call.ec2.RunInstances", meet)
+    for client in clients:
+        client.meta.events.register("before-call.*.*", count)
     try:
         pipelines.preflight_all(cloud, states)
     finally:
-        cloud.ec2.meta.events.unregister(event, meet)
+        cloud.ec2.meta.events.unregister("before-call.ec2.RunInstances", meet)
+        for client in clients:
+            client.meta.events.unregister("before-call.*.*", count)
     assert all(state.base_ami and state.cache_key for state in states)
+    assert states[0].base_ami != states[2].base_ami  # x86_64 and arm64 AMIs, from one call
+    assert sorted(calls) == sorted(
+        ["GetParameters", "DescribeInstanceTypeOfferings", "DescribeInstanceTypes"]
+        + ["RunInstances"] * 3
+    )
 
 
 def test_a_preflight_failing_for_one_family_of_several_names_it(cloud: Cloud) -> None:

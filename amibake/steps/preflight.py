@@ -7,6 +7,8 @@ import fcntl
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import botocore.exceptions
 
@@ -39,37 +41,85 @@ def candidate_sizes(state: InstanceState) -> list[str]:
     return sizes[at : at + (1 if state.exact_size else 2)]
 
 
-def preflight_instance(cloud: Cloud, state: InstanceState) -> dict[str, int]:
-    """The checks any launch needs: base AMI, types offered, a DryRun launch. Returns the memory
-    (MiB) of each candidate type."""
-    family = state.family
-    ec2 = cloud.ec2
-    types = [family.instance_type(s) for s in candidate_sizes(state)]
+@dataclass
+class Lookups:
+    """What the launches of a run look up alike, asked once for all of them: eight families
+    asked for the same AMI parameter, offerings and instance types eight times (24 of a run's
+    161 calls), calls that count against the account's request rate on AWS."""
+
+    base_amis: dict[str, str]  # architecture -> AMI id
+    offered: set[str]  # instance types offered in the region
+    memory: dict[str, int]  # instance type -> MiB
+
+
+def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
+    """One call for each kind of fact, covering every state. If one fails, each state asks on
+    its own, so that the error (a CloudError) names the family it concerns."""
+    types = sorted({s.family.instance_type(z) for s in states for z in candidate_sizes(s)})
+    architectures = sorted({s.family.architecture for s in states if not s.base_ami})
     try:
-        if not state.base_ami:
-            parameter = BASE_AMI_PARAMETER[family.architecture]
-            state.base_ami = cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
-        offered = ec2.describe_instance_type_offerings(
-            Filters=[{"Name": "instance-type", "Values": types}]
-        )["InstanceTypeOfferings"]
-        described = ec2.describe_instance_types(InstanceTypes=types)["InstanceTypes"]
+        base_amis = {}
+        if architectures:
+            names = {BASE_AMI_PARAMETER[a]: a for a in architectures}
+            found = cloud.ssm.get_parameters(Names=list(names))["Parameters"]
+            base_amis = {names[p["Name"]]: p["Value"] for p in found}
+        offered = {
+            o["InstanceType"]
+            for page in cloud.ec2.get_paginator("describe_instance_type_offerings").paginate(
+                Filters=[{"Name": "instance-type", "Values": types}]
+            )
+            for o in page["InstanceTypeOfferings"]
+        }
+        memory = {}
+        for at in range(0, len(types), 100):  # DescribeInstanceTypes takes 100 at most
+            described = cloud.ec2.describe_instance_types(InstanceTypes=types[at : at + 100])
+            memory.update(
+                {
+                    t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"]
+                    for t in described["InstanceTypes"]
+                }
+            )
     except botocore.exceptions.ClientError as exc:
-        raise CloudError(f"preflight for {family.name}: {exc}") from exc
-    if not offered:
+        if len(states) == 1:
+            raise CloudError(f"preflight for {states[0].family.name}: {exc}") from exc
+        parts = [look_up(cloud, [state]) for state in states]  # raises, naming the family
+        return Lookups(
+            {a: i for part in parts for a, i in part.base_amis.items()},
+            {t for part in parts for t in part.offered},
+            {t: m for part in parts for t, m in part.memory.items()},
+        )
+    return Lookups(base_amis, offered, memory)
+
+
+def preflight_instance(
+    cloud: Cloud, state: InstanceState, lookups: Lookups | None = None
+) -> dict[str, int]:
+    """The checks any launch needs: base AMI, types offered, a DryRun launch. Returns the memory
+    (MiB) of each candidate type. `lookups` are the run's shared ones, else made here."""
+    family = state.family
+    types = [family.instance_type(s) for s in candidate_sizes(state)]
+    if lookups is None:
+        lookups = look_up(cloud, [state])
+    if not state.base_ami:
+        if family.architecture not in lookups.base_amis:
+            parameter = BASE_AMI_PARAMETER[family.architecture]
+            raise CloudError(f"preflight for {family.name}: no SSM parameter {parameter}")
+        state.base_ami = lookups.base_amis[family.architecture]
+    if not lookups.offered & set(types):
         raise UserError(f"none of {', '.join(types)} is offered in {cloud.config.region}")
     try:
-        ec2.run_instances(
+        cloud.ec2.run_instances(
             DryRun=True, ImageId=state.base_ami, InstanceType=types[0], MinCount=1, MaxCount=1
         )
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) != "DryRunOperation":
             raise CloudError(f"dry-run launch of {types[0]} refused: {exc}") from exc
-    return {t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"] for t in described}
+    return {t: lookups.memory[t] for t in types if t in lookups.memory}
 
 
-def preflight(cloud: Cloud, state: BuildState) -> None:
+def preflight(cloud: Cloud, state: BuildState, lookups: Lookups | None = None) -> None:
     """Everything that can be checked against the cloud without creating anything."""
-    memory = preflight_instance(cloud, state)
+    memory = preflight_instance(cloud, state, lookups)
     recipe = state.recipe
     smallest = min(memory.values()) if memory else 0
     if recipe.tmpfs_max_mb and smallest and recipe.tmpfs_max_mb > smallest:
