@@ -8,9 +8,45 @@ from typing import Any
 
 
 def apply() -> None:
+    _tags_of_one_resource()
     _create_image_snapshot_tags()
     _batch_action_names()
     _s3_action_names()
+
+
+def _tags_of_one_resource() -> None:
+    """moto finds one resource's tags by matching a pattern against every tag in the region.
+
+    Every tagged object it describes or filters by tag asks for its own tags that way, so a
+    DescribeInstances with a tag filter cost (instances x all tags): 82 ms with 92 instances and
+    2,000 tags alive in the daemon, growing with every run, where AWS's cost does not grow with
+    the account. A filter on one literal resource id is answered from that resource's own
+    tags, in the same form and order; any other filter takes moto's way.
+    """
+    from moto.ec2.models.tags import TagBackend
+    from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix
+
+    original = TagBackend.describe_tags
+    if getattr(original, "_amibake", False):
+        return
+    wildcard = set("*?[")  # moto's patterns are fnmatch's: a literal id matches only itself
+
+    def describe_tags(self: Any, filters: dict[str, list[str]] | None = None) -> Any:
+        ids = (filters or {}).get("resource-id", [])
+        if filters is None or list(filters) != ["resource-id"] or len(ids) != 1:
+            return original(self, filters)
+        (resource_id,) = ids
+        if wildcard & set(resource_id):
+            return original(self, filters)
+        resource_type = EC2_PREFIX_TO_RESOURCE.get(get_prefix(resource_id), "")
+        return [
+            {"resource_id": resource_id, "key": k, "value": v, "resource_type": resource_type}
+            for k, v in dict(self.tags.get(resource_id, {})).items()
+        ]
+
+    describe_tags._amibake = True  # type: ignore[attr-defined]
+    describe_tags.__wrapped__ = original  # type: ignore[attr-defined]
+    TagBackend.describe_tags = describe_tags  # type: ignore[method-assign]
 
 
 def _create_image_snapshot_tags() -> None:
