@@ -29,7 +29,14 @@ MODULES = [
 
 
 def main(argv: list[str]) -> int:
-    selected = [m for m in MODULES if not argv or any(a in m for a in argv)]
+    names = {m.rsplit(".", 1)[1] for m in MODULES}
+    # A full name picks that benchmark alone (bench_tune, not bench_tuned); a part picks all
+    # that contain it.
+    selected = [
+        m
+        for m in MODULES
+        if not argv or any(a == m.rsplit(".", 1)[1] or (a not in names and a in m) for a in argv)
+    ]
     out = Path("results/bench")
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="amibake-bench-") as tmp:
