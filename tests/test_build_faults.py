@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -195,13 +195,24 @@ def test_ssh_dropping_mid_build_is_a_clear_error(
             except OSError:
                 continue
             if root_dir.startswith(marker) and "sshd: ec2-user" in cmdline:
-                os.kill(int(proc.name), signal.SIGKILL)
+                # It may be gone already, with the session's sshd killed just before it.
+                with suppress(ProcessLookupError):
+                    os.kill(int(proc.name), signal.SIGKILL)
 
-    dropper = threading.Thread(target=drop_connections)
+    failures: list[BaseException] = []
+
+    def dropper_body() -> None:
+        try:
+            drop_connections()
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            failures.append(exc)
+
+    dropper = threading.Thread(target=dropper_body)
     dropper.start()
     started = time.monotonic()
     outcome = pipelines.build(cloud, request(recipes_dir=root))[0]
     dropper.join()
+    assert not failures, f"dropping the connections failed: {failures[0]!r}"
     assert not outcome.ok
     assert "connection lost" in outcome.error
     assert time.monotonic() - started < 30  # it did not wait for the 60 s sleep
