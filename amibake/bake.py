@@ -20,6 +20,7 @@ from amibake.cloud.calls import describe_image
 from amibake.errors import UserError
 from amibake.render import USER_DATA_LIMIT, Checks, check_shell, render
 from amibake.sources import sha256_of
+from amibake.steps.preflight import BASE_AMI_PARAMETER
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS_DIR = ROOT / "systemd_units"
@@ -30,10 +31,6 @@ UNITS = ("amibake-shared-tmpfs.service", "amibake-stage.service")
 SCRIPTS = ("shared-tmpfs", "stage")
 MIN_TMPFS_MB = 256
 BOOT_TEST_CLUSTER = "amibake-boot-test"  # set through user data, read back by the boot test
-AL2023_PARAMETER = {
-    "x86_64": "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id",
-    "arm64": "/aws/service/ecs/optimized-ami/amazon-linux-2023/arm64/recommended/image_id",
-}
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ def base_image(cloud: Cloud, architecture: str, base_ami: str | None, allow_eol:
     """The ECS-optimized Amazon Linux 2023 image for the architecture, or the one asked for."""
     ec2 = cloud.ec2
     if base_ami is None:
-        parameter = AL2023_PARAMETER[architecture]
+        parameter = BASE_AMI_PARAMETER[architecture]
         base_ami = str(cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"])
     image = describe_image(ec2, base_ami)
     if image is None:

@@ -153,10 +153,10 @@ def _known_good(digest: str) -> bool:
 def check_shell(script: str, name: str, checks: Checks | None = None) -> None:
     """Refuse a rendered script that bash cannot parse, or that shellcheck finds errors in: on
     `checks` when given (its caller waits for them), else before returning."""
-    if _known_good(_digest(script)):
-        return
     if checks is not None:
         checks.shell(script, name)
+        return
+    if _known_good(_digest(script)):  # no Checks (scratch directory, thread) made for nothing
         return
     with Checks() as own:
         own.shell(script, name)

@@ -33,11 +33,9 @@ def _tags_of_one_resource() -> None:
 
     def describe_tags(self: Any, filters: dict[str, list[str]] | None = None) -> Any:
         ids = (filters or {}).get("resource-id", [])
-        if filters is None or list(filters) != ["resource-id"] or len(ids) != 1:
+        if list(filters or {}) != ["resource-id"] or len(ids) != 1 or wildcard & set(ids[0]):
             return original(self, filters)
-        (resource_id,) = ids
-        if wildcard & set(resource_id):
-            return original(self, filters)
+        resource_id = ids[0]
         resource_type = EC2_PREFIX_TO_RESOURCE.get(get_prefix(resource_id), "")
         return [
             {"resource_id": resource_id, "key": k, "value": v, "resource_type": resource_type}
