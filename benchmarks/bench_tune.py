@@ -262,6 +262,8 @@ def main(argv: list[str]) -> int:
     unknown = sorted(set(kernels) - set(KERNELS))
     if unknown:
         parser.error(f"unknown kernel {', '.join(unknown)}; the kernels are {', '.join(KERNELS)}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
     if not args.measure:
         parser.error(
             "say --measure to measure the tables again (make bench replays the saved ones)"
