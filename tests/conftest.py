@@ -3,6 +3,7 @@ loopback range), so they never touch a developer's running local cloud."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,12 @@ from amibake import config
 from amibake.cloud import Cloud, connect
 from amibake.local import control
 from tests.helpers import leftovers
+
+# The Ctrl-C tests send this process SIGINT, as a terminal would. A shell starts a background
+# job (`make test &`, nohup in a script) with SIGINT ignored, and Python then installs no
+# KeyboardInterrupt handler: those tests would fail for the way the suite was started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TEST_PORT = 5178
 TEST_SUBNET = "127.78.0.0/16"
