@@ -45,6 +45,10 @@ class CleanupFailed(AmibakeError):
 
 
 class Step(Protocol[S_contra]):
+    """A step may set ``local_only = True`` when its cleanup frees only this process's own state
+    (a file lock): ``keep_on_error`` keeps the cloud's resources, and such a step is unwound
+    even then."""
+
     name: str
 
     def run(self, state: S_contra) -> None: ...
@@ -158,6 +162,10 @@ class Runner(Generic[S]):
                     self.context.run_id,
                     self.context.run_id,
                 )
+                # Kept for debugging is what is in the cloud. A lock this process holds would
+                # only make its next run of the same artifact (fleet tune's next trial) wait.
+                with _no_interrupts():
+                    self._unwind([s for s in started if getattr(s, "local_only", False)], state)
             else:
                 with _no_interrupts():
                     failures = self._unwind(started, state)

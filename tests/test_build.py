@@ -205,8 +205,14 @@ def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_
         if name == "connect":
             raise RuntimeError("injected")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as failed:
         pipelines.build(cloud, request(keep_on_error=True), on_boundary=explode)
+    # What it keeps is the cloud's; the artifact lock is this process's and is let go, or the
+    # next build of trivial_c5a in this process (a test, fleet tune's next trial) would wait
+    # for it. Checked while the failure (and so the failed run's state) is still alive.
+    assert failed.value is not None
+    with (cloud.config.results_dir / "artifacts" / ".locks" / "trivial_c5a.lock").open("wb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if still held
     run_id = journal(cloud).last_run_id()
     assert run_id is not None
     kept = tagged_alive(cloud, run_id)

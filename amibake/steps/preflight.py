@@ -148,6 +148,7 @@ class ArtifactCache:
     """The same inputs never build twice: a matching, intact artifact ends the run here."""
 
     name = "artifact-cache"
+    local_only = True  # its cleanup releases the artifact's file lock, nothing in the cloud
 
     def __init__(self, context: RunContext) -> None:
         self.context = context
