@@ -28,14 +28,10 @@ from amibake.steps.state import Variant
 from fleet import control, prices
 from fleet.batch import JobsState, batch_steps, registered
 from fleet.executor import BenchState, BuildArtifact, Replicate, ssh_steps
-from fleet.results import Results, new_run_id
+from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.spec import BenchSpec
 
 log = logging.getLogger("amibake")
-LOCAL_NOTE = (
-    "Local cloud: every instance type ran on this machine's CPU, so differences between types "
-    "are not measured here; builds and the method are."
-)
 VARIANTS = {"tuned": Variant(), "generic": Variant(name="generic", generic=True)}
 
 

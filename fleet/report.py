@@ -26,6 +26,7 @@ from fleet.results import Results
 from fleet.spec import BenchSpec, Metric
 
 MAX_TIMELINES = 24  # monitor timelines drawn: a readable plot, whatever the run's size
+TERMINAL_TRIALS = 10  # a tune report's trials in the terminal; the page and trials.csv hold all
 
 
 @dataclass
@@ -462,9 +463,14 @@ def make_tune(
     report = Report(
         run_id, record["note"], shown, final[final.state != "ok"][["trial", "state", "reason"]], ""
     )
+    if len(shown) > TERMINAL_TRIALS:
+        lines.append(f"the last {TERMINAL_TRIALS} of {len(shown)} trials (all in trials.csv):")
     lines.append(
         tabulate(
-            shown.drop(columns=["reason"]).tail(10), headers="keys", showindex=False, floatfmt=".4g"
+            shown.drop(columns=["reason"]).tail(TERMINAL_TRIALS),
+            headers="keys",
+            showindex=False,
+            floatfmt=".4g",
         )
     )
     out = reports_dir / run_id

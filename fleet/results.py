@@ -20,6 +20,12 @@ import pandas as pd
 from amibake.errors import UserError
 from amibake.journal import open_database
 
+# The first line of a local-cloud run's report: what such a run measures and what it cannot.
+LOCAL_NOTE = (
+    "Local cloud: every instance type ran on this machine's CPU, so differences between types "
+    "are not measured here; builds and the method are."
+)
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, kind TEXT NOT NULL, created REAL NOT NULL, spec TEXT NOT NULL,

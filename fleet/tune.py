@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ import pandas as pd
 
 from amibake.errors import UserError
 from amibake.runner import cancel_all
-from fleet.results import Results, new_run_id
+from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.space import Space, parse
 from fleet.spec import EXECUTORS, line_of, read_toml
 
@@ -463,8 +464,25 @@ def start(results: Results, spec: TuneSpec, cloud_name: str, region: str) -> str
     raw = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.raw.items()}
     if spec.replay is not None:
         raw["replay"] = str(spec.replay)
-    results.create_run(run_id, "tune", raw, cloud_name, region)
+    results.create_run(run_id, "tune", raw, cloud_name, region, note(spec, cloud_name))
     return run_id
+
+
+def note(spec: TuneSpec, cloud_name: str) -> str:
+    """What the report says first: where the trials' figures came from, when not from separate
+    machines. On the local cloud the trials in flight also share this machine's cores, so a
+    run-time parameter such as threads is measured under that sharing (2 in flight on 2 cores
+    made threads=1 the best here)."""
+    if spec.replay is not None:
+        return f"Replay: every trial was looked up in {spec.replay}, not run."
+    if cloud_name != "local":
+        return ""
+    if spec.parallel <= 1:
+        return LOCAL_NOTE
+    return (
+        f"{LOCAL_NOTE} {spec.parallel} trials ran at a time on its {os.cpu_count()} cores, so "
+        "run-time parameters such as threads were measured sharing them."
+    )
 
 
 @dataclass

@@ -278,6 +278,10 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"]
     assert len(final) == 12 and set(final.state) == {"ok"}, final.reason.tolist()
+    # Its report opens by saying the trials shared this machine (2 in flight on its cores).
+    record = results.run(run_id)
+    assert record is not None and record["note"].startswith("Local cloud: every instance type")
+    assert "2 trials ran at a time" in record["note"]
     for manifest in final.manifest.map(json.loads):
         assert manifest["app"] == "kernels" and manifest["cflags"].startswith("-O3")
         assert manifest["files"]["bin/kernels"]  # the build's own record, per trial
@@ -316,7 +320,10 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     run_id = json.loads(capsys.readouterr().out)["run_id"]
     assert main(["report", "last", "--prefer", "time"]) == 0  # `last`: the newest run
     out = capsys.readouterr().out
-    assert out.startswith(f"tune run {run_id}:")
+    first, second = out.splitlines()[:2]
+    assert first == f"Replay: every trial was looked up in {replay}, not run."
+    assert second.startswith(f"tune run {run_id}: 60 trials")
+    assert "the last 10 of 60 trials (all in trials.csv):" in out
     assert "best: loss 1 at trial" in out and '{"a": 7, "b": "x"}' in out
     assert "recommended for time" in out
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
