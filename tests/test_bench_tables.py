@@ -43,3 +43,26 @@ def test_fleet_tune_searches_the_saved_table() -> None:
     assert spec.space.size() == len(pd.read_csv(bench_tune.SUITE))
     (comparison,) = tune.compare(spec, evaluator, ["grid"], 1, spec.space.size())
     assert comparison.ratios == [1.0]  # the whole grid finds the optimum exactly
+
+
+def test_main_effects_keeps_an_additive_table_and_each_parameters_mean() -> None:
+    import numpy as np
+
+    rows = [(t, b, s) for t in (1, 2) for b in (8, 16, 32) for s in (2, 3)]
+    additive = pd.DataFrame(rows, columns=KEYS)
+    additive["metric"] = -np.exp(
+        0.4 * additive.threads - 0.01 * additive.block + 0.1 * additive.size
+    )
+    fitted, residual = bench_tune.main_effects(additive)
+    assert residual < 1e-12
+    pd.testing.assert_frame_equal(fitted, additive, rtol=1e-12)
+    # One configuration 10% faster: an interaction the fit spreads over its parameters' means.
+    bumped = additive.copy()
+    bumped.loc[0, "metric"] *= 1.1
+    fitted, residual = bench_tune.main_effects(bumped)
+    assert residual > 0.01 and fitted.loc[0, "metric"] > bumped.loc[0, "metric"]
+    logs, fit = np.log(-bumped.metric), np.log(-fitted.metric)
+    for key in KEYS:  # each parameter's mean log rate is the table's
+        pd.testing.assert_series_equal(
+            fit.groupby(bumped[key]).mean(), logs.groupby(bumped[key]).mean()
+        )
