@@ -281,7 +281,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _tune_compare(args: argparse.Namespace) -> int:
-    from fleet import tune
+    from fleet import report, tune
 
     if not args.replay:
         raise UserError("fleet tune compare needs --replay TABLE.csv")
@@ -300,14 +300,24 @@ def _tune_compare(args: argparse.Namespace) -> int:
     if args.startup_trials is not None:
         spec.startup_trials = args.startup_trials
     rows = tune.compare(spec, evaluator, algorithms, args.seeds, args.budget)
-    summary = [
-        {"algorithm": r.algorithm, "ratios": r.ratios, "to_2pct": r.to_2pct, "to_5pct": r.to_5pct}
-        for r in rows
-    ]
     near = {t: evaluator.near_optimum(t) for t in (0.02, 0.05)}
-    print_result(
-        args, summary, lambda _: tune.compare_text(rows, args.budget, spec.space.size(), near)
-    )
+    text = tune.compare_text(rows, args.budget, spec.space.size(), near)
+    # One page per table and budget: comparing again with the same ones replaces it.
+    out = config_from(args).results_dir / "reports" / f"compare-{table.stem}-{args.budget}"
+    files = report.make_compare(rows, text, out)
+    summary = {
+        "algorithms": [
+            {
+                "algorithm": r.algorithm,
+                "ratios": r.ratios,
+                "to_2pct": r.to_2pct,
+                "to_5pct": r.to_5pct,
+            }
+            for r in rows
+        ],
+        "files": {name: str(path) for name, path in files.items()},
+    }
+    print_result(args, summary, lambda _: f"{text}\nreport: {files['index.html']}")
     return 0
 
 

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,9 @@ from amibake.errors import UserError
 from fleet import stats
 from fleet.results import Results
 from fleet.spec import BenchSpec, Metric
+
+if TYPE_CHECKING:
+    from fleet.tune import Comparison
 
 MAX_TIMELINES = 24  # monitor timelines drawn: a readable plot, whatever the run's size
 TERMINAL_TRIALS = 10  # a tune report's trials in the terminal; the page and trials.csv hold all
@@ -551,3 +554,48 @@ def _tune_html(
     intro = [f"<p>{html.escape(line)}</p>" for line in lines[1 if record["note"] else 0 : 4]]
     tail = ["<h2>Trials</h2>" + shown.to_html(index=False, na_rep="-")]
     return _page(f"fleet tune {run_id}", record["note"], intro, plots, tail)
+
+
+def make_compare(rows: list[Comparison], text: str, out: Path) -> dict[str, Path]:
+    """`fleet tune compare`'s page: the convergence of each algorithm (best so far over the
+    table's optimum vs trials: the median over seeds, and the band the middle 80% of seeds lie
+    in) with the printed table, and every seed's curve as CSV."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    curves = pd.DataFrame(
+        [
+            {"algorithm": r.algorithm, "seed": seed, "trial": trial, "best_over_optimum": value}
+            for r in rows
+            for seed, curve in enumerate(r.curves)
+            for trial, value in enumerate(curve, start=1)
+        ]
+    )
+    curves.to_csv(out / "convergence.csv", index=False)
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for algorithm, frame in curves.groupby("algorithm", sort=False):
+        by_trial = frame.groupby("trial").best_over_optimum
+        (line,) = axes.plot(by_trial.median().index, by_trial.median(), label=str(algorithm))
+        axes.fill_between(
+            by_trial.median().index,
+            by_trial.quantile(0.1),
+            by_trial.quantile(0.9),
+            color=line.get_color(),
+            alpha=0.15,
+        )
+    for target in (1.02, 1.05):
+        axes.axhline(target, color="#7f7f7f", linestyle=":", linewidth=1)
+        axes.text(
+            1.01, target, f"{target - 1:.0%}", transform=axes.get_yaxis_transform(), fontsize=8
+        )
+    axes.set_xlabel("trials")
+    axes.set_ylabel("best so far / optimum")
+    axes.legend()
+    title = "Convergence (median over seeds; band: 10th-90th percentile)"
+    page = out / "index.html"
+    intro = [f"<pre>{html.escape(text)}</pre>"]
+    page.write_text(_page("fleet tune compare", "", intro, {title: _png(figure)}, []))
+    return {"index.html": page, "convergence.csv": out / "convergence.csv"}

@@ -491,6 +491,9 @@ class Comparison:
     ratios: list[float]  # best found / optimum, per seed
     to_2pct: list[int | None]  # trials needed to get within 2%, per seed (None: never)
     to_5pct: list[int | None]
+    # best so far / optimum after each trial, per seed (nan before a feasible trial): the
+    # convergence curves `compare` plots
+    curves: list[list[float]] = field(default_factory=list)
 
 
 def space_from_table(path: Path, column: str) -> dict[str, Any]:
@@ -530,6 +533,7 @@ def compare(
         for seed in range(seeds):
             engine = Search(spec.space, algorithm, seed, spec.startup)
             best_so_far = math.inf
+            curve: list[float] = []
             reached: dict[float, int | None] = {0.02: None, 0.05: None}
             for index in range(budget):
                 asked = engine.ask()
@@ -543,13 +547,23 @@ def compare(
                 for tolerance in reached:
                     if reached[tolerance] is None and best_so_far - optimum <= tolerance * scale:
                         reached[tolerance] = index + 1
-            comparison.ratios.append(
-                best_so_far / optimum if optimum > 0 else 1 + (best_so_far - optimum) / scale
-            )
+                curve.append(
+                    _relative(best_so_far, optimum) if best_so_far < math.inf else math.nan
+                )
+            comparison.ratios.append(_relative(best_so_far, optimum))
+            comparison.curves.append(curve)
             comparison.to_2pct.append(reached[0.02])
             comparison.to_5pct.append(reached[0.05])
         out.append(comparison)
     return out
+
+
+def _relative(best: float, optimum: float) -> float:
+    """best / optimum, 1.0 at the optimum and above it when worse, whatever the optimum's sign
+    (a negated rate's is negative): then 1 + the distance as a share of the optimum."""
+    if optimum > 0:
+        return best / optimum
+    return 1 + (best - optimum) / (abs(optimum) or 1.0)
 
 
 def blind_chance(configurations: int, near: int, budget: int) -> float:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from amibake import config
@@ -218,19 +219,34 @@ def test_conditional_parameters_appear_only_where_they_apply() -> None:
 
 
 def test_compare_reports_each_algorithm_against_the_optimum(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
     replay = known_optimum(tmp_path)
     argv = ["tune", "compare", "--replay", str(replay), "--algorithms", "tpe,random,grid"]
     assert main([*argv, "--seeds", "3", "--budget", "60", "--json"]) == 0
-    rows = {r["algorithm"]: r for r in json.loads(capsys.readouterr().out)}
+    answer = json.loads(capsys.readouterr().out)
+    rows = {r["algorithm"]: r for r in answer["algorithms"]}
     assert rows["grid"]["ratios"] == [1.0, 1.0, 1.0]  # 60 trials cover the grid of 60
     assert all(r >= 1.0 for r in rows["tpe"]["ratios"] + rows["random"]["ratios"])
+    # The convergence page: every seed's best so far after each trial, never rising, ending at
+    # the ratio printed; and a plot of them.
+    page = Path(answer["files"]["index.html"])
+    assert page.parent == tmp_path / "results" / "reports" / "compare-space-60"
+    assert page.read_text().count("data:image/png;base64,") == 1
+    curves = pd.read_csv(answer["files"]["convergence.csv"])
+    assert len(curves) == 3 * 3 * 60
+    for (algorithm, seed), curve in curves.groupby(["algorithm", "seed"]):
+        values = curve.sort_values("trial").best_over_optimum.tolist()
+        assert (
+            values == sorted(values, reverse=True) and values[-1] == rows[algorithm]["ratios"][seed]
+        )
 
 
 def test_compare_says_how_big_the_target_is(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
     replay = known_optimum(tmp_path)
     argv = ["tune", "compare", "--replay", str(replay), "--algorithms", "random"]
     assert main([*argv, "--seeds", "2", "--budget", "20"]) == 0
