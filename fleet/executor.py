@@ -120,13 +120,17 @@ class Stage:
     def run(self, state: BenchState) -> None:
         remote = state.remote
         assert remote is not None
-        state.launched_at = time.time()
-        state.on_event(state, "staging")
-        placement: Any = describe(self.context.cloud, state.instance_id).get("Placement", {})
-        zone_name = placement.get("AvailabilityZone", "")
+        instance: Any = describe(self.context.cloud, state.instance_id)
+        # Billing runs from the launch, not from when SSH first answered (min: a skewed clock
+        # must not put it in the future).
+        launched = instance.get("LaunchTime")
+        state.launched_at = min(launched.timestamp(), time.time()) if launched else time.time()
+        zone_name = instance.get("Placement", {}).get("AvailabilityZone", "")
         zones = self.context.cloud.ec2.describe_availability_zones(ZoneNames=[zone_name])
         state.zone = zones["AvailabilityZones"][0].get("ZoneId", zone_name)
         state.price = state.price_of(state.label, state.market == "spot", state.zone)
+        # After the price: the progress board starts counting this instance's cost on it.
+        state.on_event(state, "staging")
         user = self.context.cloud.config.ssh_user
         remote.script(
             f"""

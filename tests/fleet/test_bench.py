@@ -4,6 +4,8 @@ a spot interruption mid-replicate, resume after SIGKILL, `fleet kill`, and faili
 from __future__ import annotations
 
 import json
+import logging
+import re
 import signal
 import subprocess
 import sys
@@ -58,8 +60,13 @@ def blue_pixels(png: Path) -> int:
 
 
 def test_two_builds_on_two_types_measured_reported_and_rendered(
-    cloud: Cloud, local_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cloud: Cloud,
+    local_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="amibake")
     run_id = new_run(
         cloud,
         types=["c5a.large", "c5a.xlarge"],
@@ -74,6 +81,10 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     assert len(rows) == 12 and set(rows.state) == {"ok"}
     assert set(rows.build) == {"tuned", "generic"}
     assert (rows.metric > 0).all() and (rows.price_usd_hour > 0).all()
+    # The progress counts the money: both instances' time from launch at their price, at least
+    # what their replicates ran for.
+    spent = float(re.findall(r"\$([0-9.]+) spent", caplog.text)[-1])
+    assert spent >= round((rows.seconds * rows.price_usd_hour).sum() / 3600, 4) > 0
     environments = results.environments(run_id)
     assert {e["instance_type"] for e in environments} == {"c5a.large", "c5a.xlarge"}
     builds = environments[0]["builds"]
