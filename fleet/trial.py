@@ -18,7 +18,7 @@ from amibake.pipelines import BuildRequest
 from amibake.pipelines import build as build_pipeline
 from amibake.steps.state import Variant
 from fleet import bench, stats
-from fleet.executor import BuildArtifact, Replicate
+from fleet.executor import BenchState, BuildArtifact, Replicate
 from fleet.spec import BenchSpec, Metric
 from fleet.tune import Evaluation, TuneSpec, broken_constraint
 
@@ -101,18 +101,25 @@ class CloudEvaluator:
                 cloud, self.run_id, self.results, bench_spec, todo, artifacts, board, trial=trial
             )
         except AmibakeError as exc:
-            return Evaluation("failed", reason=str(exc), manifest=manifest)
+            return Evaluation("failed", reason=str(exc), manifest=manifest, usd=board.spent_now())
+        # What the trial cost: its instances' time at their market's price, as bench's progress
+        # counts it (launch to teardown, not only the replicates' run time); a failed trial's
+        # instances were paid for too. The build's own instance is amibake build's, unpriced.
+        for outcome in outcomes:
+            assert isinstance(outcome.state, BenchState)
+            board.update(outcome.state, "done" if outcome.ok else "failed")
+        usd = board.spent_now()
         if not outcomes[0].ok:
-            return Evaluation("failed", reason=outcomes[0].error, manifest=manifest)
+            return Evaluation("failed", reason=outcomes[0].error, manifest=manifest, usd=usd)
         rows = self.results.replicates(self.run_id)
         mine = rows[(rows.trial == trial) & (rows.state == "ok")]
         failed = rows[(rows.trial == trial) & (rows.state == "failed")]
         if mine.empty:
             reason = str(failed.error.iloc[0]) if not failed.empty else "no replicate finished"
-            return Evaluation("failed", reason=reason, manifest=manifest)
-        return self._score(mine, manifest)
+            return Evaluation("failed", reason=reason, manifest=manifest, usd=usd)
+        return self._score(mine, manifest, usd)
 
-    def _score(self, rows: Any, manifest: dict[str, Any]) -> Evaluation:
+    def _score(self, rows: Any, manifest: dict[str, Any], usd: float) -> Evaluation:
         metric = self.metric
         values = rows.metric.to_numpy(dtype=float)
         seconds = float(np.median(rows.seconds.to_numpy(dtype=float)))
@@ -124,7 +131,6 @@ class CloudEvaluator:
         )
         per_unit = metric.seconds_per_unit(median)
         cost = stats.cost_per_unit(per_unit, price) if price is not None else None
-        usd = float((rows.seconds * rows.price_usd_hour.fillna(0)).sum() / 3600)
         objective = self.spec.objective
         # A rate (work per second) is maximised: minimised negated, in its own units, so that a
         # fixed-time workload (the kernels repeat to a minimum time) is judged by its throughput.

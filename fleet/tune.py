@@ -91,6 +91,10 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
     return from_dict(data, str(path), text, path.parent)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Path(".")) -> TuneSpec:
     def fail(key: str, message: str) -> UserError:
         line = line_of(text, key)
@@ -119,9 +123,15 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
     startup = data.get("startup_trials")
     if startup is not None and (not isinstance(startup, int) or startup < 0):
         raise fail("startup_trials", "must be an integer of at least 0")
+    for key in ("max_usd", "max_hours"):
+        if key in data and not (_number(data[key]) and data[key] > 0):
+            raise fail(key, "must be a number above 0 (leave it out for no limit)")
     constraints = data.get("constraints", {})
     if not isinstance(constraints, dict) or any(k not in CONSTRAINTS for k in constraints):
         raise fail("constraints", f"a table of {', '.join(CONSTRAINTS)}")
+    for key, value in constraints.items():
+        if not _number(value):
+            raise fail(key, f"must be a number, not {value!r}")
     replay = data.get("replay")
     if replay is None and not data.get("recipe"):
         raise fail("recipe", "name the recipe to tune (or a replay table to search offline)")
@@ -348,25 +358,35 @@ def search(
     if hasattr(evaluate, "results"):  # a cloud evaluator records its replicates in the run
         evaluate.run_id, evaluate.results = run_id, results  # type: ignore[attr-defined]
     in_flight = _replay_record(engine, results, run_id)
+    # The money and wall-time budgets are the run's: a resumed search counts what its earlier
+    # controllers spent and how long they searched.
+    earlier_hours = _searched_hours(results, run_id)
+    costs = [d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"]
+    spent = sum(costs)
+    results.event(run_id, "searching")
     started = time.monotonic()
-    spent = 0.0  # money spent by this controller (a resumed search starts its count anew)
     done = 0
     recorded = results.trials(run_id)
     asked = int((recorded.state == "asked").sum()) if len(recorded) else 0
 
-    def out_of_budget() -> bool:
+    def out_of_budget(running: int) -> bool:
         if asked >= spec.trials:
             return True
-        if spec.max_usd is not None and spent >= spec.max_usd:
-            return True
-        return spec.max_hours is not None and (time.monotonic() - started) / 3600 >= spec.max_hours
+        if spec.max_usd is not None:
+            # The trials in flight will cost too: one more is asked only if they and it, at
+            # the mean trial's cost so far, stay within the budget.
+            mean = spent / len(costs) if costs else 0.0
+            if spent + (running + 1) * mean > spec.max_usd or spent >= spec.max_usd:
+                return True
+        hours = earlier_hours + (time.monotonic() - started) / 3600
+        return spec.max_hours is not None and hours >= spec.max_hours
 
     with ThreadPoolExecutor(spec.parallel, thread_name_prefix="trial") as pool:
         futures: dict[Future[Evaluation], tuple[int, dict[str, Any]]] = {
             pool.submit(evaluate, t, p): (t, p) for t, p in in_flight
         }
         while True:
-            while len(futures) < spec.parallel and not out_of_budget():
+            while len(futures) < spec.parallel and not out_of_budget(len(futures)):
                 asked_now = engine.ask()
                 if asked_now is None:
                     break
@@ -390,7 +410,10 @@ def search(
                 except Exception as exc:  # one trial's crash must not end the search
                     evaluation = Evaluation("failed", reason=f"{type(exc).__name__}: {exc}")
                 engine.tell(trial, loss_of(spec, evaluation))
-                spent += evaluation.usd
+                if evaluation.usd:
+                    results.event(run_id, "spent", trial=trial, usd=evaluation.usd)
+                    costs.append(evaluation.usd)
+                    spent += evaluation.usd
                 results.trial(
                     run_id,
                     trial,
@@ -412,6 +435,20 @@ def search(
                     raise KeyboardInterrupt  # tests: a controller stopped mid-search
     results.event(run_id, "finished")
     return Outcome(run_id, best(results, run_id), asked)
+
+
+def _searched_hours(results: Results, run_id: str) -> float:
+    """How long earlier controllers of this run searched: each from its start to the last trial
+    it recorded (a controller killed while idle is not charged for the time after)."""
+    starts = [at for at, kind, _ in results.events(run_id) if kind == "searching"]
+    recorded = results.trials(run_id)
+    times = recorded["at"] if len(recorded) else pd.Series(dtype=float)
+    seconds = 0.0
+    for start, end in zip(starts, [*starts[1:], math.inf], strict=False):  # the last: no end
+        inside = times[(times >= start) & (times < end)]
+        if len(inside):
+            seconds += float(inside.max()) - start
+    return seconds / 3600
 
 
 def _replay_record(

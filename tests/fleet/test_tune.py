@@ -4,6 +4,7 @@ resumable), bad input, and a real search on the local cloud."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -178,6 +179,50 @@ def test_resume_after_the_controller_stops_loses_and_repeats_no_trial(tmp_path: 
         )
 
 
+def test_the_money_budget_counts_trials_in_flight_and_what_a_resumed_search_spent(
+    tmp_path: Path,
+) -> None:
+    """Each trial costs $1 against a $3.50 budget: the search stops asking once the trials in
+    flight and one more would pass it, and a resumed search counts what was spent before."""
+    spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=20, max_usd=3.5))
+    results = Results(tmp_path / "fleet.sqlite")
+    run_id = tune.start(results, spec, "local", "us-east-1")
+    lookup = tune.ReplayEvaluator(spec.replay or Path(), spec)
+
+    def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
+        return dataclasses.replace(lookup(trial, params), usd=1.0)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune.search(spec, evaluator, results, run_id, stop_after=2)
+    tune.search(spec, evaluator, results, run_id)
+    trials = results.trials(run_id)
+    assert sorted(trials[trials.state != "asked"].trial) == [0, 1, 2]  # $3 of $3.50
+    spent = [d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"]
+    assert spent == [1.0, 1.0, 1.0]
+    # Two in flight: the first two are asked before any cost is known, then one more fits.
+    spec.parallel = 2
+    other = tune.start(results, spec, "local", "us-east-1")
+    tune.search(spec, evaluator, results, other)
+    assert len(results.trials(other).query("state != 'asked'")) == 3
+
+
+def test_the_wall_time_budget_is_the_runs_across_a_resume(tmp_path: Path) -> None:
+    spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=50, max_hours=1 / 3600))
+    results = Results(tmp_path / "fleet.sqlite")
+    run_id = tune.start(results, spec, "local", "us-east-1")
+    lookup = tune.ReplayEvaluator(spec.replay or Path(), spec)
+
+    def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
+        time.sleep(0.25)
+        return lookup(trial, params)
+
+    tune.search(spec, evaluator, results, run_id)
+    first = len(results.trials(run_id).query("state == 'asked'"))
+    assert 1 <= first <= 5  # a second of 0.25 s trials, not the 50 the trial budget allows
+    tune.search(spec, evaluator, results, run_id)  # resumed: its second is already spent
+    assert len(results.trials(run_id).query("state == 'asked'")) == first
+
+
 def test_conditional_parameters_appear_only_where_they_apply() -> None:
     spec = tune.from_dict(
         {
@@ -258,11 +303,16 @@ def test_compare_says_how_big_the_target_is(
 
 
 def test_bad_tune_input_names_file_and_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
     replay = known_optimum(tmp_path)
     head = f'replay = "{replay}"\nobjective = "metric"\n'
+    param = '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n'
     cases = {
+        head + 'max_usd = "ten"\n' + param: ":3: max_usd: must be a number above 0",
+        head + "max_hours = -1\n" + param: ":3: max_hours: must be a number above 0",
+        head + param + '[constraints]\nmax_seconds = "fast"\n': ":8: max_seconds: must be a number",
         head: "the search space is empty",
         head
         + '[params.a]\nkind = "int"\nlow = 5\nhigh = 1\n': ":3: params.a: low 5 is above high 1",
@@ -281,6 +331,8 @@ def test_bad_tune_input_names_file_and_line(
         assert main(["tune", str(path)]) == 2, text
         err = capsys.readouterr().err.strip()
         assert err.startswith("fleet: error:") and expected in err and "\n" not in err, err
+    # Refused before anything is recorded: no run in the results.
+    assert Results(tmp_path / "results" / "fleet.sqlite").run_ids() == []
 
 
 def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
@@ -303,6 +355,12 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
         assert manifest["files"]["bin/kernels"]  # the build's own record, per trial
     replicates = results.replicates(run_id)
     assert sorted(set(replicates.trial)) == list(range(12))
+    # Each trial's cost, counted against max_usd: its instance's whole time at its price, which
+    # covers at least its replicates' run time.
+    spent = {d["trial"]: d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"}
+    assert sorted(spent) == list(range(12))
+    for trial, rows in replicates.groupby("trial"):
+        assert spent[trial] >= (rows.seconds * rows.price_usd_hour).sum() / 3600 > 0
     assert outcome.best is not None
     # The metric is a throughput: the best trial is the fastest, its loss the negated rate.
     assert (
