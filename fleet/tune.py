@@ -268,7 +268,18 @@ class ReplayEvaluator:
         self.spec = spec
         self.column = column
         self.params = list(spec.space.params)
-        self.table = {self._key(row): row for row in table.to_dict(orient="records")}
+        self.table: dict[tuple[str, ...], dict[str, Any]] = {}
+        lines: dict[tuple[str, ...], int] = {}
+        for line, row in enumerate(table.to_dict(orient="records"), start=2):  # 1: the header
+            key = self._key(row)
+            if key in lines:  # which measurement is the configuration's? Not ours to pick
+                raise UserError(
+                    f"{path}:{line}: the configuration of line {lines[key]} again "
+                    f"({', '.join(f'{p}={v}' for p, v in zip(self.params, key, strict=True))}); "
+                    "a replay table has one row per configuration (aggregate repeats first)"
+                )
+            lines[key] = line
+            self.table[key] = row
 
     def _key(self, values: dict[str, Any]) -> tuple[str, ...]:
         return tuple(

@@ -324,7 +324,11 @@ def test_bad_tune_input_names_file_and_line(
         f'replay = "{tmp_path / "t.csv"}"\nobjective = "metric"\n'
         '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n': "t.csv:1: the replay table has no column metric",
     }
+    cases[f'replay = "{tmp_path / "dup.csv"}"\nobjective = "metric"\n' + param] = (
+        "dup.csv:4: the configuration of line 2 again (a=1)"
+    )
     table(tmp_path / "t.csv", [{"a": 1, "runtime": 2.0}])
+    table(tmp_path / "dup.csv", [{"a": a, "metric": m} for a, m in ((1, 3.0), (2, 2.0), (1, 1.0))])
     for text, expected in cases.items():
         path = tmp_path / "bad.toml"
         path.write_text(text)
