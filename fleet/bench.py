@@ -270,6 +270,9 @@ def measure(
             steps: Any = batch_steps if spec.executor == "batch" else ssh_steps
             outcomes = run_each(context, states, steps, on_boundary, spec.concurrency)
         except BaseException as exc:
-            results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
+            # A tune trial's failure ends the trial, not the search: the search says when it
+            # stops (a "stopped" here would show a running search as stopped).
+            if trial is None:
+                results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
             raise
     return outcomes

@@ -33,12 +33,17 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
 
 
+# Events that say whether a run is running: a controller started ("controller": a bench's or a
+# tune trial's instances, "searching": a tune search), or the run ended. Others are bookkeeping.
+LIFECYCLE = ("controller", "searching", "finished", "failed", "stopped", "killed")
+
+
 def controller(results: Results, run_id: str) -> dict[str, Any] | None:
     """The latest controller of the run, if it is alive on this machine."""
     for _, kind, detail in reversed(results.events(run_id)):
         if kind in ("finished", "failed", "stopped", "killed"):
             return None
-        if kind == "controller":
+        if kind in ("controller", "searching"):
             mine = detail.get("host") == socket.gethostname()
             return detail if mine and _alive(int(detail["pid"])) else None
     return None
@@ -49,11 +54,12 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
     from fleet.spec import BenchSpec
 
     record = results.require(run_id)
-    events = results.events(run_id)
-    last = events[-1][1] if events else "created"
+    # The run's state is its last lifecycle event (a tune search's "spent" per trial is not).
+    lifecycle = [k for _, k, _ in results.events(run_id) if k in LIFECYCLE]
+    last = lifecycle[-1] if lifecycle else "created"
     live = controller(results, run_id)
-    state = {"controller": "running"}.get(last, last)
-    if last == "controller" and live is None:
+    state = {"controller": "running", "searching": "running"}.get(last, last)
+    if state == "running" and live is None:
         state = "stopped"  # the controller died without a word: SIGKILL, a crash, a reboot
     rows = results.replicates(run_id)
     planned = len(plan(BenchSpec.from_json(record["spec"]))) if record["kind"] == "bench" else 0
@@ -62,6 +68,15 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
     for _, row in rows.iterrows():
         counts = per_type.setdefault(row.instance_type, {"ok": 0, "failed": 0, "interrupted": 0})
         counts[row.state] = counts.get(row.state, 0) + 1
+    if record["kind"] == "tune":
+        return {
+            "run_id": run_id,
+            "kind": "tune",
+            "state": state,
+            "controller_pid": live["pid"] if live else None,
+            "note": record["note"],
+            **_search(results, run_id, record["spec"]),
+        }
     return {
         "run_id": run_id,
         "kind": record["kind"],
@@ -76,7 +91,34 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
     }
 
 
+def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A tune run's progress: trials asked and finished (by state) against its budget, money
+    spent, the best loss so far."""
+    trials = results.trials(run_id)
+    final = trials[trials.state != "asked"] if len(trials) else trials
+    ok = final[final.state == "ok"] if len(final) else final
+    return {
+        "trials_budget": int(spec.get("trials", 20)),
+        "trials_asked": int((trials.state == "asked").sum()) if len(trials) else 0,
+        "trials_finished": {str(k): int(n) for k, n in final.state.value_counts().items()},
+        "spent_usd": sum(d["usd"] for _, k, d in results.events(run_id) if k == "spent"),
+        "best_loss": float(ok.loss.min()) if len(ok) else None,
+    }
+
+
 def status_text(s: dict[str, Any]) -> str:
+    if s["kind"] == "tune":
+        finished = s["trials_finished"]
+        tally = ", ".join(f"{n} {state}" for state, n in finished.items())
+        best = f"{s['best_loss']:.6g}" if s["best_loss"] is not None else "none feasible yet"
+        lines = [
+            f"run {s['run_id']} (tune): {s['state']}; {sum(finished.values())}/"
+            f"{s['trials_budget']} trials finished{f' ({tally})' if tally else ''}, "
+            f"{s['trials_asked']} asked; ${s['spent_usd']:.4f} spent; best loss {best}"
+        ]
+        if s["state"] == "stopped":
+            lines.append(f"finish it with: fleet tune --resume {s['run_id']}")
+        return "\n".join(lines)
     lines = [
         f"run {s['run_id']} ({s['kind']}): {s['state']}; {s['finished']}/{s['planned']} "
         f"replicates finished, {s['failed']} failed, {s['interrupted']} interrupted and rerun"

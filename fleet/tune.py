@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import random
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -374,7 +375,8 @@ def search(
     earlier_hours = _searched_hours(results, run_id)
     costs = [d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"]
     spent = sum(costs)
-    results.event(run_id, "searching")
+    # Who runs the search: `fleet status` and `fleet kill` find the controller by it.
+    results.event(run_id, "searching", pid=os.getpid(), host=socket.gethostname())
     started = time.monotonic()
     done = 0
     recorded = results.trials(run_id)
@@ -392,58 +394,70 @@ def search(
         hours = earlier_hours + (time.monotonic() - started) / 3600
         return spec.max_hours is not None and hours >= spec.max_hours
 
-    with ThreadPoolExecutor(spec.parallel, thread_name_prefix="trial") as pool:
-        futures: dict[Future[Evaluation], tuple[int, dict[str, Any]]] = {
-            pool.submit(evaluate, t, p): (t, p) for t, p in in_flight
-        }
-        while True:
-            while len(futures) < spec.parallel and not out_of_budget(len(futures)):
-                asked_now = engine.ask()
-                if asked_now is None:
+    try:
+        with ThreadPoolExecutor(spec.parallel, thread_name_prefix="trial") as pool:
+            futures: dict[Future[Evaluation], tuple[int, dict[str, Any]]] = {
+                pool.submit(evaluate, t, p): (t, p) for t, p in in_flight
+            }
+            while True:
+                while len(futures) < spec.parallel and not out_of_budget(len(futures)):
+                    asked_now = engine.ask()
+                    if asked_now is None:
+                        break
+                    trial, params = asked_now
+                    asked += 1
+                    results.trial(run_id, trial, "asked", params)
+                    futures[pool.submit(evaluate, trial, params)] = (trial, params)
+                if not futures:
                     break
-                trial, params = asked_now
-                asked += 1
-                results.trial(run_id, trial, "asked", params)
-                futures[pool.submit(evaluate, trial, params)] = (trial, params)
-            if not futures:
-                break
-            try:
-                finished, _ = wait(futures, return_when=FIRST_COMPLETED)
-            except KeyboardInterrupt:
-                # The trials run on worker threads, which never see Ctrl-C: stop their runs so
-                # each unwinds what it created now, instead of finishing its replicates first.
-                log.warning("[%s] interrupted: stopping %d trials in flight", run_id, cancel_all())
-                raise
-            for future in finished:
-                trial, params = futures.pop(future)
                 try:
-                    evaluation = future.result()
-                except Exception as exc:  # one trial's crash must not end the search
-                    evaluation = Evaluation("failed", reason=f"{type(exc).__name__}: {exc}")
-                engine.tell(trial, loss_of(spec, evaluation))
-                if evaluation.usd:
-                    results.event(run_id, "spent", trial=trial, usd=evaluation.usd)
-                    costs.append(evaluation.usd)
-                    spent += evaluation.usd
-                results.trial(
-                    run_id,
-                    trial,
-                    evaluation.state,
-                    params,
-                    loss=evaluation.loss,
-                    metric=evaluation.metric,
-                    seconds=evaluation.seconds,
-                    cost_per_unit=evaluation.cost_per_unit,
-                    reason=evaluation.reason,
-                    manifest=evaluation.manifest,
-                )
-                done += 1
-                if evaluation.state != "ok":
-                    log.info(
-                        "[%s] trial %d %s: %s", run_id, trial, evaluation.state, evaluation.reason
+                    finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+                except KeyboardInterrupt:
+                    # The trials run on worker threads, which never see Ctrl-C: stop their runs so
+                    # each unwinds what it created now, instead of finishing its replicates first.
+                    log.warning(
+                        "[%s] interrupted: stopping %d trials in flight", run_id, cancel_all()
                     )
-                if stop_after is not None and done >= stop_after:
-                    raise KeyboardInterrupt  # tests: a controller stopped mid-search
+                    raise
+                for future in finished:
+                    trial, params = futures.pop(future)
+                    try:
+                        evaluation = future.result()
+                    except Exception as exc:  # one trial's crash must not end the search
+                        evaluation = Evaluation("failed", reason=f"{type(exc).__name__}: {exc}")
+                    engine.tell(trial, loss_of(spec, evaluation))
+                    if evaluation.usd:
+                        results.event(run_id, "spent", trial=trial, usd=evaluation.usd)
+                        costs.append(evaluation.usd)
+                        spent += evaluation.usd
+                    results.trial(
+                        run_id,
+                        trial,
+                        evaluation.state,
+                        params,
+                        loss=evaluation.loss,
+                        metric=evaluation.metric,
+                        seconds=evaluation.seconds,
+                        cost_per_unit=evaluation.cost_per_unit,
+                        reason=evaluation.reason,
+                        manifest=evaluation.manifest,
+                    )
+                    done += 1
+                    if evaluation.state != "ok":
+                        log.info(
+                            "[%s] trial %d %s: %s",
+                            run_id,
+                            trial,
+                            evaluation.state,
+                            evaluation.reason,
+                        )
+                    if stop_after is not None and done >= stop_after:
+                        raise KeyboardInterrupt  # tests: a controller stopped mid-search
+    except BaseException as exc:
+        # Said in the record, so `fleet status` shows a stopped search and how to resume it
+        # even while the process that ran it lives on (a caller that caught the interrupt).
+        results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
+        raise
     results.event(run_id, "finished")
     return Outcome(run_id, best(results, run_id), asked)
 

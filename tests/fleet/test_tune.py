@@ -20,7 +20,7 @@ from amibake import config
 from amibake.cloud import Cloud
 from amibake.journal import Journal
 from amibake.local import control as local_control
-from fleet import bench, tune
+from fleet import bench, control, tune
 from fleet.cli import main
 from fleet.results import Results
 from fleet.space import Space
@@ -165,8 +165,17 @@ def test_resume_after_the_controller_stops_loses_and_repeats_no_trial(tmp_path: 
         before[before.state != "asked"].trial
     )
     assert in_flight  # a trial was running when the controller stopped
+    stopped = control.status(results, run_id)
+    assert stopped["state"] == "stopped" and stopped["trials_asked"] == len(set(before.trial))
+    assert sum(stopped["trials_finished"].values()) == 5
+    assert f"fleet tune --resume {run_id}" in control.status_text(stopped)
 
     tune.search(spec, evaluator, results, run_id)
+    finished = control.status(results, run_id)
+    assert finished["state"] == "finished" and finished["trials_finished"] == {"ok": 16}
+    assert control.status_text(finished).startswith(
+        f"run {run_id} (tune): finished; 16/16 trials finished (16 ok), 16 asked; $0.0000 spent;"
+    )
     trials = results.trials(run_id)
     asked = trials[trials.state == "asked"]
     final = trials[trials.state != "asked"]
