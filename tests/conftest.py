@@ -4,6 +4,7 @@ loopback range), so they never touch a developer's running local cloud."""
 from __future__ import annotations
 
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +21,18 @@ from tests.helpers import leftovers
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-TEST_PORT = 5178
-TEST_SUBNET = "127.78.0.0/16"
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# The session's own daemon port and loopback range, not fixed ones: a fixed port made a suite
+# fail every local-cloud test (89 errors, "port 5178 is already in use") while a suite in
+# another checkout was running. The range follows the port, away from the default 127.77.
+TEST_PORT = _free_port()
+TEST_SUBNET = f"127.{80 + TEST_PORT % 100}.0.0/16"
 
 
 @pytest.fixture(scope="session")
