@@ -399,60 +399,40 @@ def search(
             futures: dict[Future[Evaluation], tuple[int, dict[str, Any]]] = {
                 pool.submit(evaluate, t, p): (t, p) for t, p in in_flight
             }
-            while True:
-                while len(futures) < spec.parallel and not out_of_budget(len(futures)):
-                    asked_now = engine.ask()
-                    if asked_now is None:
+            # The trials run on worker threads, which never see Ctrl-C (or SIGTERM): wherever
+            # it lands here, their runs are stopped so each unwinds what it created now, instead
+            # of the pool's exit waiting for them to finish their replicates first.
+            try:
+                while True:
+                    while len(futures) < spec.parallel and not out_of_budget(len(futures)):
+                        asked_now = engine.ask()
+                        if asked_now is None:
+                            break
+                        trial, params = asked_now
+                        asked += 1
+                        results.trial(run_id, trial, "asked", params)
+                        futures[pool.submit(evaluate, trial, params)] = (trial, params)
+                    if not futures:
                         break
-                    trial, params = asked_now
-                    asked += 1
-                    results.trial(run_id, trial, "asked", params)
-                    futures[pool.submit(evaluate, trial, params)] = (trial, params)
-                if not futures:
-                    break
-                try:
                     finished, _ = wait(futures, return_when=FIRST_COMPLETED)
-                except KeyboardInterrupt:
-                    # The trials run on worker threads, which never see Ctrl-C: stop their runs so
-                    # each unwinds what it created now, instead of finishing its replicates first.
-                    log.warning(
-                        "[%s] interrupted: stopping %d trials in flight", run_id, cancel_all()
-                    )
-                    raise
-                for future in finished:
-                    trial, params = futures.pop(future)
-                    try:
-                        evaluation = future.result()
-                    except Exception as exc:  # one trial's crash must not end the search
-                        evaluation = Evaluation("failed", reason=f"{type(exc).__name__}: {exc}")
-                    engine.tell(trial, loss_of(spec, evaluation))
-                    if evaluation.usd:
-                        results.event(run_id, "spent", trial=trial, usd=evaluation.usd)
-                        costs.append(evaluation.usd)
-                        spent += evaluation.usd
-                    results.trial(
-                        run_id,
-                        trial,
-                        evaluation.state,
-                        params,
-                        loss=evaluation.loss,
-                        metric=evaluation.metric,
-                        seconds=evaluation.seconds,
-                        cost_per_unit=evaluation.cost_per_unit,
-                        reason=evaluation.reason,
-                        manifest=evaluation.manifest,
-                    )
-                    done += 1
-                    if evaluation.state != "ok":
-                        log.info(
-                            "[%s] trial %d %s: %s",
-                            run_id,
-                            trial,
-                            evaluation.state,
-                            evaluation.reason,
-                        )
-                    if stop_after is not None and done >= stop_after:
-                        raise KeyboardInterrupt  # tests: a controller stopped mid-search
+                    for future in finished:
+                        trial, params = futures.pop(future)
+                        try:
+                            evaluation = future.result()
+                        except Exception as exc:  # one trial's crash must not end the search
+                            evaluation = Evaluation("failed", reason=f"{type(exc).__name__}: {exc}")
+                        engine.tell(trial, loss_of(spec, evaluation))
+                        _record(results, run_id, trial, params, evaluation)
+                        if evaluation.usd:
+                            costs.append(evaluation.usd)
+                            spent += evaluation.usd
+                        done += 1
+                        if stop_after is not None and done >= stop_after:
+                            raise KeyboardInterrupt  # tests: a controller stopped mid-search
+            except KeyboardInterrupt:
+                stopped = cancel_all()
+                log.warning("[%s] interrupted: stopping %d trials in flight", run_id, stopped)
+                raise
     except BaseException as exc:
         # Said in the record, so `fleet status` shows a stopped search and how to resume it
         # even while the process that ran it lives on (a caller that caught the interrupt).
@@ -460,6 +440,28 @@ def search(
         raise
     results.event(run_id, "finished")
     return Outcome(run_id, best(results, run_id), asked)
+
+
+def _record(
+    results: Results, run_id: str, trial: int, params: dict[str, Any], evaluation: Evaluation
+) -> None:
+    """A finished trial into the run's record: what it cost, then its result."""
+    if evaluation.usd:
+        results.event(run_id, "spent", trial=trial, usd=evaluation.usd)
+    results.trial(
+        run_id,
+        trial,
+        evaluation.state,
+        params,
+        loss=evaluation.loss,
+        metric=evaluation.metric,
+        seconds=evaluation.seconds,
+        cost_per_unit=evaluation.cost_per_unit,
+        reason=evaluation.reason,
+        manifest=evaluation.manifest,
+    )
+    if evaluation.state != "ok":
+        log.info("[%s] trial %d %s: %s", run_id, trial, evaluation.state, evaluation.reason)
 
 
 def _searched_hours(results: Results, run_id: str) -> float:

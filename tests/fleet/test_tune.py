@@ -188,6 +188,28 @@ def test_resume_after_the_controller_stops_loses_and_repeats_no_trial(tmp_path: 
         )
 
 
+def test_an_interrupt_outside_the_wait_still_stops_the_trials_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller stops right after recording a result (not while waiting): the trial still
+    running is told to stop, instead of the pool's exit waiting for it to finish."""
+    spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=10, parallel=2))
+    results = Results(tmp_path / "fleet.sqlite")
+    run_id = tune.start(results, spec, "local", "us-east-1")
+    lookup = tune.ReplayEvaluator(spec.replay or Path(), spec)
+    stop = threading.Event()  # what cancel_all sets for a cloud trial's runs
+    monkeypatch.setattr(tune, "cancel_all", lambda: stop.set() or 1)
+
+    def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
+        if trial == 1:
+            stop.wait(30)
+        return lookup(trial, params)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune.search(spec, evaluator, results, run_id, stop_after=1)  # raised after trial 0
+    assert stop.is_set()
+
+
 def test_the_money_budget_counts_trials_in_flight_and_what_a_resumed_search_spent(
     tmp_path: Path,
 ) -> None:
