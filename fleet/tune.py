@@ -296,6 +296,20 @@ class ReplayEvaluator:
             return value * float(row["price_per_hour"]) / 3600
         return value
 
+    def seconds_of(self, row: dict[str, Any]) -> float | None:
+        """Seconds per unit of work: a `seconds` column, else the objective's column when it is
+        a time (runtime, or cost's seconds); a custom metric's table has none."""
+        if "seconds" in row:
+            return float(row["seconds"])
+        return float(row[self.column]) if self.spec.objective in ("runtime", "cost") else None
+
+    def cost_of(self, row: dict[str, Any]) -> float | None:
+        """USD per unit of work, where the table prices the row."""
+        seconds, price = self.seconds_of(row), row.get("price_per_hour")
+        if seconds is None or price is None or (isinstance(price, float) and math.isnan(price)):
+            return None
+        return seconds * float(price) / 3600
+
     def optimum(self) -> float:
         return min(self.objective_of(r) for r in self.table.values())
 
@@ -315,10 +329,18 @@ class ReplayEvaluator:
         if row is None:
             return Evaluation("failed", reason=f"not in the replay table: {params}")
         value = self.objective_of(row)
-        broken = broken_constraint(self.spec, seconds=float(row[self.column]), row=row)
-        if broken:
-            return Evaluation("infeasible", metric=value, reason=broken)
-        return Evaluation("ok", loss=value, metric=float(row[self.column]))
+        # Time and cost per unit where the table has them: the report's Pareto front and its
+        # time or cost recommendation work on a replayed search as on a run one.
+        seconds, cost = self.seconds_of(row), self.cost_of(row)
+        broken = broken_constraint(self.spec, seconds=seconds, row=row, usd_per_unit=cost)
+        return Evaluation(
+            "infeasible" if broken else "ok",
+            loss=None if broken else value,
+            metric=float(row[self.column]),
+            seconds=seconds,
+            cost_per_unit=cost,
+            reason=broken,
+        )
 
 
 def broken_constraint(

@@ -440,6 +440,41 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
 
 
+def test_a_replayed_cost_search_has_its_pareto_front_and_recommendations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cost per unit from the table's seconds and price: the search finds the cheapest; the
+    report recommends the fastest for time and the cheapest for cost, with the Pareto plot."""
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    types = {"c7i.2xlarge": (1.0, 3.6), "c7i.large": (2.0, 0.9), "c6a.large": (5.0, 0.18)}
+    replay = table(
+        tmp_path / "cost.csv",
+        [
+            {"instance_type": t, "threads": n, "metric": base / n**0.5, "price_per_hour": price}
+            for t, (base, price) in types.items()
+            for n in (1, 2)
+        ],
+    )
+    path = tmp_path / "cost.toml"
+    path.write_text(
+        f'replay = "{replay}"\nobjective = "cost"\nalgorithm = "grid"\ntrials = 6\n'
+        '[params.instance_type]\nkind = "categorical"\n'
+        'values = ["c7i.2xlarge", "c7i.large", "c6a.large"]\n'
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+    )
+    assert main(["tune", str(path), "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["params"] == {"instance_type": "c6a.large", "threads": 2}
+    assert best["loss"] == pytest.approx(5.0 / 2**0.5 * 0.18 / 3600)
+    for prefer, expected in (("time", "c7i.2xlarge"), ("cost", "c6a.large")):
+        assert main(["report", "last", "--prefer", prefer]) == 0
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.startswith(f"recommended for {prefer}"))
+        assert f'"instance_type": "{expected}", "threads": 2' in line, line
+    page = next((tmp_path / "reports").glob("ft-*/index.html")).read_text()
+    assert "Time vs cost (Pareto front)" in page and page.count("data:image/png;base64,") == 3
+
+
 def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
     cloud: Cloud, local_dir: Path, tmp_path: Path
 ) -> None:
