@@ -251,7 +251,21 @@ def _tune(args: argparse.Namespace) -> int:
         record = results.run(args.resume)
         if record is None or record["kind"] != "tune":
             raise UserError(f"no fleet tune run {args.resume!r} in {results.path}")
-        spec = tune.from_dict(dict(record["spec"]), f"run {args.resume}")
+        # The record replays only through the same search: what shapes it cannot change. The
+        # budget and the trials in flight can (a larger --trials extends the search).
+        fixed = [
+            f"--{k.replace('_', '-')}"
+            for k in ("algorithm", "seed", "replay", "startup_trials")
+            if overrides[k] is not None
+        ]
+        if fixed or args.file:
+            raise UserError(
+                f"--resume continues run {args.resume} as it was set up: "
+                f"{', '.join(fixed) or 'a tune file'} cannot change it (only --trials and "
+                "--parallel can); start a new run instead"
+            )
+        changes = {k: overrides[k] for k in ("trials", "parallel") if overrides[k] is not None}
+        spec = tune.resumed(results, args.resume, changes)
         run_id = args.resume
     else:
         if not args.file:

@@ -94,11 +94,13 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A tune run's progress: trials asked and finished (by state) against its budget, money
     spent, the best loss so far."""
+    from fleet.tune import budget_changes
+
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"] if len(trials) else trials
     ok = final[final.state == "ok"] if len(final) else final
     return {
-        "trials_budget": int(spec.get("trials", 20)),
+        "trials_budget": int({**spec, **budget_changes(results, run_id)}.get("trials", 20)),
         "trials_asked": int((trials.state == "asked").sum()) if len(trials) else 0,
         "trials_finished": {str(k): int(n) for k, n in final.state.value_counts().items()},
         "spent_usd": sum(d["usd"] for _, k, d in results.events(run_id) if k == "spent"),

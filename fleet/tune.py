@@ -536,6 +536,26 @@ def best(results: Results, run_id: str) -> dict[str, Any] | None:
     }
 
 
+def resumed(results: Results, run_id: str, changes: dict[str, Any]) -> TuneSpec:
+    """The spec a resumed search runs with: the run's own, with the budget changes made when
+    it was resumed before and now (recorded, as the run's spec is never rewritten)."""
+    record = results.require(run_id)
+    raw = {**record["spec"], **budget_changes(results, run_id)}
+    spec = from_dict({**raw, **changes}, f"run {run_id}")  # checked before it is recorded
+    if changes:
+        results.event(run_id, "budget", **changes)
+    return spec
+
+
+def budget_changes(results: Results, run_id: str) -> dict[str, Any]:
+    """--trials and --parallel given on resuming the run, the latest of each."""
+    changes: dict[str, Any] = {}
+    for _, kind, detail in results.events(run_id):
+        if kind == "budget":
+            changes.update(detail)
+    return changes
+
+
 def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
     """How trials are evaluated: looked up in a replay table, or built and run on the cloud."""
     if spec.replay is not None:

@@ -188,6 +188,35 @@ def test_resume_after_the_controller_stops_loses_and_repeats_no_trial(tmp_path: 
         )
 
 
+def test_resume_can_extend_the_budget_but_not_change_the_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    path = tune_file(tmp_path, known_optimum(tmp_path), trials=10)
+    assert main(["tune", str(path), "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    results = Results(tmp_path / "fleet.sqlite")
+
+    def asked() -> int:
+        status = control.status(results, run_id)
+        assert status["trials_asked"] == sum(status["trials_finished"].values())
+        return int(status["trials_asked"])
+
+    assert main(["tune", "--resume", run_id, "--trials", "14"]) == 0
+    assert asked() == 14 and control.status(results, run_id)["trials_budget"] == 14
+    assert main(["tune", "--resume", run_id]) == 0  # the extended budget is the run's now
+    assert asked() == 14
+    capsys.readouterr()
+    for bad, expected in (
+        (["--seed", "3"], "--seed cannot change it"),
+        (["--trials", "0"], "trials: must be an integer of at least 1"),
+    ):
+        assert main(["tune", "--resume", run_id, *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert expected in err and "\n" not in err, err
+    assert control.status(results, run_id)["trials_budget"] == 14  # the refusals changed nothing
+
+
 def test_an_interrupt_outside_the_wait_still_stops_the_trials_in_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
