@@ -448,8 +448,16 @@ def make_tune(
         lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
     else:
         lines.append("no feasible trial yet")
+    shares = importance(ok)
+    if shares:
+        lines.append(
+            "parameter importance (share of the loss's variance its value explains alone, "
+            "epsilon squared): "
+            + ", ".join(f"{name} {share:.2f}" for name, share in shares.items())
+        )
     for _, bad in final[final.state != "ok"].head(5).iterrows():
         lines.append(f"{bad.state}: trial {bad.trial}: {bad.reason}")
+    summary_lines = list(lines)  # the page's introduction: all but the table
     shown = final[
         [
             "order",
@@ -482,11 +490,43 @@ def make_tune(
     report.files["trials.csv"] = out / "trials.csv"
     if html_page and not ok.empty:
         page = out / "index.html"
-        page.write_text(_tune_html(run_id, record, lines, _tune_plots(final, ok), shown))
+        page.write_text(_tune_html(run_id, record, summary_lines, _tune_plots(final, ok), shown))
         report.files["index.html"] = page
         lines.append(f"report: {page}")
     report.text = "\n".join(lines)
     return report
+
+
+def importance(ok: pd.DataFrame) -> dict[str, float]:
+    """Each parameter's share of the loss's variance among the feasible trials, from its value
+    alone: epsilon squared, the between-values share corrected for the share a parameter of as
+    many values explains by chance (plain eta squared credits a many-valued one with noise).
+    Mostly distinct values (a continuous parameter) are taken in quartiles; a conditional
+    parameter's "not set" is a value.
+    Largest first; empty below 4 trials or when every loss is equal."""
+    import json
+
+    loss = ok.loss.astype(float)
+    total = float(((loss - loss.mean()) ** 2).sum())
+    if len(ok) < 4 or total == 0:
+        return {}
+    params = pd.DataFrame([json.loads(p) for p in ok.params], index=ok.index)
+    shares = {}
+    for name in params.columns:
+        values = params[name]
+        numeric = pd.to_numeric(values, errors="coerce")
+        if numeric.notna().all() and values.nunique() > len(ok) / 2:  # continuous: few repeats
+            groups = pd.qcut(numeric, 4, duplicates="drop").astype(str)
+        else:
+            groups = values.astype(str)
+        levels = groups.nunique()
+        if levels < 2 or levels >= len(ok):
+            shares[name] = 0.0
+            continue
+        between = float(((loss.groupby(groups).transform("mean") - loss.mean()) ** 2).sum())
+        within = (total - between) / (len(ok) - levels)
+        shares[name] = max(0.0, (between - (levels - 1) * within) / total)
+    return dict(sorted(shares.items(), key=lambda item: -item[1]))
 
 
 def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame) -> dict[str, str]:
@@ -551,7 +591,7 @@ def _tune_html(
     plots: dict[str, str],
     shown: pd.DataFrame,
 ) -> str:
-    intro = [f"<p>{html.escape(line)}</p>" for line in lines[1 if record["note"] else 0 : 4]]
+    intro = [f"<p>{html.escape(line)}</p>" for line in lines[1 if record["note"] else 0 :]]
     tail = ["<h2>Trials</h2>" + shown.to_html(index=False, na_rep="-")]
     return _page(f"fleet tune {run_id}", record["note"], intro, plots, tail)
 

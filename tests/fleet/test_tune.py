@@ -464,6 +464,7 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     assert "the last 10 of 60 trials (all in trials.csv):" in out
     assert "best: loss 1 at trial" in out and '{"a": 7, "b": "x"}' in out
     assert "recommended for time" in out
+    assert "epsilon squared): a 1.00, b 0.00" in out  # a moves the loss by 0-169, b by 0-3
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 2  # convergence, loss by parameter
     assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
@@ -502,6 +503,25 @@ def test_a_replayed_cost_search_has_its_pareto_front_and_recommendations(
         assert f'"instance_type": "{expected}", "threads": 2' in line, line
     page = next((tmp_path / "reports").glob("ft-*/index.html")).read_text()
     assert "Time vs cost (Pareto front)" in page and page.count("data:image/png;base64,") == 3
+
+
+def test_parameter_importance_credits_the_parameter_that_moves_the_loss() -> None:
+    import random
+
+    from fleet.report import importance
+
+    rng = random.Random(0)
+    rows = []
+    for _ in range(200):
+        params = {"a": rng.randint(1, 20), "noise": rng.randint(1, 10), "flag": rng.choice("xy")}
+        loss = (params["a"] - 7) ** 2 + (60 if params["flag"] == "y" else 0) + rng.random()
+        rows.append({"params": json.dumps(params), "loss": loss})
+    shares = importance(pd.DataFrame(rows))
+    assert list(shares) == ["a", "flag", "noise"], shares
+    # A ten-valued parameter with no effect explains ~nothing once corrected for chance (plain
+    # eta squared gives it ten groups' worth of noise).
+    assert shares["a"] > 0.5 and shares["flag"] > 0.15 and shares["noise"] < 0.03, shares
+    assert importance(pd.DataFrame(rows[:3])) == {}  # too few trials to say
 
 
 def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
