@@ -335,6 +335,21 @@ def _tune_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `fleet tune --help` shows of the tune file; the README has all of it.
+TUNE_FILE = """a tune file (see examples/kernels.tune.toml and the README):
+  recipe = "kernels"            # or replay = "table.csv": trials looked up, not run
+  types = ["c7i.large"]         # or make instance_type a parameter
+  objective = "metric"          # runtime | metric | cost
+  algorithm = "tpe"             # tpe | random | grid; seed, startup_trials
+  trials = 40                   # budget; also max_usd, max_hours; parallel = 2
+  [constraints]                 # max_seconds, max_usd_per_unit, max_rss_mb, min_rate
+  [params.opt]                  # kind: categorical | int (low, high, step) | uniform | loguniform
+  kind = "categorical"
+  values = ["-O2", "-O3"]
+  stage = "compile"             # compile: into the flags (flag = "-x={}"); run: {args} (arg = ...)
+  when = { arch = "x86_64" }    # or { param = "opt", in = ["-O3"] }"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fleet", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -390,11 +405,18 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--deadline", help="e.g. 4h, 90m")
     plan.add_argument("--budget", type=float, help="USD")
 
-    tune = commands.add_parser("tune", help="search build flags and runtime parameters")
+    tune = commands.add_parser(
+        "tune",
+        help="search build flags and runtime parameters",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=TUNE_FILE,
+    )
     common_options(tune)
     tune.add_argument("file", nargs="?", help="tune file (TOML), or `compare`")
     tune.add_argument("--replay", help="evaluate trials from a recorded table (CSV)")
-    tune.add_argument("--resume", metavar="RUN", help="continue a search from the database")
+    tune.add_argument(
+        "--resume", metavar="RUN", help="continue a search (with --trials N: a new budget)"
+    )
     tune.add_argument("--trials", type=int, help="budget in trials")
     tune.add_argument("--algorithm", help="tpe (default), random or grid")
     tune.add_argument("--seed", type=int)

@@ -362,6 +362,17 @@ def test_compare_says_how_big_the_target_is(
     assert round(tune.blind_chance(60, 2, 20), 4) == round(1 - (40 * 39) / (60 * 59), 4)
 
 
+def test_the_tune_file_in_the_help_is_one(tmp_path: Path) -> None:
+    import textwrap
+
+    from fleet.cli import TUNE_FILE
+
+    path = tmp_path / "help.toml"
+    path.write_text(textwrap.dedent(TUNE_FILE.split("\n", 1)[1]))
+    spec = tune.load(path)
+    assert spec.recipe == "kernels" and spec.trials == 40 and list(spec.space.params) == ["opt"]
+
+
 def test_bad_tune_input_names_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
