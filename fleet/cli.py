@@ -100,30 +100,38 @@ def _bench(args: argparse.Namespace) -> int:
 
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
+    overrides: dict[str, Any] = {
+        "types": _list(args.types),
+        "families": _list(args.families),
+        "sizes": _list(args.sizes),
+        "recipe": args.recipe,
+        "command": args.command_line,
+        "builds": _list(args.builds),
+        "replicates": args.replicates,
+        "warmups": args.warmups,
+        "args": args.args,
+        "metric": {"kind": "regex", "pattern": args.metric_regex} if args.metric_regex else None,
+        "executor": args.executor,
+        "spot": False if args.on_demand else None,
+        "concurrency": args.concurrency,
+        "allow_missing_price": True if args.allow_missing_price else None,
+    }
     if args.resume:
-        if args.file or args.types:
-            raise UserError("--resume RUN takes the run's own plan: drop the file and --types")
-        results.require(args.resume)
+        # The run's own plan is what it resumes: a flag that would change it is refused, not
+        # silently dropped.
+        flags = {"metric": "metric-regex", "spot": "on-demand"}
+        given = [
+            "--" + flags.get(k, k.replace("_", "-")) for k, v in overrides.items() if v is not None
+        ] + ([args.file] if args.file else [])
+        if given:
+            raise UserError(
+                f"--resume RUN takes the run's own plan: drop {', '.join(given)} (or start a new "
+                "run with them)"
+            )
+        if results.require(args.resume)["kind"] != "bench":
+            raise UserError(f"{args.resume} is not a fleet bench run (fleet tune --resume?)")
         run_id = args.resume
     else:
-        overrides: dict[str, Any] = {
-            "types": _list(args.types),
-            "families": _list(args.families),
-            "sizes": _list(args.sizes),
-            "recipe": args.recipe,
-            "command": args.command_line,
-            "builds": _list(args.builds),
-            "replicates": args.replicates,
-            "warmups": args.warmups,
-            "args": args.args,
-            "metric": {"kind": "regex", "pattern": args.metric_regex}
-            if args.metric_regex
-            else None,
-            "executor": args.executor,
-            "spot": False if args.on_demand else None,
-            "concurrency": args.concurrency,
-            "allow_missing_price": True if args.allow_missing_price else None,
-        }
         bench_spec = spec.load(Path(args.file) if args.file else None, overrides, cfg.recipes_dir)
         bench.price_lookup(
             bench_spec, cfg.results_dir

@@ -267,6 +267,10 @@ def test_bad_input_is_one_line_and_creates_nothing(
             "(",
         ): "does not compile",
         ("report", "fb-nope"): "no fleet run 'fb-nope'",
+        ("bench", "--resume", "fb-nope", "--replicates", "5", "--on-demand"): (
+            "--resume RUN takes the run's own plan: drop --replicates, --on-demand"
+        ),
+        ("bench", "--resume", "fb-nope"): "no fleet run 'fb-nope'",
     }
     for argv, expected in cases.items():
         assert main(list(argv)) == 2, argv
