@@ -52,7 +52,13 @@ class Report:
 
 
 def _load(results: Results, run_id: str) -> tuple[dict[str, Any], BenchSpec, pd.DataFrame]:
+    """A bench run's record, plan and replicates (a tune run has no bench plan)."""
     record = results.require(run_id)
+    if record["kind"] != "bench":
+        raise UserError(
+            f"{run_id} is a fleet {record['kind']} run; this needs a fleet bench run (bench the "
+            f"configuration `fleet report {run_id}` recommends to plan from it)"
+        )
     return record, BenchSpec.from_json(record["spec"]), results.replicates(run_id)
 
 

@@ -476,6 +476,8 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     assert "best: loss 1 at trial" in out and '{"a": 7, "b": "x"}' in out
     assert "recommended for time" in out
     assert "epsilon squared): a 1.00, b 0.00" in out  # a moves the loss by 0-169, b by 0-3
+    assert main(["plan", run_id, "--work", "10"]) == 2  # a bench run's projection
+    assert f"{run_id} is a fleet tune run; this needs a fleet bench run" in capsys.readouterr().err
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 2  # convergence, loss by parameter
     assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
