@@ -309,9 +309,11 @@ def _tune_compare(args: argparse.Namespace) -> int:
         raise UserError("fleet tune compare needs --replay TABLE.csv")
     table = Path(args.replay)
     if args.space:
-        spec = tune.load(Path(args.space), {"replay": str(table.resolve())})
+        changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
+        spec = tune.load(Path(args.space), changes)
     else:
-        spec = tune.from_dict(tune.space_from_table(table, args.objective_column), str(table))
+        column = args.objective_column or "metric"
+        spec = tune.from_dict(tune.space_from_table(table, column), str(table))
     algorithms = _list(args.algorithms) or ["tpe", "random", "grid"]
     for name in algorithms:
         if name not in tune.ALGORITHMS:
@@ -320,10 +322,12 @@ def _tune_compare(args: argparse.Namespace) -> int:
         raise UserError("--seeds and --budget must be at least 1")
     evaluator = tune.ReplayEvaluator(table, spec)
     if args.startup_trials is not None:
+        if args.startup_trials < 0:
+            raise UserError("--startup-trials must be at least 0")
         spec.startup_trials = args.startup_trials
     rows = tune.compare(spec, evaluator, algorithms, args.seeds, args.budget)
     near = {t: evaluator.near_optimum(t) for t in (0.02, 0.05)}
-    text = tune.compare_text(rows, args.budget, spec.space.size(), near)
+    text = tune.compare_text(rows, args.budget, spec.space.size(), near, len(evaluator.table))
     # One page per table and budget: comparing again with the same ones replaces it.
     out = config_from(args).results_dir / "reports" / f"compare-{table.stem}-{args.budget}"
     files = report.make_compare(rows, text, out)
@@ -431,9 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--parallel", type=int, help="trials in flight")
     tune.add_argument("--startup-trials", type=int, help="random trials before TPE models")
     tune.add_argument("--space", help="compare: a tune file for the space (default: the table's)")
-    tune.add_argument(
-        "--objective-column", default="metric", help="compare: the column to minimise"
-    )
+    tune.add_argument("--objective-column", help="compare: the column to minimise (default metric)")
     tune.add_argument("--algorithms", help="compare: e.g. tpe,random,grid")
     tune.add_argument("--seeds", type=int, default=30, help="compare: seeds per algorithm")
     tune.add_argument("--budget", type=int, default=20, help="compare: trials per seed")

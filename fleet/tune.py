@@ -39,6 +39,9 @@ CONSTRAINTS = ("max_seconds", "max_usd_per_unit", "max_rss_mb", "min_rate")
 # What an infeasible or failed trial tells the search: worse than anything real, so TPE puts it
 # among the bad trials (it ranks losses; the magnitude does not matter) and steers away.
 PENALTY = 1e18
+# A replay table's columns that are measurements, never parameters: the objective's default
+# column, time and price per unit, and what the constraints read (rss_mb, rate).
+MEASURES = ("metric", "seconds", "price_per_hour", "rss_mb", "rate")
 REDRAWS = 50  # suggestions asked for before a configuration already seen is run again
 TPE_REDRAWS = 1  # of them from TPE; the rest are random
 
@@ -604,7 +607,8 @@ class Comparison:
 
 def space_from_table(path: Path, column: str) -> dict[str, Any]:
     """With no tune file, `compare` searches the table's own configurations: every column but
-    the objective (and the price) is a categorical parameter of its distinct values."""
+    the objective and the other measurements a replay table may hold (MEASURES) is a
+    categorical parameter of its distinct values."""
     try:
         table = pd.read_csv(path)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
@@ -616,7 +620,7 @@ def space_from_table(path: Path, column: str) -> dict[str, Any]:
         )
     params = {}
     for name in table.columns:
-        if name in (column, "price_per_hour"):
+        if name == column or name in MEASURES:
             continue
         values = sorted(table[name].dropna().unique().tolist())
         params[name] = {
@@ -682,7 +686,7 @@ def blind_chance(configurations: int, near: int, budget: int) -> float:
 
 
 def compare_text(
-    rows: list[Comparison], budget: int, grid_size: int, near: dict[float, int]
+    rows: list[Comparison], budget: int, grid_size: int, near: dict[float, int], held: int = 0
 ) -> str:
     from tabulate import tabulate
 
@@ -709,8 +713,13 @@ def compare_text(
         f"{blind_chance(grid_size, near[t], budget):.0%} of the time)"
         for t in sorted(near)
     )
+    # A space larger than the table (a partial grid, or a measurement column taken for a
+    # parameter) spends trials on configurations the table does not hold: say so.
+    missing = (
+        f" ({grid_size - held} not in the table: trials there fail)" if 0 < held < grid_size else ""
+    )
     return (
-        f"{budget} trials per seed; the grid has {grid_size} configurations; "
+        f"{budget} trials per seed; the grid has {grid_size} configurations{missing}; "
         "best/optimum 1.0000 is the table's optimum\n"
         f"of the {grid_size}: {targets}\n" + tabulate(table, headers="keys")
     )

@@ -373,6 +373,27 @@ def test_the_tune_file_in_the_help_is_one(tmp_path: Path) -> None:
     assert spec.recipe == "kernels" and spec.trials == 40 and list(spec.space.params) == ["opt"]
 
 
+def test_compare_infers_the_parameters_and_says_what_the_table_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Measurement columns (seconds, price) are not parameters; a table missing some of the
+    space's configurations is said to; a negative start-up count is refused."""
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    rows = [
+        {"a": a, "b": b, "metric": abs(a - 3) + b, "seconds": a + b, "price_per_hour": 0.1 * a}
+        for a in range(1, 6)
+        for b in (0, 1)
+        if (a, b) != (5, 1)  # one configuration never measured
+    ]
+    replay = table(tmp_path / "partial.csv", rows)
+    argv = ["tune", "compare", "--replay", str(replay), "--algorithms", "grid", "--seeds", "1"]
+    assert main([*argv, "--budget", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "the grid has 10 configurations (1 not in the table: trials there fail)" in out, out
+    assert main([*argv, "--startup-trials", "-1"]) == 2
+    assert "--startup-trials must be at least 0" in capsys.readouterr().err
+
+
 def test_bad_tune_input_names_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
