@@ -382,6 +382,43 @@ class Outcome:
     trials: int
 
 
+@dataclass
+class Budget:
+    """What a search may still start: its trials, money and wall time are the run's, so a
+    resumed search counts what its earlier controllers asked, spent and how long they ran."""
+
+    spec: TuneSpec
+    asked: int  # trials asked so far
+    costs: list[float]  # USD of each trial that cost something
+    earlier_hours: float  # earlier controllers' searching time
+    started: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def of_run(cls, spec: TuneSpec, results: Results, run_id: str) -> Budget:
+        recorded = results.trials(run_id)
+        return cls(
+            spec,
+            asked=int((recorded.state == "asked").sum()) if len(recorded) else 0,
+            costs=[d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"],
+            earlier_hours=_searched_hours(results, run_id),
+        )
+
+    def exhausted(self, running: int) -> bool:
+        """No trial is to start now that `running` are in flight."""
+        spec = self.spec
+        if self.asked >= spec.trials:
+            return True
+        if spec.max_usd is not None:
+            # The trials in flight will cost too: one more is asked only if they and it, at
+            # the mean trial's cost so far, stay within the budget.
+            spent = sum(self.costs)
+            mean = spent / len(self.costs) if self.costs else 0.0
+            if spent >= spec.max_usd or spent + (running + 1) * mean > spec.max_usd:
+                return True
+        hours = self.earlier_hours + (time.monotonic() - self.started) / 3600
+        return spec.max_hours is not None and hours >= spec.max_hours
+
+
 def search(
     spec: TuneSpec,
     evaluate: Evaluator,
@@ -395,29 +432,10 @@ def search(
     if hasattr(evaluate, "results"):  # a cloud evaluator records its replicates in the run
         evaluate.run_id, evaluate.results = run_id, results  # type: ignore[attr-defined]
     in_flight = _replay_record(engine, results, run_id)
-    # The money and wall-time budgets are the run's: a resumed search counts what its earlier
-    # controllers spent and how long they searched.
-    earlier_hours = _searched_hours(results, run_id)
-    costs = [d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"]
-    spent = sum(costs)
+    budget = Budget.of_run(spec, results, run_id)
     # Who runs the search: `fleet status` and `fleet kill` find the controller by it.
     results.event(run_id, "searching", pid=os.getpid(), host=socket.gethostname())
-    started = time.monotonic()
     done = 0
-    recorded = results.trials(run_id)
-    asked = int((recorded.state == "asked").sum()) if len(recorded) else 0
-
-    def out_of_budget(running: int) -> bool:
-        if asked >= spec.trials:
-            return True
-        if spec.max_usd is not None:
-            # The trials in flight will cost too: one more is asked only if they and it, at
-            # the mean trial's cost so far, stay within the budget.
-            mean = spent / len(costs) if costs else 0.0
-            if spent + (running + 1) * mean > spec.max_usd or spent >= spec.max_usd:
-                return True
-        hours = earlier_hours + (time.monotonic() - started) / 3600
-        return spec.max_hours is not None and hours >= spec.max_hours
 
     try:
         with ThreadPoolExecutor(spec.parallel, thread_name_prefix="trial") as pool:
@@ -429,12 +447,12 @@ def search(
             # of the pool's exit waiting for them to finish their replicates first.
             try:
                 while True:
-                    while len(futures) < spec.parallel and not out_of_budget(len(futures)):
+                    while len(futures) < spec.parallel and not budget.exhausted(len(futures)):
                         asked_now = engine.ask()
                         if asked_now is None:
                             break
                         trial, params = asked_now
-                        asked += 1
+                        budget.asked += 1
                         results.trial(run_id, trial, "asked", params)
                         futures[pool.submit(evaluate, trial, params)] = (trial, params)
                     if not futures:
@@ -449,8 +467,7 @@ def search(
                         engine.tell(trial, loss_of(spec, evaluation))
                         _record(results, run_id, trial, params, evaluation)
                         if evaluation.usd:
-                            costs.append(evaluation.usd)
-                            spent += evaluation.usd
+                            budget.costs.append(evaluation.usd)
                         done += 1
                         if stop_after is not None and done >= stop_after:
                             raise KeyboardInterrupt  # tests: a controller stopped mid-search
@@ -464,7 +481,7 @@ def search(
         results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
         raise
     results.event(run_id, "finished")
-    return Outcome(run_id, best(results, run_id), asked)
+    return Outcome(run_id, best(results, run_id), budget.asked)
 
 
 def _record(
