@@ -94,7 +94,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A tune run's progress: trials asked and finished (by state) against its budget, money
     spent, the best loss so far."""
-    from fleet.tune import budget_changes
+    from fleet.tune import budget_changes, trial_costs
 
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"] if len(trials) else trials
@@ -103,7 +103,7 @@ def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, An
         "trials_budget": int({**spec, **budget_changes(results, run_id)}.get("trials", 20)),
         "trials_asked": int((trials.state == "asked").sum()) if len(trials) else 0,
         "trials_finished": {str(k): int(n) for k, n in final.state.value_counts().items()},
-        "spent_usd": sum(d["usd"] for _, k, d in results.events(run_id) if k == "spent"),
+        "spent_usd": sum(trial_costs(results, run_id).values()),
         "best_loss": float(ok.loss.min()) if len(ok) else None,
     }
 

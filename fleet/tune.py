@@ -399,7 +399,7 @@ class Budget:
         return cls(
             spec,
             asked=int((recorded.state == "asked").sum()) if len(recorded) else 0,
-            costs=[d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"],
+            costs=list(trial_costs(results, run_id).values()),
             earlier_hours=_searched_hours(results, run_id),
         )
 
@@ -565,6 +565,16 @@ def resumed(results: Results, run_id: str, changes: dict[str, Any]) -> TuneSpec:
     if changes:
         results.event(run_id, "budget", **changes)
     return spec
+
+
+def trial_costs(results: Results, run_id: str) -> dict[int, float]:
+    """USD each trial of the run cost, by trial (those that cost nothing are not recorded). A
+    trial run twice (its controller killed between its cost and its result) cost both runs."""
+    costs: dict[int, float] = {}
+    for _, kind, detail in results.events(run_id):
+        if kind == "spent":
+            costs[detail["trial"]] = costs.get(detail["trial"], 0.0) + detail["usd"]
+    return costs
 
 
 def budget_changes(results: Results, run_id: str) -> dict[str, Any]:

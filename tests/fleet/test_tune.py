@@ -257,8 +257,7 @@ def test_the_money_budget_counts_trials_in_flight_and_what_a_resumed_search_spen
     tune.search(spec, evaluator, results, run_id)
     trials = results.trials(run_id)
     assert sorted(trials[trials.state != "asked"].trial) == [0, 1, 2]  # $3 of $3.50
-    spent = [d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"]
-    assert spent == [1.0, 1.0, 1.0]
+    assert tune.trial_costs(results, run_id) == {0: 1.0, 1: 1.0, 2: 1.0}
     # Two in flight: the first two are asked before any cost is known, then one more fits.
     spec.parallel = 2
     other = tune.start(results, spec, "local", "us-east-1")
@@ -453,7 +452,7 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
     assert sorted(set(replicates.trial)) == list(range(12))
     # Each trial's cost, counted against max_usd: its instance's whole time at its price, which
     # covers at least its replicates' run time.
-    spent = {d["trial"]: d["usd"] for _, kind, d in results.events(run_id) if kind == "spent"}
+    spent = tune.trial_costs(results, run_id)
     assert sorted(spent) == list(range(12))
     for trial, rows in replicates.groupby("trial"):
         assert spent[trial] >= (rows.seconds * rows.price_usd_hour).sum() / 3600 > 0
