@@ -28,6 +28,7 @@ from urllib.parse import parse_qs
 from amibake.cloud.session import LOCAL_SSH_TAG
 from amibake.errors import AmibakeError
 from amibake.local.engine import Launch, LocalCloud
+from amibake.local.moto_gaps import BACKENDS
 
 log = logging.getLogger("amibake.local")
 
@@ -76,14 +77,14 @@ class Gateway:
             return self._admin(path, environ, start_response)
         scope = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
         if scope is None or scope.group(3) != "ec2":
-            return self.app(environ, start_response)
+            return self._moto(environ, start_response)
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         params = {k: v[0] for k, v in parse_qs(body.decode(errors="replace")).items()}
         action = params.get("Action", "")
         environ["wsgi.input"] = io.BytesIO(body)
         if action not in WATCHED:
-            return self.app(environ, start_response)
+            return self._moto(environ, start_response)
 
         captured: dict[str, Any] = {}
 
@@ -91,7 +92,7 @@ class Gateway:
             captured["status"], captured["headers"] = status, headers
             return lambda data: None
 
-        response = b"".join(self.app(environ, capture))
+        response = b"".join(self._moto(environ, capture))
         if captured["status"].startswith("200"):
             account = self._account(scope.group(1))
             region = scope.group(2)
@@ -103,6 +104,12 @@ class Gateway:
         headers.append(("Content-Length", str(len(response))))
         start_response(captured["status"], headers)
         return [response]
+
+    def _moto(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        """moto answers the request, one request at a time (BACKENDS), its body read whole
+        inside the lock (a WSGI body may be produced lazily)."""
+        with BACKENDS:
+            return list(self.app(environ, start_response))
 
     @staticmethod
     def _account(access_key: str) -> str:
@@ -148,6 +155,24 @@ class Gateway:
         return response
 
     def start_sandbox(self, backend: Any, instance_id: str, account: str, region: str) -> None:
+        with BACKENDS:
+            request = self._launch_request(backend, instance_id, region)
+        self._where[instance_id] = (account, region)
+        try:
+            endpoint = self.cloud.launch(request)
+        except AmibakeError as exc:
+            # As on EC2: the call succeeded, the instance then dies with a reason.
+            log.error("sandbox for %s failed: %s", instance_id, exc)
+            with BACKENDS:
+                backend.create_tags([instance_id], {"amibake-local:error": str(exc)[:255]})
+                backend.terminate_instances([instance_id])
+            return
+        with BACKENDS:
+            backend.create_tags([instance_id], {LOCAL_SSH_TAG: endpoint})
+
+    @staticmethod
+    def _launch_request(backend: Any, instance_id: str, region: str) -> Launch:
+        """What the sandbox of a new instance needs, read from moto's records of it."""
         instance = backend.get_instance(instance_id)
         key_name = instance.key_name
         user_data = instance.user_data
@@ -168,7 +193,7 @@ class Gateway:
         if key_name and key_name in backend.key_pairs:
             public_key = backend.key_pairs[key_name].material_public.decode().strip()
         image = backend.amis.get(instance.image_id)
-        request = Launch(
+        return Launch(
             instance_id=instance_id,
             image_id=instance.image_id,
             instance_type=instance.instance_type,
@@ -178,23 +203,14 @@ class Gateway:
             public_key=public_key,
             user_data=_decode_user_data(user_data),
         )
-        self._where[instance_id] = (account, region)
-        try:
-            endpoint = self.cloud.launch(request)
-        except AmibakeError as exc:
-            # As on EC2: the call succeeded, the instance then dies with a reason.
-            log.error("sandbox for %s failed: %s", instance_id, exc)
-            backend.create_tags([instance_id], {"amibake-local:error": str(exc)[:255]})
-            backend.terminate_instances([instance_id])
-            return
-        backend.create_tags([instance_id], {LOCAL_SSH_TAG: endpoint})
 
     def reconcile(self) -> None:
         """Destroy sandboxes whose instance died by any path (DeleteFleets, StopInstances...)."""
         for instance_id in list(self.cloud.sandboxes):
             account, region = self._where.get(instance_id, ("", ""))
             try:
-                state = self._backend(account, region).get_instance(instance_id).state
+                with BACKENDS:
+                    state = self._backend(account, region).get_instance(instance_id).state
             except Exception:  # unknown to moto: the instance is gone
                 state = "terminated"
             if state in GONE_STATES:

@@ -32,6 +32,7 @@ from typing import Any
 
 from amibake.errors import LocalCloudError
 from amibake.local.engine import LocalCloud
+from amibake.local.moto_gaps import BACKENDS
 
 log = logging.getLogger("amibake.local")
 LOG_GROUP = "/aws/batch/job"
@@ -126,22 +127,23 @@ class Host:
             **(resources.get("tags") or {}),
             "aws:batch:compute-environment": self.environment.name,
         }
-        reservation = ec2.run_instances(
-            image_id=image,
-            count=1,
-            user_data=None,
-            security_group_names=[],
-            instance_type=resources["instanceTypes"][0],
-            region_name=region,
-            subnet_id=resources["subnets"][0],
-            key_name=None,
-            security_group_ids=resources.get("securityGroupIds", []),
-            is_instance_type_default=False,
-            tags={"instance": tags},
-            lifecycle="spot" if resources.get("type") == "SPOT" else None,
-        )
-        instance = reservation.instances[0]
-        self.environment.add_instance(instance)  # DeleteComputeEnvironment terminates it
+        with BACKENDS:  # this thread's launch must not race a request's in the same subnet
+            reservation = ec2.run_instances(
+                image_id=image,
+                count=1,
+                user_data=None,
+                security_group_names=[],
+                instance_type=resources["instanceTypes"][0],
+                region_name=region,
+                subnet_id=resources["subnets"][0],
+                key_name=None,
+                security_group_ids=resources.get("securityGroupIds", []),
+                is_instance_type_default=False,
+                tags={"instance": tags},
+                lifecycle="spot" if resources.get("type") == "SPOT" else None,
+            )
+            instance = reservation.instances[0]
+            self.environment.add_instance(instance)  # DeleteComputeEnvironment terminates it
         self.runner.launch(ec2, instance.id, account, region)
         sandbox = self.runner.cloud.sandboxes.get(instance.id)
         if sandbox is None:
@@ -218,20 +220,22 @@ class Host:
     @staticmethod
     def _logs(job: Any, lines: list[dict[str, Any]]) -> None:
         logs = job._log_backend
-        logs.ensure_log_group(LOG_GROUP)
-        logs.ensure_log_stream(LOG_GROUP, job.log_stream_name)
-        if lines:
-            logs.put_log_events(LOG_GROUP, job.log_stream_name, lines)
+        with BACKENDS:
+            logs.ensure_log_group(LOG_GROUP)
+            logs.ensure_log_stream(LOG_GROUP, job.log_stream_name)
+            if lines:
+                logs.put_log_events(LOG_GROUP, job.log_stream_name, lines)
 
     def _stop(self, job: Any, success: bool, reason: str | None) -> None:
-        if reason:
-            job.job_stopped_reason = reason
-        job._mark_stopped(success=success)
-        parent_id, _, index = job.job_id.rpartition(":")
-        parent = self.backend._jobs.get(parent_id) if index.isdigit() else None
-        children = getattr(parent, "_child_jobs", None) or []
-        if parent is not None and children and all(c.job_stopped for c in children):
-            parent._mark_stopped(success=all(c.status == "SUCCEEDED" for c in children))
+        with BACKENDS:
+            if reason:
+                job.job_stopped_reason = reason
+            job._mark_stopped(success=success)
+            parent_id, _, index = job.job_id.rpartition(":")
+            parent = self.backend._jobs.get(parent_id) if index.isdigit() else None
+            children = getattr(parent, "_child_jobs", None) or []
+            if parent is not None and children and all(c.job_stopped for c in children):
+                parent._mark_stopped(success=all(c.status == "SUCCEEDED" for c in children))
 
 
 def _now() -> Any:

@@ -4,7 +4,15 @@ would no longer match its signature, which moto checks once IAM enforcement is o
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+# moto's backends are not thread-safe, and the daemon serves requests on threads: a subnet
+# hands out addresses from one generator, and two CreateFleet calls at once failed one of them
+# with "generator already executing" (a 500, seen once in a clean-clone test run). Every use of
+# a backend, by a request or by the daemon's own threads (Batch hosts, the reconcile loop),
+# holds this lock; slow work (booting or destroying a sandbox) is done outside it.
+BACKENDS = threading.RLock()
 
 
 def apply() -> None:

@@ -59,3 +59,50 @@ def test_one_resource_s_tags_are_not_found_by_scanning_every_tag(
 
     monkeypatch.setattr(backend, "tags", Unscannable(backend.tags))
     assert backend.describe_tags(filters={"resource-id": ["i-1"]})[0]["value"] == "one"
+
+
+def test_the_gateway_lets_one_request_into_moto_at_a_time() -> None:
+    """moto's backends are not thread-safe (two launches at once raced in a subnet's address
+    generator: a 500). Requests of every kind reach moto one at a time, under the lock the
+    daemon's own threads take for theirs."""
+    import io
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from amibake.local.gateway import Gateway
+
+    inside = 0
+    most = 0
+    count = threading.Lock()
+
+    def moto(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        nonlocal inside, most
+        with count:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.05)  # long enough for every other thread to arrive
+        with count:
+            inside -= 1
+        start_response("200 OK", [])
+        return [b"<ok/>"]
+
+    gateway = Gateway(moto, cloud=None, stop=threading.Event())  # type: ignore[arg-type]
+    ec2 = "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261123/us-east-1/ec2/aws4_request, x"
+    body = b"Action=DescribeInstances&Version=2016-11-15"
+    kinds = [
+        {"HTTP_AUTHORIZATION": ec2, "CONTENT_LENGTH": str(len(body)), "body": body},
+        {"HTTP_AUTHORIZATION": ec2.replace("/ec2/", "/batch/"), "CONTENT_LENGTH": "0"},
+    ]
+
+    def call(index: int) -> bytes:
+        kind = dict(kinds[index % 2])
+        environ = {"PATH_INFO": "/", "wsgi.input": io.BytesIO(kind.pop("body", b"")), **kind}
+        return b"".join(gateway(environ, lambda *_: None))
+
+    with ThreadPoolExecutor(6) as pool:
+        assert list(pool.map(call, range(6))) == [b"<ok/>"] * 6
+    assert most == 1
+    acquired = moto_gaps.BACKENDS.acquire(blocking=False)  # released after each request
+    assert acquired
+    moto_gaps.BACKENDS.release()
