@@ -35,15 +35,16 @@ def _alive(pid: int) -> bool:
 
 # Events that say whether a run is running: a controller started ("controller": a bench's or a
 # tune trial's instances, "searching": a tune search), or the run ended. Others are bookkeeping.
-LIFECYCLE = ("controller", "searching", "finished", "failed", "stopped", "killed")
+STARTED = ("controller", "searching")
+ENDED = ("finished", "failed", "stopped", "killed")
 
 
 def controller(results: Results, run_id: str) -> dict[str, Any] | None:
     """The latest controller of the run, if it is alive on this machine."""
     for _, kind, detail in reversed(results.events(run_id)):
-        if kind in ("finished", "failed", "stopped", "killed"):
+        if kind in ENDED:
             return None
-        if kind in ("controller", "searching"):
+        if kind in STARTED:
             mine = detail.get("host") == socket.gethostname()
             return detail if mine and _alive(int(detail["pid"])) else None
     return None
@@ -55,10 +56,10 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 
     record = results.require(run_id)
     # The run's state is its last lifecycle event (a tune search's "spent" per trial is not).
-    lifecycle = [k for _, k, _ in results.events(run_id) if k in LIFECYCLE]
+    lifecycle = [k for _, k, _ in results.events(run_id) if k in STARTED + ENDED]
     last = lifecycle[-1] if lifecycle else "created"
     live = controller(results, run_id)
-    state = {"controller": "running", "searching": "running"}.get(last, last)
+    state = "running" if last in STARTED else last
     if state == "running" and live is None:
         state = "stopped"  # the controller died without a word: SIGKILL, a crash, a reboot
     rows = results.replicates(run_id)

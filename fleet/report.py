@@ -156,6 +156,16 @@ def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
     return tabulate(shown, headers="keys", showindex=False)
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (no display here or on a CI machine)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _png(figure: Any) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
@@ -166,10 +176,7 @@ def _png(figure: Any) -> str:
 
 
 def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     labels = list(frame.type + "\n" + frame.build)
     plots: dict[str, str] = {}
@@ -538,10 +545,7 @@ def importance(ok: pd.DataFrame) -> dict[str, float]:
 def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame) -> dict[str, str]:
     import json
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     plots: dict[str, str] = {}
     figure, axes = plt.subplots(figsize=(7, 3.5))
@@ -606,10 +610,7 @@ def make_compare(rows: list[Comparison], text: str, out: Path) -> dict[str, Path
     """`fleet tune compare`'s page: the convergence of each algorithm (best so far over the
     table's optimum vs trials: the median over seeds, and the band the middle 80% of seeds lie
     in) with the printed table, and every seed's curve as CSV."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     out.mkdir(parents=True, exist_ok=True)
     curves = pd.DataFrame(

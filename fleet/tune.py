@@ -607,8 +607,7 @@ def start(results: Results, spec: TuneSpec, cloud_name: str, region: str) -> str
 def note(spec: TuneSpec, cloud_name: str) -> str:
     """What the report says first: where the trials' figures came from, when not from separate
     machines. On the local cloud the trials in flight also share this machine's cores, so a
-    run-time parameter such as threads is measured under that sharing (2 in flight on 2 cores
-    made threads=1 the best here)."""
+    run-time parameter such as threads is measured under that sharing."""
     if spec.replay is not None:
         return f"Replay: every trial was looked up in {spec.replay}, not run."
     if cloud_name != "local":
