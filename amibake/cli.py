@@ -417,7 +417,7 @@ def guarded(prog: str, handle: Callable[[], int]) -> int:
         with terminate_as_interrupt():
             return handle()
     except AmibakeError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except botocore.exceptions.NoCredentialsError:
         print(
@@ -428,11 +428,17 @@ def guarded(prog: str, handle: Callable[[], int]) -> int:
         return 2
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
         # AccessDenied and friends: the message names the action and the principal.
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    # Messages can carry a library's text (pandas' parser error ends in a newline, a remote
+    # command's output has several): the error stays one line, its lines joined.
+    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 def main_entry() -> None:

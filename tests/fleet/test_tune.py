@@ -418,14 +418,20 @@ def test_bad_tune_input_names_file_and_line(
     cases[f'replay = "{tmp_path / "dup.csv"}"\nobjective = "metric"\n' + param] = (
         "dup.csv:4: the configuration of line 2 again (a=1)"
     )
+    # pandas' own message ends in a newline: the error still prints as one line.
+    cases[f'replay = "{tmp_path / "ragged.csv"}"\nobjective = "metric"\n' + param] = (
+        "ragged.csv: cannot read the replay table: Error tokenizing data"
+    )
+    (tmp_path / "ragged.csv").write_text("a\n1\n2,3,4\n")
     table(tmp_path / "t.csv", [{"a": 1, "runtime": 2.0}])
     table(tmp_path / "dup.csv", [{"a": a, "metric": m} for a, m in ((1, 3.0), (2, 2.0), (1, 1.0))])
     for text, expected in cases.items():
         path = tmp_path / "bad.toml"
         path.write_text(text)
         assert main(["tune", str(path)]) == 2, text
-        err = capsys.readouterr().err.strip()
-        assert err.startswith("fleet: error:") and expected in err and "\n" not in err, err
+        err = capsys.readouterr().err
+        assert err.startswith("fleet: error:") and expected in err, err
+        assert err.count("\n") == 1 and err.endswith("\n"), repr(err)  # one line, no blank
     # Refused before anything is recorded: no run in the results.
     assert Results(tmp_path / "results" / "fleet.sqlite").run_ids() == []
 
