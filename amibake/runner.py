@@ -19,6 +19,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar
 
+import psutil
+
 from amibake.cloud.session import Cloud
 from amibake.errors import AmibakeError
 from amibake.journal import Journal
@@ -227,3 +229,12 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process (a run's controller, the local cloud's daemon) is still running. A
+    zombie has exited: only its parent has not collected it yet."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

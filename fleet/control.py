@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 import botocore.exceptions
@@ -16,21 +15,10 @@ from amibake import batch, gc
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.journal import Journal
+from amibake.runner import process_alive
 from fleet.results import Results
 
 STOP_TIMEOUT_S = 180.0  # the controller's own cleanup: terminating and waiting on instances
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie has exited: only its parent has not reaped it yet.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
 
 
 # Events that say whether a run is running: a controller started ("controller": a bench's or a
@@ -46,7 +34,7 @@ def controller(results: Results, run_id: str) -> dict[str, Any] | None:
             return None
         if kind in STARTED:
             mine = detail.get("host") == socket.gethostname()
-            return detail if mine and _alive(int(detail["pid"])) else None
+            return detail if mine and process_alive(int(detail["pid"])) else None
     return None
 
 
@@ -144,9 +132,9 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
         pid = int(live["pid"])
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _alive(pid):
+        if process_alive(pid):
             os.kill(pid, signal.SIGKILL)
             said = f"pid {pid} did not stop in {STOP_TIMEOUT_S:.0f}s and was killed"
         else:

@@ -25,6 +25,7 @@ from amibake.local.daemon import ERROR_FILE, INFO_FILE
 from amibake.local.engine import LocalSettings
 from amibake.local.images import LAUNCHER_NS_ENV
 from amibake.local.sandbox import check_host, port_free, remove_tree
+from amibake.runner import process_alive
 
 START_TIMEOUT_S = 60.0
 # Admin calls go straight to loopback, never through a proxy from the environment.
@@ -58,20 +59,6 @@ def _call(endpoint: str, path: str, payload: dict[str, Any] | None = None) -> di
         raise LocalCloudError(str(detail)) from None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def find(config: Config) -> Daemon | None:
     """The running daemon for this config, or None."""
     info_path = config.local_dir / INFO_FILE
@@ -85,7 +72,7 @@ def find(config: Config) -> Daemon | None:
             "you own"
         ) from None
     daemon = Daemon(pid=int(info["pid"]), endpoint=str(info["endpoint"]))
-    if not _alive(daemon.pid):
+    if not process_alive(daemon.pid):
         return None
     try:
         _call(daemon.endpoint, "/_amibake/status")
@@ -185,9 +172,9 @@ def down(config: Config, timeout_s: float = 60.0) -> list[str]:
     if daemon is not None:
         _call(daemon.endpoint, "/_amibake/shutdown", {})
         deadline = time.monotonic() + timeout_s
-        while _alive(daemon.pid) and time.monotonic() < deadline:
+        while process_alive(daemon.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(daemon.pid):
+        if process_alive(daemon.pid):
             os.kill(daemon.pid, signal.SIGKILL)
             done.append(f"killed unresponsive daemon {daemon.pid}")
         _reap(daemon.pid)
@@ -206,7 +193,7 @@ def _clean_leftovers(directory: Path) -> list[str]:
             pid = int(json.loads(info.read_text())["pid"])
         except (ValueError, KeyError, json.JSONDecodeError):
             pid = 0
-        if pid and _alive(pid) and "amibake.local.daemon" in _cmdline(pid):
+        if pid and process_alive(pid) and "amibake.local.daemon" in _cmdline(pid):
             os.kill(pid, signal.SIGKILL)
             done.append(f"killed stale daemon {pid}")
         info.unlink(missing_ok=True)
@@ -247,7 +234,7 @@ def sandbox_processes(directory: Path) -> list[int]:
 def _reap(pid: int) -> None:
     """Collect the daemon's exit status when this process started it (no zombie left)."""
     with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0 if not _alive(pid) else os.WNOHANG)
+        os.waitpid(pid, 0 if not process_alive(pid) else os.WNOHANG)
 
 
 def _cmdline(pid: int) -> str:
