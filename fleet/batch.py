@@ -35,6 +35,7 @@ from fleet.executor import (
     AGENT,
     BenchState,
     Replicate,
+    failed_row,
     monitor_csv,
     record_host,
     result_row,
@@ -360,7 +361,7 @@ class Jobs:
         if job["status"] == "FAILED" and reason.startswith(HOST_GONE):
             base = result_row_or_none(state, replicate, output, started)
             return replace(
-                base or _failed(state, replicate, started),
+                base or failed_row(state, replicate, started),
                 state="interrupted",
                 error=reason,
             )
@@ -368,7 +369,7 @@ class Jobs:
         if row is None:
             tail = " | ".join(output.splitlines()[-8:])
             return replace(
-                _failed(state, replicate, started),
+                failed_row(state, replicate, started),
                 exit_code=(job.get("container") or {}).get("exitCode"),
                 error=f"job {job['jobId']} {job['status']}: {reason or 'no reason given'}; "
                 f"last lines: {tail or '(no output)'}",
@@ -441,19 +442,3 @@ def result_row_or_none(
         return result_row(state, replicate, output, started)
     except RemoteError:
         return None
-
-
-def _failed(state: JobsState, replicate: Replicate, started: float) -> ReplicateRow:
-    return ReplicateRow(
-        state="failed",
-        instance_type=state.label,
-        build=replicate.build,
-        replicate=replicate.index,
-        warmup=replicate.warmup,
-        instance_id=state.instance_id,
-        market=state.market,
-        zone=state.zone,
-        price_usd_hour=state.price,
-        started=started,
-        finished=time.time(),
-    )

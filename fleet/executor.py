@@ -261,15 +261,9 @@ def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str)
             )
 
 
-def result_row(
-    state: BenchState, replicate: Replicate, output: str, started: float
-) -> ReplicateRow:
-    """A replicate's record from its output (the wrapper's FLEET-RESULT line ends it)."""
-    lines = output.rstrip("\n").splitlines()
-    summary = next((line for line in reversed(lines) if line.startswith("FLEET-RESULT ")), "")
-    body = [line for line in lines if not line.startswith(("FLEET-RESULT ", "FLEET-HOST "))]
-    tail = " | ".join(body[-TAIL_LINES:])
-    base = ReplicateRow(
+def failed_row(state: BenchState, replicate: Replicate, started: float) -> ReplicateRow:
+    """A replicate's record with where and when it ran, failed until its output says otherwise."""
+    return ReplicateRow(
         state="failed",
         instance_type=state.label,
         build=replicate.build,
@@ -282,6 +276,17 @@ def result_row(
         started=started,
         finished=time.time(),
     )
+
+
+def result_row(
+    state: BenchState, replicate: Replicate, output: str, started: float
+) -> ReplicateRow:
+    """A replicate's record from its output (the wrapper's FLEET-RESULT line ends it)."""
+    lines = output.rstrip("\n").splitlines()
+    summary = next((line for line in reversed(lines) if line.startswith("FLEET-RESULT ")), "")
+    body = [line for line in lines if not line.startswith(("FLEET-RESULT ", "FLEET-HOST "))]
+    tail = " | ".join(body[-TAIL_LINES:])
+    base = failed_row(state, replicate, started)
     if not summary:
         raise RemoteError(f"{state.label}: the replicate wrapper did not finish: {tail}")
     fields = dict(part.split("=", 1) for part in summary.split(" ", 5)[1:5] if "=" in part)
