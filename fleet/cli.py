@@ -292,7 +292,8 @@ def _tune(args: argparse.Namespace) -> int:
         lambda o: (
             f"run {o['run_id']}: {o['trials']} trials; best: "
             + (
-                f"{o['best']['loss']:.6g} with {o['best']['params']}"
+                tune.in_own_terms(spec.objective, o["best"]["loss"], o["best"]["metric"])
+                + f" with {o['best']['params']}"
                 if o["best"]
                 else "none feasible"
             )

@@ -437,6 +437,8 @@ def make_tune(
 ) -> Report:
     import json
 
+    from fleet import tune
+
     run_id = record["run_id"]
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"].copy()
@@ -456,16 +458,18 @@ def make_tune(
     if chosen is not None:
         best = ok.loc[ok.loss.astype(float).idxmin()]
         interval = json.loads(best.manifest or "{}").get("interval")
-        within = f" (95% interval {interval[0]:.4g} .. {interval[1]:.4g})" if interval else ""
-        lines.append(f"best: loss {best.loss:.6g}{within} at trial {best.trial}: {best.params}")
+        described = tune.in_own_terms(
+            spec.get("objective", "runtime"), float(best.loss), best.metric, interval
+        )
+        lines.append(f"best: {described} at trial {best.trial}: {best.params}")
         lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
     else:
         lines.append("no feasible trial yet")
     shares = importance(ok)
     if shares:
         lines.append(
-            "parameter importance (share of the loss's variance its value explains alone, "
-            "epsilon squared): "
+            f"parameter importance from {len(ok)} feasible trials (share of the loss's variance "
+            "its value explains alone, epsilon squared): "
             + ", ".join(f"{name} {share:.2f}" for name, share in shares.items())
         )
     for _, bad in final[final.state != "ok"].head(5).iterrows():

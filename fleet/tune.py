@@ -556,6 +556,24 @@ def best(results: Results, run_id: str) -> dict[str, Any] | None:
     }
 
 
+def in_own_terms(
+    objective: str, loss: float, metric: Any, interval: list[float] | None = None
+) -> str:
+    """A loss as the user stated the objective: a rate is searched negated (minimised), but
+    "-104.5" reads as a mistake where "metric 104.5, maximised" does not."""
+    rate = objective == "metric" and metric is not None and not pd.isna(metric) and loss == -metric
+    sign = -1.0 if rate else 1.0
+    value = sign * loss
+    text = {
+        "runtime": f"runtime {value:.6g} s",
+        "cost": f"cost ${value:.4g} per unit of work",
+    }.get(objective, f"metric {value:.6g}" + (", maximised" if rate else ""))
+    if interval:
+        low, high = sorted(sign * bound for bound in interval)
+        text += f" (95% interval {low:.4g} .. {high:.4g})"
+    return text
+
+
 def resumed(results: Results, run_id: str, changes: dict[str, Any]) -> TuneSpec:
     """The spec a resumed search runs with: the run's own, with the budget changes made when
     it was resumed before and now (recorded, as the run's spec is never rewritten)."""

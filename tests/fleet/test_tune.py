@@ -499,14 +499,26 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     assert first == f"Replay: every trial was looked up in {replay}, not run."
     assert second.startswith(f"tune run {run_id}: 60 trials")
     assert "the last 10 of 60 trials (all in trials.csv):" in out
-    assert "best: loss 1 at trial" in out and '{"a": 7, "b": "x"}' in out
+    assert "best: metric 1 at trial" in out and '{"a": 7, "b": "x"}' in out
     assert "recommended for time" in out
+    assert "importance from 60 feasible trials" in out
     assert "epsilon squared): a 1.00, b 0.00" in out  # a moves the loss by 0-169, b by 0-3
     assert main(["plan", run_id, "--work", "10"]) == 2  # a bench run's projection
     assert f"{run_id} is a fleet tune run; this needs a fleet bench run" in capsys.readouterr().err
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 2  # convergence, loss by parameter
     assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
+
+
+def test_the_best_is_told_in_the_objectives_own_terms() -> None:
+    # A rate is searched negated; the user reads it as the rate, its interval flipped.
+    rate = tune.in_own_terms("metric", -104.476, 104.476, [-111.6, -103.5])
+    assert rate == "metric 104.476, maximised (95% interval 103.5 .. 111.6)"
+    assert tune.in_own_terms("metric", 3.5, 3.5) == "metric 3.5"  # minimised as it is
+    assert tune.in_own_terms("runtime", 1.25, 80.0, [1.2, 1.3]) == (
+        "runtime 1.25 s (95% interval 1.2 .. 1.3)"
+    )
+    assert tune.in_own_terms("cost", 2.5e-7, None) == "cost $2.5e-07 per unit of work"
 
 
 def test_a_replayed_cost_search_has_its_pareto_front_and_recommendations(
