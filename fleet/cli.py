@@ -24,6 +24,20 @@ def _run_id(results: Any, name: str) -> str:
     return str(runs[-1])
 
 
+def _run_config(args: argparse.Namespace, results: Any, run_id: str) -> Any:
+    """The config for acting on a run's resources: the run's own cloud and region. A kill or a
+    resume pointed elsewhere would find none of its instances and leave them running."""
+    record = results.require(run_id)
+    for key in ("cloud", "region"):
+        given = getattr(args, key)
+        if given is not None and given != record[key]:
+            raise UserError(
+                f"run {run_id} ran on {key} {record[key]}, not {given}: drop --{key} (a run is "
+                "acted on where it ran)"
+            )
+    return config_from(args, cloud=record["cloud"], region=record["region"])
+
+
 def _list(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
@@ -128,9 +142,10 @@ def _bench(args: argparse.Namespace) -> int:
                 f"--resume RUN takes the run's own plan: drop {', '.join(given)} (or start a new "
                 "run with them)"
             )
-        if results.require(args.resume)["kind"] != "bench":
-            raise UserError(f"{args.resume} is not a fleet bench run (fleet tune --resume?)")
-        run_id = args.resume
+        run_id = _run_id(results, args.resume)
+        if results.require(run_id)["kind"] != "bench":
+            raise UserError(f"{run_id} is not a fleet bench run (fleet tune --resume?)")
+        cfg = _run_config(args, results, run_id)
     else:
         bench_spec = spec.load(Path(args.file) if args.file else None, overrides, cfg.recipes_dir)
         bench.price_lookup(
@@ -187,11 +202,11 @@ def _kill(args: argparse.Namespace) -> int:
     from amibake.cloud import connect
     from fleet import bench, control
 
-    cfg = config_from(args)
-    results = bench.results_db(cfg.results_dir)
-    control.status(results, args.run)  # an unknown run is refused before anything else
+    results = bench.results_db(config_from(args).results_dir)
+    run_id = _run_id(results, args.run)
+    cfg = _run_config(args, results, run_id)  # an unknown run is refused before anything else
     logs.to_terminal()
-    outcome = control.kill(connect(cfg), results, args.run)
+    outcome = control.kill(connect(cfg), results, run_id)
     print_result(
         args,
         outcome,
@@ -256,9 +271,11 @@ def _tune(args: argparse.Namespace) -> int:
         "startup_trials": args.startup_trials,
     }
     if args.resume:
+        args.resume = _run_id(results, args.resume)
         record = results.run(args.resume)
         if record is None or record["kind"] != "tune":
             raise UserError(f"no fleet tune run {args.resume!r} in {results.path}")
+        cfg = _run_config(args, results, args.resume)
         # The record replays only through the same search: what shapes it cannot change. The
         # budget and the trials in flight can (a larger --trials extends the search).
         fixed = [

@@ -82,8 +82,8 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 
 def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A tune run's progress: trials asked and finished (by state) against its budget, money
-    spent, the best loss so far."""
-    from fleet.tune import budget_changes, trial_costs
+    spent, the best so far."""
+    from fleet.tune import best, budget_changes, in_own_terms, trial_costs
 
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"] if len(trials) else trials
@@ -94,6 +94,11 @@ def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, An
         "trials_finished": {str(k): int(n) for k, n in final.state.value_counts().items()},
         "spent_usd": sum(trial_costs(results, run_id).values()),
         "best_loss": float(ok.loss.min()) if len(ok) else None,
+        "best": (
+            in_own_terms(spec.get("objective", "runtime"), top["loss"], top["metric"])
+            if len(ok) and (top := best(results, run_id))
+            else None
+        ),
     }
 
 
@@ -101,11 +106,11 @@ def status_text(s: dict[str, Any]) -> str:
     if s["kind"] == "tune":
         finished = s["trials_finished"]
         tally = ", ".join(f"{n} {state}" for state, n in finished.items())
-        best = f"{s['best_loss']:.6g}" if s["best_loss"] is not None else "none feasible yet"
+        best = s["best"] or "none feasible yet"
         lines = [
             f"run {s['run_id']} (tune): {s['state']}; {sum(finished.values())}/"
             f"{s['trials_budget']} trials finished{f' ({tally})' if tally else ''}, "
-            f"{s['trials_asked']} asked; ${s['spent_usd']:.4f} spent; best loss {best}"
+            f"{s['trials_asked']} asked; ${s['spent_usd']:.4f} spent; best {best}"
         ]
         if s["state"] == "stopped":
             lines.append(f"finish it with: fleet tune --resume {s['run_id']}")

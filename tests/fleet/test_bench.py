@@ -196,7 +196,9 @@ def test_resume_after_sigkill_redoes_nothing_and_leaves_nothing(
     assert_nothing_left(cloud, results, run_id, local_dir)
 
 
-def test_fleet_kill_stops_the_run_and_removes_everything(cloud: Cloud, local_dir: Path) -> None:
+def test_fleet_kill_stops_the_run_and_removes_everything(
+    cloud: Cloud, local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_id = new_run(cloud, command="sleep 30; echo value=1", metric="value=(\\d+)")
     results = results_of(cloud)
     process = fleet_process("bench", "--resume", run_id)
@@ -204,6 +206,8 @@ def test_fleet_kill_stops_the_run_and_removes_everything(cloud: Cloud, local_dir
         wait_for(lambda: local_control.status(cloud.config)["instances"] != {})  # type: ignore[index]
         wait_for(lambda: control.controller(results, run_id) is not None)
         time.sleep(1.0)  # inside the first replicate
+        # No --cloud and none configured: the run is killed on the cloud it ran on.
+        monkeypatch.delenv("AMIBAKE_CLOUD")
         assert main(["kill", run_id]) == 0
         process.wait(30)
     finally:

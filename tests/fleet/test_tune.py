@@ -204,12 +204,14 @@ def test_resume_can_extend_the_budget_but_not_change_the_search(
 
     assert main(["tune", "--resume", run_id, "--trials", "14"]) == 0
     assert asked() == 14 and control.status(results, run_id)["trials_budget"] == 14
-    assert main(["tune", "--resume", run_id]) == 0  # the extended budget is the run's now
+    assert main(["tune", "--resume", "last"]) == 0  # the extended budget is the run's now
     assert asked() == 14
     capsys.readouterr()
     for bad, expected in (
         (["--seed", "3"], "--seed cannot change it"),
         (["--trials", "0"], "trials: must be an integer of at least 1"),
+        # Resumed where it ran: elsewhere its instances would not be found.
+        (["--region", "eu-west-1"], f"run {run_id} ran on region us-east-1, not eu-west-1"),
     ):
         assert main(["tune", "--resume", run_id, *bad]) == 2
         err = capsys.readouterr().err.strip()
