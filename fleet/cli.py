@@ -183,14 +183,7 @@ def _status(args: argparse.Namespace) -> int:
         print_result(
             args,
             rows,
-            lambda rs: (
-                "\n".join(
-                    f"{r['run_id']}  {r['kind']:5}  {r['state']:11}  "
-                    f"{r['finished']}/{r['planned']} replicates"
-                    for r in rs
-                )
-                or "no fleet runs yet"
-            ),
+            lambda rs: "\n".join(control.status_line(r) for r in rs) or "no fleet runs yet",
         )
         return 0
     state = control.status(results, _run_id(results, args.run))

@@ -102,6 +102,15 @@ def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, An
     }
 
 
+def status_line(s: dict[str, Any]) -> str:
+    """A run in `fleet status`'s list: id, kind, state and how far it got."""
+    if s["kind"] == "tune":
+        progress = f"{sum(s['trials_finished'].values())}/{s['trials_budget']} trials"
+    else:
+        progress = f"{s['finished']}/{s['planned']} replicates"
+    return f"{s['run_id']}  {s['kind']:5}  {s['state']:11}  {progress}"
+
+
 def status_text(s: dict[str, Any]) -> str:
     if s["kind"] == "tune":
         finished = s["trials_finished"]

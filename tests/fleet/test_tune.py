@@ -217,6 +217,8 @@ def test_resume_can_extend_the_budget_but_not_change_the_search(
         err = capsys.readouterr().err.strip()
         assert expected in err and "\n" not in err, err
     assert control.status(results, run_id)["trials_budget"] == 14  # the refusals changed nothing
+    assert main(["status"]) == 0  # the list of runs shows a tune run's trials
+    assert f"{run_id}  tune   finished     14/14 trials" in capsys.readouterr().out
 
 
 def test_an_interrupt_outside_the_wait_still_stops_the_trials_in_flight(
