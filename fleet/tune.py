@@ -269,11 +269,26 @@ class ReplayEvaluator:
                 f"{path}:1: the replay table has no column {', '.join(missing)} "
                 f"(columns: {', '.join(table.columns)})"
             )
+        # Numbers or nothing: an empty cell is a configuration whose measurement failed.
+        for name in (column, "price_per_hour", "seconds"):
+            if name in table.columns and not pd.api.types.is_numeric_dtype(table[name]):
+                numbers = pd.to_numeric(table[name], errors="coerce")
+                bad = table[name].notna() & numbers.isna()
+                if bad.any():
+                    line = int(bad.to_numpy().nonzero()[0][0]) + 2  # 1: the header
+                    raise UserError(
+                        f"{path}:{line}: {name} {table[name][bad].iloc[0]!r} is not a number "
+                        "(leave the cell empty for a configuration that failed)"
+                    )
+                table[name] = numbers
+        if table[column].isna().all():
+            raise UserError(f"{path}: the replay table has no {column} value on any row")
         self.spec = spec
         self.column = column
         self.params = list(spec.space.params)
         self.table: dict[tuple[str, ...], dict[str, Any]] = {}
-        lines: dict[tuple[str, ...], int] = {}
+        self.lines: dict[tuple[str, ...], int] = {}
+        lines = self.lines
         for line, row in enumerate(table.to_dict(orient="records"), start=2):  # 1: the header
             key = self._key(row)
             if key in lines:  # which measurement is the configuration's? Not ours to pick
@@ -313,25 +328,30 @@ class ReplayEvaluator:
             return None
         return seconds * float(price) / 3600
 
+    def _measured(self) -> list[float]:
+        """The objective of every configuration the table has a measurement for."""
+        values = (self.objective_of(row) for row in self.table.values())
+        return [value for value in values if not math.isnan(value)]
+
     def optimum(self) -> float:
-        return min(self.objective_of(r) for r in self.table.values())
+        return min(self._measured())
 
     def near_optimum(self, tolerance: float) -> int:
         """How many of the table's configurations are within `tolerance` of its optimum (as
         `compare` measures it): the size of the target a search has to hit."""
         optimum = self.optimum()
         scale = abs(optimum) or 1.0
-        return sum(
-            1
-            for row in self.table.values()
-            if self.objective_of(row) - optimum <= tolerance * scale
-        )
+        return sum(1 for value in self._measured() if value - optimum <= tolerance * scale)
 
     def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
         row = self.table.get(self._key(params))
         if row is None:
             return Evaluation("failed", reason=f"not in the replay table: {params}")
         value = self.objective_of(row)
+        if math.isnan(value):
+            line = self.lines[self._key(params)]
+            empty = self.column if pd.isna(row[self.column]) else "price_per_hour"
+            return Evaluation("failed", reason=f"no {empty} on line {line} of the replay table")
         # Time and cost per unit where the table has them: the report's Pareto front and its
         # time or cost recommendation work on a replayed search as on a run one.
         seconds, cost = self.seconds_of(row), self.cost_of(row)
@@ -666,7 +686,13 @@ def space_from_table(path: Path, column: str) -> dict[str, Any]:
     for name in table.columns:
         if name == column or name in MEASURES:
             continue
-        values = sorted(table[name].dropna().unique().tolist())
+        if table[name].isna().any():
+            line = int(table[name].isna().to_numpy().nonzero()[0][0]) + 2  # 1: the header
+            raise UserError(
+                f"{path}:{line}: {name} is empty; a table searched without --space needs every "
+                "parameter on every row (a conditional parameter's space goes in --space)"
+            )
+        values = sorted(table[name].unique().tolist())
         params[name] = {
             "kind": "categorical",
             "values": [v.item() if hasattr(v, "item") else v for v in values],

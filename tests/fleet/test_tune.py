@@ -397,6 +397,38 @@ def test_compare_infers_the_parameters_and_says_what_the_table_lacks(
     assert "--startup-trials must be at least 0" in capsys.readouterr().err
 
 
+def test_a_configuration_whose_measurement_failed_is_a_failed_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty objective cell (on the first row, where a plain min() would take NaN for the
+    optimum) fails that trial with its line; the optimum is the best measured one. Cells that
+    are not numbers, and a parameter left empty where the table is the space, are refused."""
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    (tmp_path / "gaps.csv").write_text("a,metric\n1,\n2,3\n3,1\n4,2\n")
+    argv = ["tune", "compare", "--replay", str(tmp_path / "gaps.csv"), "--algorithms", "grid"]
+    assert main([*argv, "--seeds", "1", "--budget", "4", "--json"]) == 0
+    (grid,) = json.loads(capsys.readouterr().out)["algorithms"]
+    assert grid["ratios"] == [1.0]  # the optimum is 1 (a=3), not NaN
+    found = tune.space_from_table(tmp_path / "gaps.csv", "metric")
+    spec = tune.from_dict({**found, "algorithm": "grid", "trials": 4}, "gaps")
+    results, run_id = run_search(tmp_path, spec)
+    trials = results.trials(run_id)
+    failed = trials[trials.state == "failed"]
+    assert list(failed.reason) == ["no metric on line 2 of the replay table"]
+    best = tune.best(results, run_id)
+    assert best is not None and (best["loss"], best["params"]) == (1.0, {"a": 3})
+    capsys.readouterr()  # the search's log
+    for text, expected in (
+        ("a,metric\n1,2\n2,fast\n", "bad.csv:3: metric 'fast' is not a number"),
+        ("a,b,metric\n1,x,2\n2,,1\n", "bad.csv:3: b is empty; a table searched without --space"),
+        ("a,metric\n1,\n", "bad.csv: the replay table has no metric value on any row"),
+    ):
+        (tmp_path / "bad.csv").write_text(text)
+        assert main(["tune", "compare", "--replay", str(tmp_path / "bad.csv")]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, err
+
+
 def test_bad_tune_input_names_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
