@@ -9,13 +9,25 @@ from pathlib import Path
 FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
+class _Terminal(logging.Handler):
+    """Writes to sys.stderr as it is when a record comes, not as it was when installed: the
+    handler is installed once per process, and a replaced stderr (a test's capture, since
+    closed) would otherwise turn every later record into a 'Logging error' traceback."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
 def to_terminal(verbose: bool = False) -> None:
     root = logging.getLogger("amibake")
-    if any(getattr(h, "_amibake_terminal", False) for h in root.handlers):
+    if any(isinstance(h, _Terminal) for h in root.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Terminal()
     handler.setFormatter(logging.Formatter("amibake: %(message)s"))
-    handler._amibake_terminal = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
 
