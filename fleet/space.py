@@ -37,6 +37,7 @@ from fleet.spec import line_of
 
 KINDS = ("categorical", "int", "uniform", "loguniform")
 STAGES = ("compile", "run")
+TYPE = "instance_type"  # the parameter (and its stage) that chooses the instance type
 
 
 @dataclass(frozen=True)
@@ -211,8 +212,8 @@ def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
     def arch_of(instance_type: str) -> str:
         return catalog.family(instance_type.split(".")[0]).architecture
 
-    if isinstance(raw, dict) and isinstance(raw.get("instance_type"), dict):
-        types = [str(t) for t in raw["instance_type"].get("values", [])]
+    if isinstance(raw, dict) and isinstance(raw.get(TYPE), dict):
+        types = [str(t) for t in raw[TYPE].get("values", [])]
     try:
         architectures = {arch_of(t) for t in types}
     except UserError as exc:
@@ -233,9 +234,15 @@ def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
         kind = spec.get("kind")
         if kind not in KINDS:
             raise fail(name, f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
-        stage = spec.get("stage", "run")
-        if stage not in STAGES:
-            raise fail(name, f"stage {stage!r} is not compile or run")
+        if name == TYPE:
+            # The type picks the instance: it is neither a build flag nor a workload argument.
+            if kind != "categorical" or "stage" in spec:
+                raise fail(name, "the instance type is categorical, with values and no stage")
+            stage = TYPE
+        else:
+            stage = spec.get("stage", "run")
+            if stage not in STAGES:
+                raise fail(name, f"stage {stage!r} is not compile or run")
         values: tuple[Any, ...] = ()
         low = high = 0.0
         step = 1.0
@@ -277,7 +284,7 @@ def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
                 if architectures and arch not in architectures:
                     continue  # never applies to the types in play
                 if len(architectures) > 1:  # the type is a parameter spanning architectures
-                    when_param = "instance_type"
+                    when_param = TYPE
                     when_in = tuple(t for t in types if arch_of(t) == arch)
             else:
                 when_param = str(when.get("param", ""))

@@ -322,6 +322,8 @@ def test_conditional_parameters_appear_only_where_they_apply() -> None:
         else:
             assert "mcpu" in params and "vector_width" not in params
         seen.add(spec.space.cflags(params).split("=")[0])
+        # The type picks the instance; it is no flag and no workload argument.
+        assert spec.space.args(params) == "" and "c5a" not in spec.space.cflags(params)
     assert seen == {"-mprefer-vector-width", "-mcpu"}
     assert Space.size(spec.space) == 4
 
@@ -444,6 +446,9 @@ def test_bad_tune_input_names_file_and_line(
         head
         + '[params.a]\nkind = "int"\nlow = 5\nhigh = 1\n': ":3: params.a: low 5 is above high 1",
         head + '[params.a]\nkind = "normal"\n': ":3: params.a: unknown kind 'normal'",
+        head
+        + '[params.instance_type]\nkind = "categorical"\nvalues = ["c5a.large"]\nstage = "run"\n'
+        + param: ":3: params.instance_type: the instance type is categorical, with values and no",
         head
         + 'executor = "k8s"\n[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n': ":3: executor: 'k8s' is not one of ssh, batch",
         head
