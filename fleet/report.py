@@ -495,7 +495,8 @@ def make_tune(
         lines.append(f"the last {TERMINAL_TRIALS} of {len(shown)} trials (all in trials.csv):")
     lines.append(
         tabulate(
-            shown.drop(columns=["reason"]).tail(TERMINAL_TRIALS),
+            # A failed trial's missing figures as blanks, not "nan"
+            _blank_missing(shown.drop(columns=["reason"]).tail(TERMINAL_TRIALS)),
             headers="keys",
             showindex=False,
             floatfmt=".4g",
@@ -512,6 +513,11 @@ def make_tune(
         lines.append(f"report: {page}")
     report.text = "\n".join(lines)
     return report
+
+
+def _blank_missing(table: pd.DataFrame) -> pd.DataFrame:
+    """Missing values as None, which tabulate leaves blank (it prints NaN as "nan")."""
+    return table.astype(object).where(table.notna(), None)
 
 
 def importance(ok: pd.DataFrame) -> dict[str, float]:
