@@ -245,15 +245,23 @@ def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str)
         },
     }
     state.record_environment(state)
+    where = (
+        " (on the local cloud every type runs on this machine's CPU)"
+        if cloud.config.cloud == "local"
+        else ""
+    )
+    machine = {"aarch64": "arm64"}.get(state.facts["machine"], state.facts["machine"])
+    architecture = state.family.architecture
+    if state.artifacts and machine and machine != architecture:
+        # Before the target check: an arm64 build on an x86 CPU lacks everything, not features.
+        raise UserError(
+            f"{state.label} builds are {architecture}, which its CPU "
+            f"({state.facts['cpu_model']}, {machine}) cannot run{where}"
+        )
     for build in state.artifacts.values():
         target = str(build.manifest.get("target_used", ""))
         missing = flags_module.missing_features(target, cpu_flags) if target else []
         if missing:
-            where = (
-                " (on the local cloud every type runs on this machine's CPU)"
-                if cloud.config.cloud == "local"
-                else ""
-            )
             raise UserError(
                 f"the {build.name} build targets {target}, which {state.label}'s CPU "
                 f"({state.facts['cpu_model']}) cannot run: it lacks "

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from amibake.cloud import Cloud
+from amibake.errors import UserError
 from amibake.journal import Journal
 from amibake.local import control as local_control
 from amibake.runner import Interrupted
@@ -233,6 +234,21 @@ def test_failing_workloads_fail_their_replicates_with_the_last_lines(
     assert row.state == "failed" and row.exit_code == 3 and "about to fail" in row.error
     for run_id in (no_match, exits):
         assert_nothing_left(cloud, results, run_id, local_dir)
+
+
+def test_a_build_this_cpu_cannot_run_fails_its_type_with_the_reason(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    """On the local cloud a Graviton type runs on this x86 machine: its arm64 build is refused
+    in one line before any replicate, and nothing is left."""
+    results = results_of(cloud)
+    run_id = new_run(cloud, types=["c7g.large"], recipe="kernels", replicates=1)
+    with pytest.raises(UserError) as refused:
+        bench.execute(cloud, run_id, results)
+    error = str(refused.value)
+    assert error.startswith("c7g.large builds are arm64, which its CPU (") and "x86_64" in error
+    assert results.replicates(run_id).empty
+    assert_nothing_left(cloud, results, run_id, local_dir)
 
 
 def test_a_run_stopped_at_stage_leaves_nothing(cloud: Cloud, local_dir: Path) -> None:
