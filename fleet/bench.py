@@ -164,11 +164,7 @@ def execute(
     """Run (or finish) a recorded run; returns what happened per type."""
     record = results.require(run_id)
     spec = BenchSpec.from_json(record["spec"])
-    live = control.controller(results, run_id)
-    if live is not None:
-        raise UserError(
-            f"run {run_id} is running already (pid {live['pid']}); stop it with fleet kill {run_id}"
-        )
+    control.take_over(cloud, results, run_id, f"fleet bench --resume {run_id}")
     price_lookup(spec, cloud.config.results_dir)  # a type without a price stops the run here
     finished = results.finished(run_id)
     todo = [r for r in plan(spec) if (r.instance_type, r.build, r.index, r.warmup) not in finished]
@@ -176,12 +172,6 @@ def execute(
         log.info("[%s] every replicate is already finished", run_id)
         results.event(run_id, "finished", resumed=True)
         return {"run_id": run_id, "types": {}}
-    # A controller that died (SIGKILL, a crash) left its instances: remove them first.
-    deleted, failures = control.sweep(cloud, results, run_id)
-    if deleted:
-        log.info("[%s] removed what an earlier controller left: %s", run_id, "; ".join(deleted))
-    if failures:
-        raise UserError(f"could not remove what an earlier controller left: {'; '.join(failures)}")
     artifacts = ensure_builds(cloud, spec)
     board = Board(run_id, total=len(plan(spec)), done=len(plan(spec)) - len(todo))
     outcomes = measure(

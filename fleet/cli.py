@@ -249,7 +249,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from fleet import bench, tune
+    from amibake.cloud import connect
+    from fleet import bench, control, tune
 
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
@@ -282,6 +283,14 @@ def _tune(args: argparse.Namespace) -> int:
                 f"{', '.join(fixed) or 'a tune file'} cannot change it (only --trials and "
                 "--parallel can); start a new run instead"
             )
+        logs.to_terminal()
+        # Not while another controller searches; what a dead one's trials left goes first.
+        control.take_over(
+            None if record["spec"].get("replay") else connect(cfg),
+            results,
+            args.resume,
+            f"fleet tune --resume {args.resume}",
+        )
         changes = {k: overrides[k] for k in ("trials", "parallel") if overrides[k] is not None}
         spec = tune.resumed(results, args.resume, changes)
         run_id = args.resume

@@ -3,6 +3,7 @@ created (`fleet kill`), whether its controller is still alive or was SIGKILLed."
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -14,10 +15,12 @@ import botocore.exceptions
 from amibake import batch, gc
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
+from amibake.errors import UserError
 from amibake.journal import Journal
 from amibake.runner import process_alive
 from fleet.results import Results
 
+log = logging.getLogger("amibake")
 STOP_TIMEOUT_S = 180.0  # the controller's own cleanup: terminating and waiting on instances
 
 
@@ -135,6 +138,26 @@ def status_text(s: dict[str, Any]) -> str:
     if s["state"] == "stopped":
         lines.append(f"finish it with: fleet bench --resume {s['run_id']}")
     return "\n".join(lines)
+
+
+def take_over(cloud: Cloud | None, results: Results, run_id: str, command: str) -> None:
+    """Before a controller starts on a recorded run: refuse while another one runs it (both
+    would run the same replicates or ask the same trials), then remove what a dead one left
+    (a SIGKILL, a crash) so that nothing it launched outlives it. No cloud: nothing to remove
+    (a replayed search)."""
+    live = controller(results, run_id)
+    if live is not None:
+        raise UserError(
+            f"run {run_id} is running already (pid {live['pid']}); stop it with fleet kill "
+            f"{run_id}, or wait and {command}"
+        )
+    if cloud is None:
+        return
+    deleted, failures = sweep(cloud, results, run_id)
+    if deleted:
+        log.info("[%s] removed what an earlier controller left: %s", run_id, "; ".join(deleted))
+    if failures:
+        raise UserError(f"could not remove what an earlier controller left: {'; '.join(failures)}")
 
 
 def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:

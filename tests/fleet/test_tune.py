@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -216,6 +217,11 @@ def test_resume_can_extend_the_budget_but_not_change_the_search(
         assert main(["tune", "--resume", run_id, *bad]) == 2
         err = capsys.readouterr().err.strip()
         assert expected in err and "\n" not in err, err
+    # Not while another controller searches it (both would ask trials).
+    results.event(run_id, "searching", pid=os.getpid(), host=socket.gethostname())
+    assert main(["tune", "--resume", run_id, "--trials", "20"]) == 2
+    assert f"run {run_id} is running already (pid {os.getpid()})" in capsys.readouterr().err
+    results.event(run_id, "finished")  # that controller ended
     assert control.status(results, run_id)["trials_budget"] == 14  # the refusals changed nothing
     assert main(["status"]) == 0  # the list of runs shows a tune run's trials
     assert f"{run_id}  tune   finished     14/14 trials" in capsys.readouterr().out
@@ -655,3 +661,49 @@ def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
     assert wait_until_clean(local_dir) == []
     trials = results.trials(run_id)
     assert set(trials.state) == {"asked"}  # neither was scored: a resume runs both again
+
+
+def test_a_sigkilled_search_resumes_after_removing_what_its_trial_left(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    """A controller SIGKILLed mid-trial leaves that trial's instance running: `--resume`
+    removes it first, then finishes the search with no trial lost or run twice."""
+    from tests.fleet.test_bench import fleet_process, wait_for
+
+    path = tmp_path / "t.toml"
+    path.write_text(
+        'recipe = "kernels"\ntypes = ["c5a.large"]\nalgorithm = "grid"\ntrials = 2\n'
+        "replicates = 3\n"
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+    )
+    results = bench.results_db(config.load().results_dir)
+    before = set(results.run_ids())
+    process = fleet_process("tune", str(path))
+    try:
+        wait_for(lambda: len(set(results.run_ids()) - before) == 1)
+        (run_id,) = set(results.run_ids()) - before
+
+        def first_replicate() -> bool:
+            rows = results.replicates(run_id)
+            return bool(len(rows)) and bool((rows.trial == 0).any())
+
+        wait_for(first_replicate, timeout_s=120)  # trial 0's instance is up and measuring
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    finally:
+        process.kill()
+    runs = [d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"]
+    assert any(tagged_alive(cloud, r) for r in runs)  # what the resume has to remove
+    assert control.status(results, run_id)["state"] == "stopped"
+
+    assert main(["tune", "--resume", run_id]) == 0
+    trials = results.trials(run_id)
+    assert sorted(trials[trials.state == "asked"].trial) == [0, 1]
+    assert sorted(trials[trials.state != "asked"].trial) == [0, 1]  # each finished once
+    assert set(trials[trials.state != "asked"].state) == {"ok"}
+    journal = Journal(config.load().results_dir / "journal.sqlite")
+    for amibake_run in [
+        d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"
+    ]:
+        assert tagged_alive(cloud, amibake_run) == [] and journal.alive(amibake_run) == []
+    assert wait_until_clean(local_dir) == []
