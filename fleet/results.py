@@ -99,6 +99,12 @@ class Results:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
+    def _frame(self, sql: str, args: tuple[object, ...] = ()) -> pd.DataFrame:
+        # Under the lock like every statement: the connection is shared by the trials' threads,
+        # and a read between another thread's BEGIN and COMMIT would see half a batch.
+        with self._lock:
+            return pd.read_sql_query(sql, self._db, params=args)
+
     # runs and events
     def create_run(
         self, run_id: str, kind: str, spec: dict[str, Any], cloud: str, region: str, note: str = ""
@@ -185,9 +191,7 @@ class Results:
         return {(t, b, int(r), bool(w)) for t, b, r, w in rows}
 
     def replicates(self, run_id: str) -> pd.DataFrame:
-        return pd.read_sql_query(
-            "SELECT * FROM replicates WHERE run_id = ? ORDER BY id", self._db, params=(run_id,)
-        )
+        return self._frame("SELECT * FROM replicates WHERE run_id = ? ORDER BY id", (run_id,))
 
     def environment(
         self, run_id: str, instance_type: str, instance_id: str, facts: dict[str, Any]
@@ -240,7 +244,5 @@ class Results:
         )
 
     def trials(self, run_id: str) -> pd.DataFrame:
-        frame = pd.read_sql_query(
-            "SELECT * FROM trials WHERE run_id = ? ORDER BY id", self._db, params=(run_id,)
-        )
+        frame = self._frame("SELECT * FROM trials WHERE run_id = ? ORDER BY id", (run_id,))
         return frame
