@@ -84,6 +84,7 @@ def test_the_same_inputs_never_build_twice(cloud: Cloud) -> None:
     second = pipelines.build(cloud, request())[0]
     assert second.ok and second.state is not None and second.state.cache_hit
     assert second.state.instance_id == ""  # nothing was launched
+    assert second.state.smoke == "passed (when built)"  # the cached build's, not "None"
 
 
 def test_the_same_build_started_twice_at_once_builds_once(cloud: Cloud) -> None:

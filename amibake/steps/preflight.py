@@ -173,6 +173,8 @@ class ArtifactCache:
         state.manifest = manifest
         state.artifact = artifact
         state.cache_hit = True
+        if manifest.get("smoke"):  # what the build that made the artifact saw
+            state.smoke = f"{manifest['smoke']} (when built)"
         state.finished_early = True
         log.info("cache hit: %s (key %s)", artifact, state.cache_key[:12])
         release_artifact(state)
