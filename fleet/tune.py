@@ -113,6 +113,8 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
         if key not in known:
             raise fail(key, f"unknown key; known: {', '.join(sorted(known))}")
     types = [str(t) for t in data.get("types", [])]
+    if types and isinstance(data.get("params"), dict) and "instance_type" in data["params"]:
+        raise fail("types", "the types are named twice: keep types or params.instance_type")
     space = parse(data.get("params"), where, text, types)
     objective = data.get("objective", "runtime")
     if objective not in OBJECTIVES:

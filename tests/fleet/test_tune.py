@@ -452,6 +452,9 @@ def test_bad_tune_input_names_file_and_line(
         head
         + '[params.a]\nkind = "int"\nlow = 5\nhigh = 1\n': ":3: params.a: low 5 is above high 1",
         head + '[params.a]\nkind = "normal"\n': ":3: params.a: unknown kind 'normal'",
+        'types = ["c7i.large"]\n'
+        + head
+        + '[params.instance_type]\nkind = "categorical"\nvalues = ["c5a.large"]\n': ":1: types: the types are named twice",
         head
         + '[params.instance_type]\nkind = "categorical"\nvalues = ["c5a.large"]\nstage = "run"\n'
         + param: ":3: params.instance_type: the instance type is categorical, with values and no",
