@@ -508,7 +508,8 @@ def make_tune(
     report.files["trials.csv"] = out / "trials.csv"
     if html_page and not ok.empty:
         page = out / "index.html"
-        page.write_text(_tune_html(run_id, record, summary_lines, _tune_plots(final, ok), shown))
+        plots = _tune_plots(final, ok, spec)
+        page.write_text(_tune_html(run_id, record, summary_lines, plots, shown))
         report.files["index.html"] = page
         lines.append(f"report: {page}")
     report.text = "\n".join(lines)
@@ -552,35 +553,74 @@ def importance(ok: pd.DataFrame) -> dict[str, float]:
     return dict(sorted(shares.items(), key=lambda item: -item[1]))
 
 
-def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame) -> dict[str, str]:
+def _own_terms(trials: pd.DataFrame, objective: str) -> tuple[pd.Series, str]:
+    """The trials' losses as the user stated the objective, with the axis label: a rate is
+    searched negated, so its plot shows the rate (higher is better), not "-104"."""
+    loss = trials.loss.astype(float)
+    metric = pd.to_numeric(trials.metric, errors="coerce")
+    if objective == "metric" and len(loss.dropna()) and (loss == -metric)[loss.notna()].all():
+        return -loss, "metric (higher is better)"
+    labels = {"runtime": "seconds", "cost": "USD per unit of work"}
+    return loss, labels.get(objective, "metric") + " (lower is better)"
+
+
+def _options_in_order(name: str, seen: pd.Series, spec: dict[str, Any]) -> list[Any]:
+    """A parameter's values in the tune file's order (a categorical's list), else numeric
+    order: the plot's axis reads 16, 32, 64, 128, not the order trials happened to ask them."""
+    declared = spec.get("params", {}).get(name, {}).get("values")
+    present = set(seen.astype(str))
+    if declared:
+        ordered = [v for v in declared if str(v) in present]
+        return ordered + sorted(present - {str(v) for v in ordered})
+    numbers = pd.to_numeric(seen, errors="coerce")
+    if numbers.notna().all():
+        return sorted(set(numbers.tolist()))
+    return sorted(present)
+
+
+def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame, spec: dict[str, Any]) -> dict[str, str]:
     import json
 
     plt = _pyplot()
+    objective = str(spec.get("objective", "runtime"))
 
     plots: dict[str, str] = {}
     figure, axes = plt.subplots(figsize=(7, 3.5))
-    losses = final.loss.astype(float).where(final.state == "ok")
-    axes.plot(
-        final.order, losses.cummin(), drawstyle="steps-post", color="#1f77b4", label="best so far"
-    )
-    axes.scatter(final.order, losses, s=12, color="#7f7f7f", label="trial")
+    values, label = _own_terms(final.where(final.state == "ok"), objective)
+    best = values.cummax() if label.startswith("metric (higher") else values.cummin()
+    axes.plot(final.order, best, drawstyle="steps-post", color="#1f77b4", label="best so far")
+    axes.scatter(final.order, values, s=12, color="#7f7f7f", label="trial")
     axes.set_xlabel("trials")
-    axes.set_ylabel("loss")
+    axes.set_ylabel(label)
     axes.legend()
     axes.set_title("Convergence")
     plots["Convergence"] = _png(figure)
 
     params = pd.DataFrame([json.loads(p) for p in ok.params], index=ok.index)
     if not params.empty:
+        values, label = _own_terms(ok, objective)
         columns = list(params.columns)
         figure, grid = plt.subplots(1, len(columns), figsize=(3 * len(columns), 3), squeeze=False)
         for axes, name in zip(grid[0], columns, strict=True):
-            values = params[name].astype(str)
-            axes.scatter(values, ok.loss.astype(float), s=12, color="#1f77b4")
+            chosen = params[name].dropna()  # a conditional parameter is set on some trials
+            kind = spec.get("params", {}).get(name, {}).get("kind")
+            if kind in ("uniform", "loguniform"):  # continuous: a number line
+                axes.scatter(chosen.astype(float), values[chosen.index], s=12, color="#1f77b4")
+                axes.set_xscale("log" if kind == "loguniform" else "linear")
+                axes.set_title(name, fontsize=9)
+                axes.tick_params(labelsize=7)
+                continue
+            order = _options_in_order(name, chosen, spec)
+            position = {str(option): index for index, option in enumerate(order)}
+            axes.scatter(
+                [position[str(v)] for v in chosen], values[chosen.index], s=12, color="#1f77b4"
+            )
+            # An empty value is a flag left out.
+            axes.set_xticks(range(len(order)), [str(o) if str(o) else "(none)" for o in order])
             axes.set_title(name, fontsize=9)
             axes.tick_params(labelsize=7)
-        grid[0][0].set_ylabel("loss")
-        plots["Loss by parameter (partial view)"] = _png(figure)
+        grid[0][0].set_ylabel(label)
+        plots["Result by parameter (partial view)"] = _png(figure)
 
     priced = ok.dropna(subset=["seconds", "cost_per_unit"])
     if not priced.empty:

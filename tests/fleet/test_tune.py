@@ -556,7 +556,7 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     assert main(["plan", run_id, "--work", "10"]) == 2  # a bench run's projection
     assert f"{run_id} is a fleet tune run; this needs a fleet bench run" in capsys.readouterr().err
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
-    assert page.count("data:image/png;base64,") == 2  # convergence, loss by parameter
+    assert page.count("data:image/png;base64,") == 2  # convergence, result by parameter
     assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
 
 
@@ -569,6 +569,21 @@ def test_the_best_is_told_in_the_objectives_own_terms() -> None:
         "runtime 1.25 s (95% interval 1.2 .. 1.3)"
     )
     assert tune.in_own_terms("cost", 2.5e-7, None) == "cost $2.5e-07 per unit of work"
+
+
+def test_the_tune_plots_read_in_the_objectives_terms_and_the_spaces_order() -> None:
+    from fleet.report import _options_in_order, _own_terms
+
+    spec = {"params": {"block": {"values": [16, 32, 64, 128]}, "flag": {"values": ["", "-x"]}}}
+    assert _options_in_order("block", pd.Series([128, 16, 64]), spec) == [16, 64, 128]
+    assert _options_in_order("flag", pd.Series(["-x", ""]), spec) == ["", "-x"]
+    assert _options_in_order("size", pd.Series([10, 2, 5]), spec) == [2, 5, 10]  # not "10" < "2"
+    rate = pd.DataFrame({"loss": [-5.0, -7.0], "metric": [5.0, 7.0]})
+    values, label = _own_terms(rate, "metric")
+    assert list(values) == [5.0, 7.0] and label == "metric (higher is better)"
+    values, label = _own_terms(rate.assign(loss=[5.0, 7.0]), "metric")  # minimised as it is
+    assert list(values) == [5.0, 7.0] and label == "metric (lower is better)"
+    assert _own_terms(rate.assign(loss=[1.0, 2.0]), "runtime")[1] == "seconds (lower is better)"
 
 
 def test_a_replayed_cost_search_has_its_pareto_front_and_recommendations(
