@@ -36,12 +36,27 @@ class Resource:
     created: float
 
 
+BUSY_S = 30.0  # how long a statement waits for another connection's lock
+
+
 def open_database(path: Path, schema: str) -> sqlite3.Connection:
     """An SQLite file in WAL mode, shared by threads (callers hold a lock), autocommitting: a
     reader never waits on a writer, and a row is on disk once its statement returns."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-    db.execute("PRAGMA journal_mode=WAL")
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_S)
+    # Turning a new file to WAL takes a lock SQLite does not wait for (the busy timeout does not
+    # apply): two first opens at once, as two trials in flight on a fresh results directory,
+    # failed one of them with "database is locked". Retried for as long as a busy wait would be.
+    deadline = time.monotonic() + BUSY_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                db.close()
+                raise
+            time.sleep(0.02)
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(schema)
     return db
