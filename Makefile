@@ -82,6 +82,10 @@ demo: install
 	  --builds tuned,generic --replicates 3 --warmups 1 --args "--size 2"
 	$(BIN)/fleet report last
 	$(BIN)/fleet plan last --work 1e6 --deadline 1h --budget 1
+	$(BIN)/fleet tune examples/kernels.tune.toml --cloud local --trials 4
+	$(BIN)/fleet report last
+	$(BIN)/fleet tune compare --replay benchmarks/data/kernels_space.csv --algorithms tpe,random \
+	  --seeds 10 --budget 22
 	$(BIN)/amibake gc --cloud local --dry-run
 	$(BIN)/amibake local down
 
