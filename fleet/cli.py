@@ -7,14 +7,18 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amibake import logs
 from amibake.cli import Parser, common_options, config_from, guarded, print_result
+from amibake.config import Config
 from amibake.errors import UserError
 
+if TYPE_CHECKING:  # pandas: 0.7 s at start-up that --help and status lists do not need
+    from fleet.results import Results
 
-def _run_id(results: Any, name: str) -> str:
+
+def _run_id(results: Results, name: str) -> str:
     """A run id, or `last` for the newest run."""
     if name != "last":
         return name
@@ -24,7 +28,7 @@ def _run_id(results: Any, name: str) -> str:
     return str(runs[-1])
 
 
-def _run_config(args: argparse.Namespace, results: Any, run_id: str) -> Any:
+def _run_config(args: argparse.Namespace, results: Results, run_id: str) -> Config:
     """The config for acting on a run's resources: the run's own cloud and region. A kill or a
     resume pointed elsewhere would find none of its instances and leave them running."""
     record = results.require(run_id)
