@@ -164,7 +164,7 @@ def execute(
     """Run (or finish) a recorded run; returns what happened per type."""
     record = results.require(run_id)
     spec = BenchSpec.from_json(record["spec"])
-    control.take_over(cloud, results, run_id, f"fleet bench --resume {run_id}")
+    control.take_over(cloud, results, run_id)
     price_lookup(spec, cloud.config.results_dir)  # a type without a price stops the run here
     finished = results.finished(run_id)
     todo = [r for r in plan(spec) if (r.instance_type, r.build, r.index, r.warmup) not in finished]

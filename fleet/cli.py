@@ -290,10 +290,7 @@ def _tune(args: argparse.Namespace) -> int:
         logs.to_terminal()
         # Not while another controller searches; what a dead one's trials left goes first.
         control.take_over(
-            None if record["spec"].get("replay") else connect(cfg),
-            results,
-            args.resume,
-            f"fleet tune --resume {args.resume}",
+            None if record["spec"].get("replay") else connect(cfg), results, args.resume
         )
         changes = {k: overrides[k] for k in ("trials", "parallel") if overrides[k] is not None}
         spec = tune.resumed(results, args.resume, changes)

@@ -140,7 +140,7 @@ def status_text(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def take_over(cloud: Cloud | None, results: Results, run_id: str, command: str) -> None:
+def take_over(cloud: Cloud | None, results: Results, run_id: str) -> None:
     """Before a controller starts on a recorded run: refuse while another one runs it (both
     would run the same replicates or ask the same trials), then remove what a dead one left
     (a SIGKILL, a crash) so that nothing it launched outlives it. No cloud: nothing to remove
@@ -148,8 +148,8 @@ def take_over(cloud: Cloud | None, results: Results, run_id: str, command: str) 
     live = controller(results, run_id)
     if live is not None:
         raise UserError(
-            f"run {run_id} is running already (pid {live['pid']}); stop it with fleet kill "
-            f"{run_id}, or wait and {command}"
+            f"run {run_id} is running already (pid {live['pid']}): follow it with fleet status "
+            f"{run_id}, or stop it with fleet kill {run_id}"
         )
     if cloud is None:
         return
