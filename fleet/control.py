@@ -86,22 +86,20 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A tune run's progress: trials asked and finished (by state) against its budget, money
     spent, the best so far."""
-    from fleet.tune import best, budget_changes, in_own_terms, trial_costs
+    from fleet.tune import budget_changes, in_own_terms, trial_costs
 
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"] if len(trials) else trials
     ok = final[final.state == "ok"] if len(final) else final
+    top = ok.loc[ok.loss.astype(float).idxmin()] if len(ok) else None
+    objective = str(spec.get("objective", "runtime"))
     return {
         "trials_budget": int({**spec, **budget_changes(results, run_id)}.get("trials", 20)),
         "trials_asked": int((trials.state == "asked").sum()) if len(trials) else 0,
         "trials_finished": {str(k): int(n) for k, n in final.state.value_counts().items()},
         "spent_usd": sum(trial_costs(results, run_id).values()),
-        "best_loss": float(ok.loss.min()) if len(ok) else None,
-        "best": (
-            in_own_terms(spec.get("objective", "runtime"), top["loss"], top["metric"])
-            if len(ok) and (top := best(results, run_id))
-            else None
-        ),
+        "best_loss": float(top.loss) if top is not None else None,
+        "best": in_own_terms(objective, float(top.loss), top.metric) if top is not None else None,
     }
 
 

@@ -13,6 +13,7 @@ import io
 import math
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -553,15 +554,17 @@ def importance(ok: pd.DataFrame) -> dict[str, float]:
     return dict(sorted(shares.items(), key=lambda item: -item[1]))
 
 
-def _own_terms(trials: pd.DataFrame, objective: str) -> tuple[pd.Series, str]:
-    """The trials' losses as the user stated the objective, with the axis label: a rate is
-    searched negated, so its plot shows the rate (higher is better), not "-104"."""
+def _own_terms(trials: pd.DataFrame, objective: str) -> tuple[pd.Series, str, bool]:
+    """The trials' losses as the user stated the objective, the axis label, and whether higher
+    is better: a rate is searched negated, so its plot shows the rate, not "-104"."""
+    from fleet.tune import is_rate
+
     loss = trials.loss.astype(float)
-    metric = pd.to_numeric(trials.metric, errors="coerce")
-    if objective == "metric" and len(loss.dropna()) and (loss == -metric)[loss.notna()].all():
-        return -loss, "metric (higher is better)"
+    scored = trials[loss.notna()]
+    if len(scored) and all(map(partial(is_rate, objective), scored.loss, scored.metric)):
+        return -loss, "metric (higher is better)", True
     labels = {"runtime": "seconds", "cost": "USD per unit of work"}
-    return loss, labels.get(objective, "metric") + " (lower is better)"
+    return loss, labels.get(objective, "metric") + " (lower is better)", False
 
 
 def _options_in_order(name: str, seen: pd.Series, spec: dict[str, Any]) -> list[Any]:
@@ -586,8 +589,8 @@ def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame, spec: dict[str, Any]) -> 
 
     plots: dict[str, str] = {}
     figure, axes = plt.subplots(figsize=(7, 3.5))
-    values, label = _own_terms(final.where(final.state == "ok"), objective)
-    best = values.cummax() if label.startswith("metric (higher") else values.cummin()
+    values, label, higher = _own_terms(final.where(final.state == "ok"), objective)
+    best = values.cummax() if higher else values.cummin()
     axes.plot(final.order, best, drawstyle="steps-post", color="#1f77b4", label="best so far")
     axes.scatter(final.order, values, s=12, color="#7f7f7f", label="trial")
     axes.set_xlabel("trials")
@@ -598,7 +601,7 @@ def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame, spec: dict[str, Any]) -> 
 
     params = pd.DataFrame([json.loads(p) for p in ok.params], index=ok.index)
     if not params.empty:
-        values, label = _own_terms(ok, objective)
+        values, label, _ = _own_terms(ok, objective)
         columns = list(params.columns)
         figure, grid = plt.subplots(1, len(columns), figsize=(3 * len(columns), 3), squeeze=False)
         for axes, name in zip(grid[0], columns, strict=True):
@@ -607,16 +610,14 @@ def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame, spec: dict[str, Any]) -> 
             if kind in ("uniform", "loguniform"):  # continuous: a number line
                 axes.scatter(chosen.astype(float), values[chosen.index], s=12, color="#1f77b4")
                 axes.set_xscale("log" if kind == "loguniform" else "linear")
-                axes.set_title(name, fontsize=9)
-                axes.tick_params(labelsize=7)
-                continue
-            order = _options_in_order(name, chosen, spec)
-            position = {str(option): index for index, option in enumerate(order)}
-            axes.scatter(
-                [position[str(v)] for v in chosen], values[chosen.index], s=12, color="#1f77b4"
-            )
-            # An empty value is a flag left out.
-            axes.set_xticks(range(len(order)), [str(o) if str(o) else "(none)" for o in order])
+            else:
+                order = _options_in_order(name, chosen, spec)
+                position = {str(option): index for index, option in enumerate(order)}
+                axes.scatter(
+                    [position[str(v)] for v in chosen], values[chosen.index], s=12, color="#1f77b4"
+                )
+                # An empty value is a flag left out.
+                axes.set_xticks(range(len(order)), [str(o) if str(o) else "(none)" for o in order])
             axes.set_title(name, fontsize=9)
             axes.tick_params(labelsize=7)
         grid[0][0].set_ylabel(label)

@@ -19,6 +19,7 @@ from amibake.pipelines import build as build_pipeline
 from amibake.steps.state import Variant
 from fleet import bench, stats
 from fleet.executor import BenchState, BuildArtifact, Replicate
+from fleet.space import TYPE
 from fleet.spec import BenchSpec, Metric
 from fleet.tune import Evaluation, TuneSpec, broken_constraint
 
@@ -55,7 +56,7 @@ class CloudEvaluator:
 
     def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
         spec, space = self.spec, self.spec.space
-        instance_type = str(params.get("instance_type") or spec.types[0])
+        instance_type = str(params.get(TYPE) or spec.types[0])
         family = instance_type.split(".")[0]
         cflags = space.cflags(params)
         variant = (

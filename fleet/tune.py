@@ -29,7 +29,7 @@ import pandas as pd
 from amibake.errors import UserError
 from amibake.runner import cancel_all
 from fleet.results import LOCAL_NOTE, Results, new_run_id
-from fleet.space import Space, parse
+from fleet.space import TYPE, Space, parse
 from fleet.spec import EXECUTORS, line_of, read_toml
 
 log = logging.getLogger("amibake")
@@ -113,7 +113,7 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
         if key not in known:
             raise fail(key, f"unknown key; known: {', '.join(sorted(known))}")
     types = [str(t) for t in data.get("types", [])]
-    if types and isinstance(data.get("params"), dict) and "instance_type" in data["params"]:
+    if types and isinstance(data.get("params"), dict) and TYPE in data["params"]:
         raise fail("types", "the types are named twice: keep types or params.instance_type")
     space = parse(data.get("params"), where, text, types)
     objective = data.get("objective", "runtime")
@@ -141,7 +141,7 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
     replay = data.get("replay")
     if replay is None and not data.get("recipe"):
         raise fail("recipe", "name the recipe to tune (or a replay table to search offline)")
-    if replay is None and not types and "instance_type" not in space.params:
+    if replay is None and not types and TYPE not in space.params:
         raise fail("types", "name the instance type (or make instance_type a parameter)")
     executor = data.get("executor", "ssh")
     if executor not in EXECUTORS:
@@ -289,17 +289,16 @@ class ReplayEvaluator:
         self.column = column
         self.params = list(spec.space.params)
         self.table: dict[tuple[str, ...], dict[str, Any]] = {}
-        self.lines: dict[tuple[str, ...], int] = {}
-        lines = self.lines
+        self.lines: dict[tuple[str, ...], int] = {}  # where each configuration is
         for line, row in enumerate(table.to_dict(orient="records"), start=2):  # 1: the header
             key = self._key(row)
-            if key in lines:  # which measurement is the configuration's? Not ours to pick
+            if key in self.lines:  # which measurement is the configuration's? Not ours to pick
                 raise UserError(
-                    f"{path}:{line}: the configuration of line {lines[key]} again "
+                    f"{path}:{line}: the configuration of line {self.lines[key]} again "
                     f"({', '.join(f'{p}={v}' for p, v in zip(self.params, key, strict=True))}); "
                     "a replay table has one row per configuration (aggregate repeats first)"
                 )
-            lines[key] = line
+            self.lines[key] = line
             self.table[key] = row
 
     def _key(self, values: dict[str, Any]) -> tuple[str, ...]:
@@ -346,12 +345,13 @@ class ReplayEvaluator:
         return sum(1 for value in self._measured() if value - optimum <= tolerance * scale)
 
     def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
-        row = self.table.get(self._key(params))
+        key = self._key(params)
+        row = self.table.get(key)
         if row is None:
             return Evaluation("failed", reason=f"not in the replay table: {params}")
         value = self.objective_of(row)
         if math.isnan(value):
-            line = self.lines[self._key(params)]
+            line = self.lines[key]
             empty = self.column if pd.isna(row[self.column]) else "price_per_hour"
             return Evaluation("failed", reason=f"no {empty} on line {line} of the replay table")
         # Time and cost per unit where the table has them: the report's Pareto front and its
@@ -578,12 +578,19 @@ def best(results: Results, run_id: str) -> dict[str, Any] | None:
     }
 
 
+def is_rate(objective: str, loss: float, metric: Any) -> bool:
+    """Whether a trial's loss is its metric negated: a rate, which the search maximises."""
+    return bool(
+        objective == "metric" and metric is not None and not pd.isna(metric) and loss == -metric
+    )
+
+
 def in_own_terms(
     objective: str, loss: float, metric: Any, interval: list[float] | None = None
 ) -> str:
     """A loss as the user stated the objective: a rate is searched negated (minimised), but
     "-104.5" reads as a mistake where "metric 104.5, maximised" does not."""
-    rate = objective == "metric" and metric is not None and not pd.isna(metric) and loss == -metric
+    rate = is_rate(objective, loss, metric)
     sign = -1.0 if rate else 1.0
     value = sign * loss
     text = {

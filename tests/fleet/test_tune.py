@@ -579,10 +579,10 @@ def test_the_tune_plots_read_in_the_objectives_terms_and_the_spaces_order() -> N
     assert _options_in_order("flag", pd.Series(["-x", ""]), spec) == ["", "-x"]
     assert _options_in_order("size", pd.Series([10, 2, 5]), spec) == [2, 5, 10]  # not "10" < "2"
     rate = pd.DataFrame({"loss": [-5.0, -7.0], "metric": [5.0, 7.0]})
-    values, label = _own_terms(rate, "metric")
-    assert list(values) == [5.0, 7.0] and label == "metric (higher is better)"
-    values, label = _own_terms(rate.assign(loss=[5.0, 7.0]), "metric")  # minimised as it is
-    assert list(values) == [5.0, 7.0] and label == "metric (lower is better)"
+    values, label, higher = _own_terms(rate, "metric")
+    assert list(values) == [5.0, 7.0] and label == "metric (higher is better)" and higher
+    values, label, higher = _own_terms(rate.assign(loss=[5.0, 7.0]), "metric")  # as it is
+    assert list(values) == [5.0, 7.0] and label == "metric (lower is better)" and not higher
     assert _own_terms(rate.assign(loss=[1.0, 2.0]), "runtime")[1] == "seconds (lower is better)"
 
 
