@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -54,20 +54,31 @@ def plan(spec: BenchSpec) -> list[Replicate]:
 PriceOf = Callable[[str, bool, str], float | None]
 
 
-def price_lookup(spec: BenchSpec, results_dir: Path) -> PriceOf:
-    """Check every type has a price (or that the user accepted none); return the lookup."""
-    table = prices.in_use(results_dir)
+def price_lookup(
+    types: Sequence[str],
+    allow_missing: bool,
+    results_dir: Path,
+    region: str,
+    instead: str = "pass --allow-missing-price to measure without cost per unit",
+) -> PriceOf:
+    """Check every type has a price in the region's table (or that the user accepted none);
+    return the lookup. `instead` is the other way out of a missing price."""
+    try:
+        table = prices.in_use(results_dir, region)
+    except prices.PriceError as exc:
+        if not allow_missing:
+            raise UserError(f"{exc}, or {instead}") from None
+        table = {"date": "", "prices": {}}
     missing = []
-    for instance_type in spec.types:
+    for instance_type in types:
         try:
             prices.lookup(instance_type, table)
         except prices.PriceError:
             missing.append(instance_type)
-    if missing and not spec.allow_missing_price:
+    if missing and not allow_missing:
         raise UserError(
-            f"no price for {', '.join(missing)} in the price table of {table['date']}; "
-            "refresh it with `fleet prices --refresh`, or pass --allow-missing-price to measure "
-            "without cost per unit"
+            f"no price for {', '.join(missing)} in the {region} price table of {table['date']}; "
+            f"refresh it with `fleet prices --refresh --region {region}`, or {instead}"
         )
 
     def price_of(instance_type: str, spot: bool, zone: str) -> float | None:
@@ -75,9 +86,12 @@ def price_lookup(spec: BenchSpec, results_dir: Path) -> PriceOf:
             price = prices.lookup(instance_type, table)
         except prices.PriceError:
             return None
-        if spot and zone not in price.spot:
-            return price.spot_median  # a zone the snapshot lacks: the median of the others
-        return price.hourly(spot, zone)
+        try:
+            if spot and zone not in price.spot:
+                return price.spot_median  # a zone the table lacks: the median of the others
+            return price.hourly(spot, zone)
+        except prices.PriceError:  # spot, and no spot price for the type in this region
+            return None
 
     return price_of
 
@@ -165,7 +179,10 @@ def execute(
     record = results.require(run_id)
     spec = BenchSpec.from_json(record["spec"])
     control.take_over(cloud, results, run_id)
-    price_lookup(spec, cloud.config.results_dir)  # a type without a price stops the run here
+    # A type without a price stops the run here.
+    price_lookup(
+        spec.types, spec.allow_missing_price, cloud.config.results_dir, cloud.config.region
+    )
     finished = results.finished(run_id)
     todo = [r for r in plan(spec) if (r.instance_type, r.build, r.index, r.warmup) not in finished]
     if not todo:
@@ -216,7 +233,9 @@ def measure(
 ) -> list[Outcome]:
     """The replicates in `todo` on one instance per type, recorded as they end (under `trial`
     when a tune search runs them)."""
-    price_of = price_lookup(spec, cloud.config.results_dir)
+    price_of = price_lookup(
+        spec.types, spec.allow_missing_price, cloud.config.results_dir, cloud.config.region
+    )
     states = []
     for instance_type in spec.types:
         family_name, _, size = instance_type.partition(".")

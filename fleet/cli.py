@@ -60,7 +60,10 @@ def _prices(args: argparse.Namespace) -> int:
         except prices.PriceError as exc:
             raise UserError(str(exc)) from None
     else:
-        snapshot = prices.in_use(cfg.results_dir)
+        try:
+            snapshot = prices.in_use(cfg.results_dir, cfg.region)
+        except prices.PriceError as exc:
+            raise UserError(str(exc)) from None
     if args.type:
         try:
             chosen = [prices.lookup(t, snapshot) for t in args.type]
@@ -152,9 +155,10 @@ def _bench(args: argparse.Namespace) -> int:
         cfg = _run_config(args, results, run_id)
     else:
         bench_spec = spec.load(Path(args.file) if args.file else None, overrides, cfg.recipes_dir)
+        # A missing price is refused before anything is recorded.
         bench.price_lookup(
-            bench_spec, cfg.results_dir
-        )  # a missing price is refused before anything is recorded
+            bench_spec.types, bench_spec.allow_missing_price, cfg.results_dir, cfg.region
+        )
     logs.to_terminal()
     cloud = connect(cfg)
     if not args.resume:

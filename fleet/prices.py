@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-SNAPSHOT = "prices_us-east-1.json"
+SNAPSHOT = "prices_us-east-1.json"  # the shipped table, in fleet/catalog/
 
 
 class PriceError(Exception):
@@ -37,6 +37,8 @@ class Price:
 
     @property
     def spot_median(self) -> float:
+        if not self.spot:
+            raise PriceError(f"no spot price for {self.instance_type} in the price table")
         return statistics.median(self.spot.values())
 
     def hourly(self, spot: bool, zone: str | None = None) -> float:
@@ -116,12 +118,25 @@ def lookup(instance_type: str, document: dict[str, Any] | None = None) -> Price:
     )
 
 
-def in_use(results_dir: Path) -> dict[str, Any]:
-    """The table fleet prices with: the last `fleet prices --refresh`, else the shipped snapshot."""
-    refreshed = results_dir / SNAPSHOT
+def saved(results_dir: Path, region: str) -> Path:
+    """Where `fleet prices --refresh` keeps a region's table: one file per region."""
+    return results_dir / f"prices_{region}.json"
+
+
+def in_use(results_dir: Path, region: str) -> dict[str, Any]:
+    """The table a run in `region` prices with: that region's last `fleet prices --refresh`,
+    else the shipped snapshot when it is that region's. Never another region's: prices differ
+    between regions, and a ranking by cost per unit would be the other region's."""
+    refreshed = saved(results_dir, region)
     if refreshed.exists():
         return json.loads(refreshed.read_text())  # type: ignore[no-any-return]
-    return snapshot()
+    shipped = snapshot()
+    if shipped["region"] != region:
+        raise PriceError(
+            f"no prices for {region}: fleet ships {shipped['region']}'s only; read {region}'s "
+            f"with `fleet prices --refresh --region {region}`"
+        )
+    return shipped
 
 
 def _on_demand(pricing: Any, instance_type: str, location: str) -> float | None:
@@ -161,10 +176,16 @@ LOCATIONS = {
 
 def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dict[str, Any]:
     """Current prices: spot per zone from the last hour of spot price history, on-demand from
-    the Pricing API (only served from us-east-1). Saved under results/ as the table in use.
-    Whatever the cloud cannot answer keeps the snapshot's value, and the note says so."""
+    the Pricing API (only served from us-east-1). Saved under results/ as the region's table in
+    use. Whatever the cloud cannot answer keeps the region's previous value, and the note says
+    so; in a region with no table yet there is none to keep, and a type the cloud does not
+    price is left out (the shipped table gives only the types and their sizes)."""
     now = now or datetime.now(UTC)
-    base = in_use(cloud.config.results_dir)
+    region = cloud.config.region
+    try:
+        base, first = in_use(cloud.config.results_dir, region), False
+    except PriceError:
+        base, first = snapshot(), True
     types = [t for t in base["prices"] if not families or t.split(".")[0] in families]
     if not types:
         raise PriceError(f"no instance type of {','.join(families)} in the price table")
@@ -192,38 +213,48 @@ def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dic
     pricing = cloud.session.client(
         "pricing", region_name="us-east-1", endpoint_url=cloud.endpoint_url
     )
-    location = LOCATIONS.get(cloud.config.region)
+    location = LOCATIONS.get(region)
     on_demand: dict[str, float] = {}
+    kept = "left out" if first else f"kept from {base['date']}"
     try:
         if location is None:
-            raise PriceError(f"no Pricing API location known for {cloud.config.region}")
+            raise PriceError(f"no Pricing API location known for {region}")
         for instance_type in types:
             price = _on_demand(pricing, instance_type, location)
             if price is not None:
                 on_demand[instance_type] = price
-    except Exception as exc:  # any refusal: keep the snapshot's on-demand prices, and say why
-        notes.append(f"on-demand prices kept from {base['date']}: the Pricing API said: {exc}")
+    except Exception as exc:  # any refusal: keep the previous on-demand prices, and say why
+        notes.append(f"on-demand prices {kept}: the Pricing API said: {exc}")
     table = {}
+    unpriced = 0
     for instance_type in types:
         entry = dict(base["prices"][instance_type])
-        entry["on_demand"] = on_demand.get(instance_type, entry["on_demand"])
         spot = {z: p for (t, z), (_, p) in newest.items() if t == instance_type}
-        entry["spot"] = spot or entry["spot"]
+        if first:  # the shipped table's prices are another region's: only the cloud's count
+            if instance_type not in on_demand:
+                unpriced += 1
+                continue
+            entry["spot"] = spot
+        else:
+            entry["spot"] = spot or entry["spot"]
+        entry["on_demand"] = on_demand.get(instance_type, entry["on_demand"])
         table[instance_type] = entry
     if not newest:
-        notes.append(
-            f"no spot price history in the last hour: spot prices kept from {base['date']}"
-        )
+        notes.append(f"no spot price history in the last hour: spot prices {kept}")
+    if unpriced and table:
+        notes.append(f"{unpriced} types without an on-demand price in {region} left out")
+    if not table:
+        raise PriceError(f"no {region} prices read: {'; '.join(notes)}")
     document = {
         **base,
-        "region": cloud.config.region,
+        "region": region,
         "date": now.strftime("%Y-%m-%d %H:%M UTC"),
         "source": f"{cloud.config.cloud}: EC2 DescribeSpotPriceHistory and the AWS Pricing API",
         "generated_by": "fleet prices --refresh",
         "note": "; ".join(notes) or base.get("note", ""),
-        "prices": {**base["prices"], **table},
+        "prices": table if first else {**base["prices"], **table},
     }
-    out = cloud.config.results_dir / SNAPSHOT
+    out = saved(cloud.config.results_dir, region)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=1) + "\n")
     return document

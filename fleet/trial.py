@@ -43,6 +43,21 @@ class CloudEvaluator:
             aggregate=str(raw_metric.get("aggregate", "last")),
             unit=str(raw_metric.get("unit", "")),
         )
+        # Money needs a price for every type in the run's region: refused now, before a trial
+        # is paid for. Otherwise a type without one is measured, unpriced.
+        self.priced = (
+            spec.objective == "cost"
+            or spec.max_usd is not None
+            or "max_usd_per_unit" in spec.constraints
+        )
+        types = list(spec.space.params[TYPE].values) if TYPE in spec.space.params else spec.types
+        bench.price_lookup(
+            types,
+            not self.priced,
+            config.results_dir,
+            config.region,
+            instead="leave money out of the search (objective, max_usd, max_usd_per_unit)",
+        )
         self._cloud: Cloud | None = None
         self._lock = threading.Lock()
         self.run_id = ""  # set by the search before the first trial
@@ -93,6 +108,7 @@ class CloudEvaluator:
             concurrency=1,
             workload=self.workload,
             executor=spec.executor,
+            allow_missing_price=not self.priced,
         )
         todo = [Replicate(instance_type, "tuned", i, False) for i in range(spec.replicates)]
         artifacts = {(family, "tuned"): BuildArtifact("tuned", state.artifact, manifest)}

@@ -309,7 +309,7 @@ def test_a_type_without_price_is_refused_unless_allowed(
 ) -> None:
     from fleet import prices
 
-    table = cloud.config.results_dir / prices.SNAPSHOT
+    table = prices.saved(cloud.config.results_dir, "us-east-1")
     document = dict(prices.snapshot())
     document["prices"] = {"c5a.xlarge": document["prices"]["c5a.xlarge"]}
     table.write_text(json.dumps(document))

@@ -4,13 +4,15 @@ and date; lookups; and `fleet prices`."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from amibake.cloud import Cloud
+from amibake.cloud import Cloud, connect
 from fleet import prices
 from fleet.cli import main
+from fleet.results import Results
 
 TABLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "aws_prices_us-east-1.csv"
 
@@ -84,7 +86,7 @@ def test_refresh_reads_the_spot_history_and_says_what_it_kept(
     cloud: Cloud, capsys: pytest.CaptureFixture[str]
 ) -> None:
     document = prices.refresh(cloud, ["c5a"])
-    saved = cloud.config.results_dir / prices.SNAPSHOT
+    saved = prices.saved(cloud.config.results_dir, "us-east-1")
     try:
         assert json.loads(saved.read_text())["generated_by"] == "fleet prices --refresh"
         assert document["source"].startswith("local: EC2 DescribeSpotPriceHistory")
@@ -98,3 +100,73 @@ def test_refresh_reads_the_spot_history_and_says_what_it_kept(
         assert "(local: EC2 DescribeSpotPriceHistory" in capsys.readouterr().out
     finally:
         saved.unlink()
+
+
+def test_a_region_is_priced_from_its_own_table_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # fleet ships us-east-1's prices: another region's are not those, so nothing prices with them.
+    with pytest.raises(prices.PriceError, match=r"no prices for eu-west-1: fleet ships us-east-1"):
+        prices.in_use(tmp_path, "eu-west-1")
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    assert main(["prices", "--region", "eu-west-1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "fleet: error: no prices for eu-west-1: fleet ships us-east-1's only; read eu-west-1's "
+        "with `fleet prices --refresh --region eu-west-1`\n"
+    )
+    bench = ["bench", "--types", "c5a.large", "--command", "echo 1", "--region", "eu-west-1"]
+    assert main(bench) == 2
+    err = capsys.readouterr().err
+    assert "no prices for eu-west-1" in err and "or pass --allow-missing-price" in err, err
+    # A tune that spends money is refused before its first trial; one measuring time is not.
+    tune_file = tmp_path / "t.toml"
+    tune_file.write_text(
+        'recipe = "kernels"\ntypes = ["c5a.large"]\nobjective = "cost"\n'
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+    )
+    assert main(["tune", str(tune_file), "--region", "eu-west-1"]) == 2
+    err = capsys.readouterr().err
+    assert "no prices for eu-west-1" in err and "leave money out of the search" in err, err
+    assert Results(tmp_path / "fleet.sqlite").run_ids() == []  # refused before any record
+    # A refreshed table is its own region's: it leaves the other regions' as they were.
+    prices.saved(tmp_path, "eu-west-1").write_text(
+        json.dumps(dict(prices.snapshot(), region="eu-west-1", date="2026-11-23 10:00 UTC"))
+    )
+    assert prices.in_use(tmp_path, "eu-west-1")["date"] == "2026-11-23 10:00 UTC"
+    assert prices.in_use(tmp_path, "us-east-1") == prices.snapshot()
+
+
+def test_a_first_refresh_in_a_region_keeps_no_other_regions_price(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    there = connect(replace(cloud.config, region="eu-west-1"))
+    saved = prices.saved(cloud.config.results_dir, "eu-west-1")
+    # The local cloud has no Pricing API, and there is no eu-west-1 on-demand price to keep.
+    with pytest.raises(
+        prices.PriceError,
+        match="no eu-west-1 prices read: on-demand prices left out: the Pricing API said",
+    ):
+        prices.refresh(there, ["c5a"])
+    assert not saved.exists()
+    # A Pricing API that prices one type: the table is that type, at this region's prices.
+    asked: list[str] = []
+
+    def on_demand(pricing: object, instance_type: str, location: str) -> float | None:
+        asked.append(location)
+        return 0.0871 if instance_type == "c5a.large" else None
+
+    monkeypatch.setattr(prices, "_on_demand", on_demand)
+    document = prices.refresh(there, ["c5a"])
+    try:
+        assert set(asked) == {"EU (Ireland)"}
+        assert list(document["prices"]) == ["c5a.large"] and document["region"] == "eu-west-1"
+        entry = document["prices"]["c5a.large"]
+        shipped = prices.snapshot()["prices"]["c5a.large"]
+        assert entry["on_demand"] == 0.0871
+        assert entry["spot"] and set(entry["spot"]).isdisjoint(shipped["spot"]), entry["spot"]
+        assert "types without an on-demand price in eu-west-1 left out" in document["note"]
+        assert prices.in_use(cloud.config.results_dir, "eu-west-1") == document
+    finally:
+        saved.unlink()
+    assert not prices.saved(cloud.config.results_dir, "us-east-1").exists()
