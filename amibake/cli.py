@@ -345,10 +345,13 @@ def _gc(args: argparse.Namespace) -> int:
     journal = Journal(cfg.results_dir / "journal.sqlite")
     leftovers = gc.find(cloud, journal, run_id=args.run_id, older_than=older)
     failures = [] if args.dry_run else gc.delete(cloud, journal, leftovers)
+    elsewhere = gc.other_regions(cloud, journal, args.run_id)
     result = {
         "dry_run": args.dry_run,
+        "region": cfg.region,
         "found": [x.describe() for x in leftovers],
         "failures": failures,
+        "other_regions": elsewhere,
     }
     verb = "would delete" if args.dry_run else "deleted"
     print_result(
@@ -356,9 +359,15 @@ def _gc(args: argparse.Namespace) -> int:
         result,
         lambda r: (
             "\n".join([f"{verb} {line}" for line in r["found"]] + r["failures"])
-            or "nothing to clean up"
+            or f"nothing to clean up in {r['region']}"
         ),
     )
+    for region in elsewhere:  # a run elsewhere may have left something: say where to look
+        print(
+            f"amibake gc: the journal lists resources in {region} not known to be deleted, and "
+            f"this looked in {cfg.region} only: run amibake gc --region {region}",
+            file=sys.stderr,
+        )
     return 1 if failures else 0
 
 

@@ -186,6 +186,18 @@ def find(
     return sorted(leftovers, key=lambda x: (ORDER.index(x.kind), x.resource_id))
 
 
+def other_regions(cloud: Cloud, journal: Journal, run_id: str | None = None) -> list[str]:
+    """Regions besides the cloud's where the journal holds resources not known to be deleted.
+    gc looks in one region (tags and describes are regional): these it has not looked at."""
+    return sorted(
+        {
+            entry.region
+            for entry in journal.alive(run_id=run_id, cloud=cloud.config.cloud)
+            if entry.region != cloud.config.region
+        }
+    )
+
+
 def delete(cloud: Cloud, journal: Journal, leftovers: list[Leftover]) -> list[str]:
     """Delete in dependency order; return one line per failure (with the command to finish)."""
     ec2 = cloud.ec2

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from botocore.awsrequest import AWSResponse
 
 from amibake import pipelines
 from amibake.cli import main
-from amibake.cloud import Cloud
+from amibake.cloud import Cloud, connect
 from amibake.journal import Journal
+from amibake.runner import new_run_id
 from amibake.steps import launch
 from tests.helpers import ec2_error, tagged_alive, wait_until_clean
 from tests.test_build import FIXTURES, assert_nothing_left, request
@@ -266,3 +268,38 @@ def test_gc_dry_run_lists_without_deleting(
 def test_unknown_older_than_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["gc", "--older-than", "two hours"]) == 2
     assert "use a number and a unit" in capsys.readouterr().err
+
+
+def test_gc_names_the_regions_it_did_not_look_in(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A run in another region whose process died: its key pair is there, and in the journal.
+    there = connect(replace(cloud.config, region="eu-west-1"))
+    run_id = new_run_id()
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    journal.start_run(run_id, "build", "local", "eu-west-1")
+    name = f"amibake-{run_id}"
+    there.ec2.create_key_pair(
+        KeyName=name,
+        KeyType="ed25519",
+        TagSpecifications=[
+            {"ResourceType": "key-pair", "Tags": [{"Key": "amibake:run-id", "Value": run_id}]}
+        ],
+    )
+    journal.created(run_id, "key-pair", name, "eu-west-1", "local")
+    assert main(["gc", "--run-id", run_id]) == 0
+    out, err = capsys.readouterr()
+    assert out == "nothing to clean up in us-east-1\n"
+    assert err.endswith(
+        "amibake gc: the journal lists resources in eu-west-1 not known to be deleted, and this "
+        "looked in us-east-1 only: run amibake gc --region eu-west-1\n"
+    ), err
+    assert main(["gc", "--run-id", run_id, "--region", "eu-west-1"]) == 0
+    assert f"deleted key-pair {name}" in capsys.readouterr().out
+    assert (
+        there.ec2.describe_key_pairs(Filters=[{"Name": "tag:amibake:run-id", "Values": [run_id]}])[
+            "KeyPairs"
+        ]
+        == []
+    )
+    assert journal.alive(run_id) == []
