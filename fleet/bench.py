@@ -107,6 +107,7 @@ class Board:
     status: dict[str, str] = field(default_factory=dict)
     spent: float = 0.0  # from instances already torn down
     live: dict[str, tuple[float, float]] = field(default_factory=dict)  # type -> (start, price)
+    unpriced: set[str] = field(default_factory=set)  # types running without a price
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def spent_now(self) -> float:
@@ -120,18 +121,23 @@ class Board:
                 what = "running"
             if what == "staging" and state.price is not None:
                 self.live[state.label] = (state.launched_at, state.price)
+            elif what == "staging":
+                self.unpriced.add(state.label)
             if what in ("done", "failed") and state.label in self.live:
                 start, price = self.live.pop(state.label)
                 self.spent += (time.time() - start) * price / 3600
             self.status[state.label] = what
             line = ", ".join(f"{t} {s}" for t, s in self.status.items())
+            # Without a price, "$0.0000 spent" would claim those instances were free.
+            unpriced = f" (without {', '.join(sorted(self.unpriced))}: no price)"
             log.info(
-                "[%s] %d/%d replicates; %s; $%.4f spent",
+                "[%s] %d/%d replicates; %s; $%.4f spent%s",
                 self.run_id,
                 self.done,
                 self.total,
                 line,
                 self.spent_now(),
+                unpriced if self.unpriced else "",
             )
 
 

@@ -305,7 +305,10 @@ def test_bad_input_is_one_line_and_creates_nothing(
 
 
 def test_a_type_without_price_is_refused_unless_allowed(
-    cloud: Cloud, local_dir: Path, capsys: pytest.CaptureFixture[str]
+    cloud: Cloud,
+    local_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from fleet import prices
 
@@ -325,4 +328,5 @@ def test_a_type_without_price_is_refused_unless_allowed(
     results = results_of(cloud)
     made = report.make(results, run_id, cloud.config.results_dir / "reports", html_page=False)
     assert made.summary.usd_per_unit.isna().all()  # measured, but no cost claimed
+    assert "$0.0000 spent (without c5a.large: no price)" in caplog.text  # not "free"
     assert_nothing_left(cloud, results, run_id, local_dir)
