@@ -488,7 +488,7 @@ def make_tune(
             "params",
             "reason",
         ]
-    ]
+    ].rename(columns={"seconds": "seconds_per_unit"})  # as cost is: per unit of work
     report = Report(
         run_id, record["note"], shown, final[final.state != "ok"][["trial", "state", "reason"]], ""
     )
@@ -563,7 +563,7 @@ def _own_terms(trials: pd.DataFrame, objective: str) -> tuple[pd.Series, str, bo
     scored = trials[loss.notna()]
     if len(scored) and all(map(partial(is_rate, objective), scored.loss, scored.metric)):
         return -loss, "metric (higher is better)", True
-    labels = {"runtime": "seconds", "cost": "USD per unit of work"}
+    labels = {"runtime": "seconds per unit of work", "cost": "USD per unit of work"}
     return loss, labels.get(objective, "metric") + " (lower is better)", False
 
 
@@ -638,7 +638,7 @@ def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame, spec: dict[str, Any]) -> 
         axes.plot(
             best.seconds_per_unit, best.usd_per_unit, "o-", color="#2ca02c", label="Pareto front"
         )
-        axes.set_xlabel("seconds")
+        axes.set_xlabel("seconds per unit of work")
         axes.set_ylabel("USD per unit of work")
         axes.legend()
         plots["Time vs cost (Pareto front)"] = _png(figure)

@@ -51,7 +51,7 @@ class Evaluation:
     state: str  # ok | infeasible | failed
     loss: float | None = None
     metric: float | None = None
-    seconds: float | None = None
+    seconds: float | None = None  # per unit of work, as cost_per_unit
     cost_per_unit: float | None = None
     usd: float = 0.0  # what the trial cost to run
     reason: str = ""

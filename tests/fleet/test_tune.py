@@ -583,7 +583,9 @@ def test_the_tune_plots_read_in_the_objectives_terms_and_the_spaces_order() -> N
     assert list(values) == [5.0, 7.0] and label == "metric (higher is better)" and higher
     values, label, higher = _own_terms(rate.assign(loss=[5.0, 7.0]), "metric")  # as it is
     assert list(values) == [5.0, 7.0] and label == "metric (lower is better)" and not higher
-    assert _own_terms(rate.assign(loss=[1.0, 2.0]), "runtime")[1] == "seconds (lower is better)"
+    assert _own_terms(rate.assign(loss=[1.0, 2.0]), "runtime")[1] == (
+        "seconds per unit of work (lower is better)"
+    )
 
 
 def test_a_replayed_cost_search_has_its_pareto_front_and_recommendations(
@@ -725,3 +727,47 @@ def test_a_sigkilled_search_resumes_after_removing_what_its_trial_left(
     ]:
         assert tagged_alive(cloud, amibake_run) == [] and journal.alive(amibake_run) == []
     assert wait_until_clean(local_dir) == []
+
+
+def test_a_cloud_trial_is_timed_per_unit_of_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernels report a rate and run for a fixed time: their wall seconds say nothing of
+    speed. Time (the runtime objective, max_seconds, the report's time) is per unit of work, as
+    cost is."""
+    from fleet.trial import CloudEvaluator
+
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    cfg = config.load()
+    replicates = pd.DataFrame(
+        {
+            "metric": [200.0, 250.0, 225.0],  # work per second
+            "seconds": [1.2, 1.3, 1.25],  # each run's wall time
+            "price_usd_hour": [0.036] * 3,
+            "rss_max_mb": [50.0] * 3,
+        }
+    )
+
+    def score(objective: str, **constraints: float) -> tune.Evaluation:
+        spec = tune.from_dict(
+            {
+                "recipe": "kernels",
+                "types": ["c5a.large"],
+                "objective": objective,
+                "constraints": constraints,
+                "params": {"threads": {"kind": "int", "low": 1, "high": 2, "stage": "run"}},
+            },
+            "t.toml",
+        )
+        return CloudEvaluator(spec, cfg)._score(replicates, {}, 0.0)
+
+    runtime = score("runtime")
+    assert runtime.loss == pytest.approx(1 / 225) and runtime.seconds == pytest.approx(1 / 225)
+    low, high = runtime.manifest["interval"]
+    assert 1 / 250 <= low <= 1 / 225 <= high <= 1 / 200
+    cost = score("cost")
+    assert cost.loss == pytest.approx(1 / 225 * 0.036 / 3600) and cost.loss == cost.cost_per_unit
+    assert cost.seconds == pytest.approx(1 / 225)
+    slow = score("runtime", max_seconds=0.004)
+    assert slow.state == "infeasible" and slow.reason == "max_seconds 0.004 broken: 0.004444"
+    assert score("runtime", max_seconds=0.005).state == "ok"
