@@ -52,24 +52,39 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--recipe", help="recipe name (default from amibake.toml: kernels)")
     build.add_argument("--size", help="instance size (default large)")
     market = build.add_mutually_exclusive_group()
-    market.add_argument("--spot", dest="spot", action="store_true", default=None)
-    market.add_argument("--on-demand", dest="spot", action="store_false")
+    market.add_argument(
+        "--spot", dest="spot", action="store_true", default=None, help="spot (the default)"
+    )
+    market.add_argument("--on-demand", dest="spot", action="store_false", help="on-demand")
     build.add_argument(
         "--on-demand-fallback", action="store_true", help="use on-demand if spot has no capacity"
     )
-    build.add_argument("--keep-on-error", action="store_true")
+    build.add_argument(
+        "--keep-on-error",
+        action="store_true",
+        help="on failure, leave the instance up and print how to SSH in (amibake gc removes it)",
+    )
     build.add_argument("--dry-run", action="store_true", help="validate and show the plan")
     common_options(build)
 
     bake = commands.add_parser("bake", help="bake the built artifacts into ECS-optimized AMIs")
     bake.add_argument("--family", help="families whose artifacts to bake (default: all built)")
     bake.add_argument("--name", default="amibake", help="image name prefix")
-    bake.add_argument("--tmpfs-reserve-mb-per-vcpu", type=int, default=700)
+    bake.add_argument(
+        "--tmpfs-reserve-mb-per-vcpu",
+        type=int,
+        default=700,
+        help="memory left outside /shared per vCPU (default 700); /shared gets the rest",
+    )
     bake.add_argument("--base-ami", help="bake from this image instead of the AL2023 ECS one")
     bake.add_argument("--allow-eol", action="store_true", help="accept an Amazon Linux 2 base")
     bake.add_argument("--build", action="store_true", help="build the families missing first")
     bake.add_argument("--recipe", help="with --build: the recipe (default from config)")
-    bake.add_argument("--keep-on-error", action="store_true")
+    bake.add_argument(
+        "--keep-on-error",
+        action="store_true",
+        help="on failure, leave the instance up and print how to SSH in (amibake gc removes it)",
+    )
     bake.add_argument("--dry-run", action="store_true", help="render, verify, show the plan")
     common_options(bake)
 
@@ -109,16 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
         dest="source_command", required=True, parser_class=Parser
     )
     add = source_commands.add_parser("add", help="check a source archive's sha256 and cache it")
-    add.add_argument("file")
+    add.add_argument("file", help="a source archive a recipe names by sha256")
     common_options(add)
     has = source_commands.add_parser("has", help="exit 0 if a recipe's source is in the cache")
-    has.add_argument("recipe")
+    has.add_argument("recipe", help="recipe name")
     common_options(has)
 
     interrupt = local_commands.add_parser(
         "interrupt", help="raise a spot interruption notice on an instance's IMDS"
     )
-    interrupt.add_argument("instance_id")
+    interrupt.add_argument("instance_id", help="a local cloud instance, i-...")
     common_options(interrupt)
     return parser
 
