@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,10 @@ from amibake.errors import ConfigError
 
 CLOUDS = ("aws", "local")
 RETRY_MODES = ("standard", "adaptive")
+# AWS region codes: us-east-1, ap-southeast-2, us-gov-west-1, eusc-de-east-1. Checked here
+# because botocore's own refusal ("region_name '5' doesn't match a supported format") names
+# neither the setting nor where it came from, and a well-formed typo only fails at connect time.
+REGION = re.compile(r"[a-z]{2,4}(-[a-z]+)+-\d{1,2}")
 
 
 def cache_home() -> Path:
@@ -81,7 +86,9 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
             return Path(str(value)).expanduser()
         if value is None or (kind == "str | None" and value == ""):
             return None
-        return str(value)
+        if not isinstance(value, str):  # TOML's 5 or true for a name: a mistake, not "5"
+            raise ValueError
+        return value
     except (TypeError, ValueError):
         problems.append(f"{source}: {name} must be {kind}, got {value!r}")
         return None
@@ -90,6 +97,10 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
 def _validate(cfg: Config, problems: list[str]) -> None:
     if cfg.cloud not in CLOUDS:
         problems.append(f"cloud must be one of {', '.join(CLOUDS)}, got {cfg.cloud!r}")
+    if not REGION.fullmatch(cfg.region):
+        problems.append(
+            f"region must be an AWS region code such as us-east-1 or eu-west-1, got {cfg.region!r}"
+        )
     if cfg.retry_mode not in RETRY_MODES:
         problems.append(
             f"retry_mode must be one of {', '.join(RETRY_MODES)}, got {cfg.retry_mode!r}"

@@ -42,6 +42,23 @@ def test_semantic_validation(tmp_path: Path) -> None:
     assert "cloud must be one of aws, local" in text
     assert "local_subnet must be a loopback network" in text
     assert "local_port must be a TCP port" in text
+    for region in ("us-east1", "5", "US-EAST-1", "us-east-1 "):
+        with pytest.raises(ConfigError, match=f"region must be an AWS region code.*{region!r}"):
+            config.load({"region": region}, toml_path=tmp_path / "none.toml", environ={})
+    for region in ("us-east-1", "ap-southeast-2", "us-gov-west-1", "eusc-de-east-1"):
+        loaded = config.load({"region": region}, toml_path=tmp_path / "none.toml", environ={})
+        assert loaded.region == region
+
+
+def test_a_name_given_as_a_number_in_the_file_is_refused(tmp_path: Path) -> None:
+    toml = tmp_path / "amibake.toml"
+    toml.write_text("region = 5\nrecipe = true\n")
+    with pytest.raises(ConfigError) as caught:
+        config.load(toml_path=toml, environ={})
+    assert caught.value.problems == [
+        f"{toml}: region must be str, got 5",
+        f"{toml}: recipe must be str, got True",
+    ]
 
 
 def test_toml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
