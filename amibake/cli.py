@@ -443,12 +443,10 @@ def guarded(prog: str, handle: Callable[[], int]) -> int:
     except AmibakeError as exc:
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
-    except botocore.exceptions.NoCredentialsError:
-        print(
-            f"{prog}: error: no AWS credentials found: configure a profile (aws configure), "
-            "pass --profile, or use --cloud local",
-            file=sys.stderr,
-        )
+    except botocore.exceptions.NoCredentialsError:  # credentials gone since connect
+        from amibake.cloud.session import NO_CREDENTIALS
+
+        print(f"{prog}: error: {NO_CREDENTIALS}", file=sys.stderr)
         return 2
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
         # AccessDenied and friends: the message names the action and the principal.

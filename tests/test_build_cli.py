@@ -187,3 +187,26 @@ def test_a_client_first_wanted_by_many_threads_at_once_is_built_once(cloud: Clou
     with ThreadPoolExecutor(8) as pool:
         built = set(pool.map(wanted, range(8)))
     assert len(built) == 1, f"{len(built)} ec2 clients built for one Cloud"
+
+
+def test_no_aws_credentials_is_one_line_before_anything_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from amibake.cloud.session import NO_CREDENTIALS
+    from fleet.cli import main as fleet_main
+    from fleet.results import Results
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(name, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to find here
+    monkeypatch.setenv("AMIBAKE_CLOUD", "aws")
+    results = tmp_path / "results"
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(results))
+    assert fleet_main(["bench", "--types", "c5a.large", "--command", "true"]) == 2
+    assert capsys.readouterr().err == f"fleet: error: {NO_CREDENTIALS}\n"
+    assert Results(results / "fleet.sqlite").run_ids() == []  # no run left "created" for good
+    assert main(["build", "--family", "c5a", "--recipe", "kernels"]) == 2
+    assert capsys.readouterr().err == f"amibake: error: {NO_CREDENTIALS}\n"
+    assert Journal(results / "journal.sqlite").last_run_id() is None

@@ -111,6 +111,12 @@ class Cloud:
         return str(address), 22
 
 
+NO_CREDENTIALS = (
+    "no AWS credentials found: configure a profile (aws configure), pass --profile, or use "
+    "--cloud local"
+)
+
+
 def connect(config: Config) -> Cloud:
     """Build the Cloud for a config; for the local cloud, start it when it is not running."""
     endpoint = config.endpoint_url
@@ -129,4 +135,8 @@ def connect(config: Config) -> Cloud:
             session = boto3.session.Session(profile_name=config.profile, region_name=config.region)
         except botocore.exceptions.ProfileNotFound as exc:
             raise UserError(f"{exc}; pick one from ~/.aws/config or unset --profile") from None
+        # Asked now, not at the first call: by then a run may be recorded (a fleet bench run
+        # stayed "created" for good) for a command that never could have run.
+        if session.get_credentials() is None:
+            raise UserError(NO_CREDENTIALS)
     return Cloud(config=config, session=session, endpoint_url=endpoint)
