@@ -232,6 +232,8 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
     if not isinstance(families, list) or not isinstance(sizes, list):
         raise fail("families", "families and sizes must be lists")
+    if "sizes" in data and not families:  # else silently ignored: the user meant something
+        raise fail("sizes", "sizes are of families: add families = [...] (or --families)")
     for name in families:
         try:
             family = catalog.family(str(name))

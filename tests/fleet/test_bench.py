@@ -277,6 +277,9 @@ def test_bad_input_is_one_line_and_creates_nothing(
         ("bench", "--types", "c5a.huge", "--command", "true"): "c5a comes in large, xlarge",
         ("bench", str(bad)): f"{bad}:3: replicates: must be an integer",
         ("bench", "--types", "c5a.large"): "give exactly one of recipe",
+        ("bench", "--types", "c5a.large", "--command", "true", "--sizes", "xlarge"): (
+            "sizes: sizes are of families: add families"
+        ),
         (
             "bench",
             "--types",
