@@ -27,6 +27,22 @@ class Parser(argparse.ArgumentParser):
         # argparse's own errors are user mistakes too: one line, exit 2, no usage dump.
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        # argparse finds an unknown flag only back in the top parser, whose help does not list
+        # the command's flags: point at the help of the command it was given to.
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            chosen = [
+                value
+                for name, value in vars(parsed).items()
+                if (name == "command" or name.endswith("_command")) and isinstance(value, str)
+            ]
+            where = " ".join([self.prog, *chosen])
+            raise UserError(f"unrecognized arguments: {' '.join(extras)} (see `{where} --help`)")
+        return parsed
+
 
 def common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cloud", help="aws (default) or local: the embedded local cloud")

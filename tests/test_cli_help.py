@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
+import pytest
+
 from amibake.cli import build_parser as amibake_parser
+from amibake.cli import main as amibake
 from fleet.cli import build_parser as fleet_parser
+from fleet.cli import main as fleet
 
 
 def undocumented(parser: argparse.ArgumentParser, path: str) -> Iterator[str]:
@@ -24,3 +28,16 @@ def test_every_option_and_argument_has_help() -> None:
         *undocumented(fleet_parser(), "fleet"),
     ]
     assert missing == [], f"no help text for: {', '.join(missing)}"
+
+
+def test_an_unknown_flag_points_at_the_help_of_its_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert amibake(["build", "--family", "c7i", "--tmpfs-gb", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "amibake: error: unrecognized arguments: --tmpfs-gb 1 (see `amibake build --help`)\n"
+    )
+    assert amibake(["local", "up", "--bogus"]) == 2
+    assert "(see `amibake local up --help`)" in capsys.readouterr().err
+    assert fleet(["report", "last", "--nope"]) == 2
+    assert "--nope (see `fleet report --help`)" in capsys.readouterr().err
