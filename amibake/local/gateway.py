@@ -46,6 +46,10 @@ _FLEET_INSTANCE = re.compile(r"<item>(i-[0-9a-f]+)</item>")
 _IMAGE_ID = re.compile(r"<imageId>(ami-[0-9a-f]+)</imageId>")
 _OUTPUT = re.compile(r"<output>.*?</output>", re.S)
 GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
+# Services moto does not serve. It answered them with a 500 and an HTML page, which boto retried
+# and then quoted whole ("the Pricing API said: <!doctype html> ..."): a service the local
+# cloud lacks is refused at once, in the service's JSON protocol, saying so.
+UNSERVED = {"pricing": "Pricing API"}
 
 StartResponse = Callable[..., Any]
 
@@ -76,6 +80,8 @@ class Gateway:
         if path.startswith("/_amibake/"):
             return self._admin(path, environ, start_response)
         scope = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
+        if scope is not None and scope.group(3) in UNSERVED:
+            return self._unserved(UNSERVED[scope.group(3)], start_response)
         if scope is None or scope.group(3) != "ec2":
             return self._moto(environ, start_response)
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -104,6 +110,20 @@ class Gateway:
         headers.append(("Content-Length", str(len(response))))
         start_response(captured["status"], headers)
         return [response]
+
+    @staticmethod
+    def _unserved(service: str, start_response: StartResponse) -> list[bytes]:
+        body = json.dumps(
+            {
+                "__type": "NotImplemented",
+                "message": f"the local cloud has no {service} (moto does not serve it)",
+            }
+        ).encode()
+        start_response(
+            "400 Bad Request",
+            [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(body)))],
+        )
+        return [body]
 
     def _moto(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """moto answers the request, one request at a time (BACKENDS), its body read whole

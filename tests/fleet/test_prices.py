@@ -91,7 +91,11 @@ def test_refresh_reads_the_spot_history_and_says_what_it_kept(
         assert json.loads(saved.read_text())["generated_by"] == "fleet prices --refresh"
         assert document["source"].startswith("local: EC2 DescribeSpotPriceHistory")
         # The local cloud has no Pricing API: on-demand prices stay the snapshot's, and say so.
-        assert "on-demand prices kept from 2026-11-22" in document["note"]
+        assert document["note"].startswith(
+            "on-demand prices kept from 2026-11-22: the Pricing API said: An error occurred "
+            "(NotImplemented) when calling the GetProducts operation: the local cloud has no "
+            "Pricing API (moto does not serve it)"
+        ), document["note"]
         entry = document["prices"]["c5a.large"]
         assert entry["on_demand"] == prices.snapshot()["prices"]["c5a.large"]["on_demand"]
         assert "no spot price history" not in document["note"]
