@@ -414,6 +414,20 @@ def status(cloud: Cloud) -> dict[str, Any]:
     }
 
 
+def status_text(status: dict[str, Any]) -> str:
+    """`amibake batch status` for a reader: one line per environment, queue and definition."""
+    lines = [
+        f"compute environment {name}: {env['state']}, {env['status']}, image {env['image']}"
+        for name, env in status["compute_environments"].items()
+    ]
+    lines += [  # an environment by its name, as above (Batch gives the queue's as ARNs)
+        f"queue {q} -> {', '.join(e.rsplit('/', 1)[-1] for e in envs)}"
+        for q, envs in status["queues"].items()
+    ]
+    lines += [f"job definition {d}" for d in status["job_definitions"]]
+    return "\n".join(lines) or "nothing registered (amibake batch up --from-bake registers it)"
+
+
 def _queue_gone(batch: Any, queue: str) -> bool:
     return not batch.describe_job_queues(jobQueues=[queue])["jobQueues"]
 

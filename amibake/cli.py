@@ -322,7 +322,7 @@ def _batch(args: argparse.Namespace) -> int:
         done = batch.down(cloud)
         print_result(args, done, lambda r: "\n".join(r) or "nothing registered")
     else:
-        print_result(args, batch.status(cloud), lambda r: json.dumps(r, indent=2))
+        print_result(args, batch.status(cloud), batch.status_text)
     return 0
 
 

@@ -30,7 +30,12 @@ def _wait_job(client: object, job_id: str, timeout_s: float = 60) -> dict:  # ty
     raise AssertionError(f"job {job_id} did not end in {timeout_s}s")
 
 
-def test_full_flow_up_job_swap_down(cloud: Cloud, built: None, local_dir: Path) -> None:  # noqa: F811
+def test_full_flow_up_job_swap_down(
+    cloud: Cloud,
+    built: None,  # noqa: F811
+    local_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     first = _bake(cloud)
     amis = cloud.config.results_dir / "amis.json"
     up = batch.up(cloud, batch.images_from_bake(amis))
@@ -91,11 +96,18 @@ def test_full_flow_up_job_swap_down(cloud: Cloud, built: None, local_dir: Path) 
     assert any(first in retired for retired in swapped["retired"])
     status = batch.status(cloud)
     assert list(status["compute_environments"]) == [f"amibake-x86_64-{second}"]
+    capsys.readouterr()
+    assert main(["batch", "status"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert f"compute environment amibake-x86_64-{second}: ENABLED, VALID, image {second}" in shown
+    assert f"queue amibake-x86_64 -> amibake-x86_64-{second}" in shown
 
     done = batch.down(cloud)
     assert "deleted job queue amibake-x86_64" in done
     assert batch.status(cloud) == {"compute_environments": {}, "queues": {}, "job_definitions": []}
     assert batch.down(cloud) == []  # safe to re-run
+    assert main(["batch", "status"]) == 0
+    assert capsys.readouterr().out.startswith("nothing registered")
 
 
 def test_batch_bad_input(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> None:
