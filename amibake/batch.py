@@ -414,16 +414,28 @@ def status(cloud: Cloud) -> dict[str, Any]:
     }
 
 
+def _name(arn: str) -> str:
+    """A Batch resource by the name it was given (name:revision for a job definition)."""
+    return arn.rsplit("/", 1)[-1]
+
+
+def up_text(result: dict[str, Any]) -> str:
+    """`amibake batch up` for a reader (--json keeps the ARNs)."""
+    return "\n".join(
+        [f"queue {q} -> {e}" for q, e in result["queues"].items()]
+        + [f"job definition {_name(d)}" for d in result["job_definitions"]]
+        + [f"retired {_name(e)}" for e in result["retired"]]
+    )
+
+
 def status_text(status: dict[str, Any]) -> str:
     """`amibake batch status` for a reader: one line per environment, queue and definition."""
     lines = [
         f"compute environment {name}: {env['state']}, {env['status']}, image {env['image']}"
         for name, env in status["compute_environments"].items()
     ]
-    lines += [  # an environment by its name, as above (Batch gives the queue's as ARNs)
-        f"queue {q} -> {', '.join(e.rsplit('/', 1)[-1] for e in envs)}"
-        for q, envs in status["queues"].items()
-    ]
+    # An environment by its name, as above (Batch gives a queue's as ARNs).
+    lines += [f"queue {q} -> {', '.join(map(_name, envs))}" for q, envs in status["queues"].items()]
     lines += [f"job definition {d}" for d in status["job_definitions"]]
     return "\n".join(lines) or "nothing registered (amibake batch up --from-bake registers it)"
 

@@ -309,15 +309,7 @@ def _batch(args: argparse.Namespace) -> int:
         )
         logs.to_terminal()
         result = batch.up(cloud, images, spot=not args.on_demand)
-        print_result(
-            args,
-            result,
-            lambda r: "\n".join(
-                [f"queue {q} -> {e}" for q, e in r["queues"].items()]
-                + [f"job definition {d}" for d in r["job_definitions"]]
-                + [f"retired {e}" for e in r["retired"]]
-            ),
-        )
+        print_result(args, result, batch.up_text)
     elif args.batch_command == "down":
         done = batch.down(cloud)
         print_result(args, done, lambda r: "\n".join(r) or "nothing registered")

@@ -96,6 +96,11 @@ def test_full_flow_up_job_swap_down(
     assert any(first in retired for retired in swapped["retired"])
     status = batch.status(cloud)
     assert list(status["compute_environments"]) == [f"amibake-x86_64-{second}"]
+    assert batch.up_text(swapped).splitlines() == [
+        f"queue amibake-x86_64 -> amibake-x86_64-{second}",
+        "job definition amibake-trivial-x86_64:1",
+        f"retired amibake-x86_64-{first}",
+    ]
     capsys.readouterr()
     assert main(["batch", "status"]) == 0
     shown = capsys.readouterr().out.splitlines()
