@@ -31,6 +31,7 @@ from amibake import recipes
 from amibake.cloud import Cloud
 from fleet import tune
 from fleet.agent import job
+from fleet.replay import Comparison, ReplayEvaluator, blind_chance, compare, space_from_table
 from fleet.results import Results
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -166,10 +167,10 @@ def measure(rounds: int, kernels: list[str]) -> None:
     _summarise(provenance)
 
 
-def replay(path: Path) -> tuple[tune.TuneSpec, tune.ReplayEvaluator]:
-    spec = tune.from_dict(tune.space_from_table(path, "metric"), str(path))
+def replay(path: Path) -> tuple[tune.TuneSpec, ReplayEvaluator]:
+    spec = tune.from_dict(space_from_table(path, "metric"), str(path))
     spec.startup_trials = 5  # what fleet tune picks for a budget of 20-23 trials
-    return spec, tune.ReplayEvaluator(path, spec)
+    return spec, ReplayEvaluator(path, spec)
 
 
 def main_effects(table: pd.DataFrame) -> tuple[pd.DataFrame, float]:
@@ -185,7 +186,7 @@ def main_effects(table: pd.DataFrame) -> tuple[pd.DataFrame, float]:
     return table.assign(metric=-np.exp(fit)), float((logs - fit).std())
 
 
-def _seeds_within(comparison: tune.Comparison, five: bool = False) -> int:
+def _seeds_within(comparison: Comparison, five: bool = False) -> int:
     reached = comparison.to_5pct if five else comparison.to_2pct
     return sum(1 for t in reached if t is not None)
 
@@ -200,22 +201,22 @@ def run(cloud: Cloud) -> dict[str, Any]:
     spec, evaluator = replay(SUITE)
     grid = spec.space.size()
     tenth = max(1, grid // 10)
-    tpe60, random60 = tune.compare(spec, evaluator, ["tpe", "random"], SEEDS, 60)
-    tpe_tenth, random_tenth = tune.compare(spec, evaluator, ["tpe", "random"], SEEDS, tenth)
+    tpe60, random60 = compare(spec, evaluator, ["tpe", "random"], SEEDS, 60)
+    tpe_tenth, random_tenth = compare(spec, evaluator, ["tpe", "random"], SEEDS, tenth)
     within = _seeds_within(tpe_tenth)
     near = evaluator.near_optimum(0.02)
-    tpe30 = tune.compare(spec, evaluator, ["tpe"], SEEDS, 30)[0]
+    tpe30 = compare(spec, evaluator, ["tpe"], SEEDS, 30)[0]
     # matmul alone, beside it: its rate depends on how the blocks split between the threads
     # (3 blocks on 2 threads idle one for a third of the time), so its optimum is a lone point
     # that no search finds more often than a blind draw.
     mm_spec, mm_evaluator = replay(MATMUL)
-    mm_tpe, mm_random = tune.compare(mm_spec, mm_evaluator, ["tpe", "random"], SEEDS, tenth)
+    mm_tpe, mm_random = compare(mm_spec, mm_evaluator, ["tpe", "random"], SEEDS, tenth)
     mm_near = mm_evaluator.near_optimum(0.02)
     with tempfile.TemporaryDirectory() as tmp:
         smooth, residual = main_effects(pd.read_csv(SUITE))
         smooth.to_csv(Path(tmp) / "main_effects.csv", index=False)
         me_spec, me_evaluator = replay(Path(tmp) / "main_effects.csv")
-        me_tpe, me_random = tune.compare(me_spec, me_evaluator, ["tpe", "random"], SEEDS, tenth)
+        me_tpe, me_random = compare(me_spec, me_evaluator, ["tpe", "random"], SEEDS, tenth)
         # Overhead: a 300-trial TPE search through the database, the evaluation a lookup.
         results = Results(Path(tmp) / "fleet.sqlite")
         spec.trials = 300
@@ -240,7 +241,7 @@ def run(cloud: Cloud) -> dict[str, Any]:
         # The target's size: a table with few configurations near its optimum is a needle.
         "configurations_within_2pct": near,
         "configurations_within_5pct": evaluator.near_optimum(0.05),
-        "blind_draw_chance_within_2pct_at_10pct": round(tune.blind_chance(grid, near, tenth), 3),
+        "blind_draw_chance_within_2pct_at_10pct": round(blind_chance(grid, near, tenth), 3),
         # How sharp the table is: one run's spread around its configuration's mean, and how far
         # the medians of the first and second half of the rounds differ (medians over
         # configurations). A target of 2% means little below the second.
@@ -254,7 +255,7 @@ def run(cloud: Cloud) -> dict[str, Any]:
         "matmul_alone_configurations_within_2pct": mm_near,
         "matmul_alone_tpe_within_2pct_at_10pct_seeds": f"{_seeds_within(mm_tpe)}/{SEEDS}",
         "matmul_alone_random_within_2pct_at_10pct_seeds": f"{_seeds_within(mm_random)}/{SEEDS}",
-        "matmul_alone_blind_draw_chance": round(tune.blind_chance(grid, mm_near, tenth), 3),
+        "matmul_alone_blind_draw_chance": round(blind_chance(grid, mm_near, tenth), 3),
         # The suite table with each parameter's effect alone (main_effects): the search on the
         # table's shape without the parameters' interplay, and how far the table strays from
         # that shape (sd of log rate), set beside the 2% target.

@@ -328,7 +328,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _tune_compare(args: argparse.Namespace) -> int:
-    from fleet import report, tune
+    from fleet import replay, report, tune
 
     if not args.replay:
         raise UserError("fleet tune compare needs --replay TABLE.csv")
@@ -338,21 +338,21 @@ def _tune_compare(args: argparse.Namespace) -> int:
         spec = tune.load(Path(args.space), changes)
     else:
         column = args.objective_column or "metric"
-        spec = tune.from_dict(tune.space_from_table(table, column), str(table))
+        spec = tune.from_dict(replay.space_from_table(table, column), str(table))
     algorithms = _list(args.algorithms) or ["tpe", "random", "grid"]
     for name in algorithms:
         if name not in tune.ALGORITHMS:
             raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
     if args.seeds < 1 or args.budget < 1:
         raise UserError("--seeds and --budget must be at least 1")
-    evaluator = tune.ReplayEvaluator(table, spec)
+    evaluator = replay.ReplayEvaluator(table, spec)
     if args.startup_trials is not None:
         if args.startup_trials < 0:
             raise UserError("--startup-trials must be at least 0")
         spec.startup_trials = args.startup_trials
-    rows = tune.compare(spec, evaluator, algorithms, args.seeds, args.budget)
+    rows = replay.compare(spec, evaluator, algorithms, args.seeds, args.budget)
     near = {t: evaluator.near_optimum(t) for t in (0.02, 0.05)}
-    text = tune.compare_text(rows, args.budget, spec.space.size(), near, len(evaluator.table))
+    text = replay.compare_text(rows, args.budget, spec.space.size(), near, len(evaluator.table))
     # One page per table and budget: comparing again with the same ones replaces it.
     out = config_from(args).results_dir / "reports" / f"compare-{table.stem}-{args.budget}"
     files = report.make_compare(rows, text, out)

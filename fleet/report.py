@@ -27,7 +27,7 @@ from fleet.results import Results
 from fleet.spec import BenchSpec, Metric
 
 if TYPE_CHECKING:
-    from fleet.tune import Comparison
+    from fleet.replay import Comparison
 
 MAX_TIMELINES = 24  # monitor timelines drawn: a readable plot, whatever the run's size
 TERMINAL_TRIALS = 10  # a tune report's trials in the terminal; the page and trials.csv hold all

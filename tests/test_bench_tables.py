@@ -8,7 +8,7 @@ import json
 import pandas as pd
 
 from benchmarks import bench_tune
-from fleet import tune
+from fleet.replay import compare
 
 KEYS = ["threads", "block", "size"]
 
@@ -41,7 +41,7 @@ def test_every_configuration_was_measured_in_every_round() -> None:
 def test_fleet_tune_searches_the_saved_table() -> None:
     spec, evaluator = bench_tune.replay(bench_tune.SUITE)
     assert spec.space.size() == len(pd.read_csv(bench_tune.SUITE))
-    (comparison,) = tune.compare(spec, evaluator, ["grid"], 1, spec.space.size())
+    (comparison,) = compare(spec, evaluator, ["grid"], 1, spec.space.size())
     assert comparison.ratios == [1.0]  # the whole grid finds the optimum exactly
 
 

@@ -23,6 +23,7 @@ from amibake.journal import Journal
 from amibake.local import control as local_control
 from fleet import bench, control, tune
 from fleet.cli import main
+from fleet.replay import ReplayEvaluator, blind_chance, space_from_table
 from fleet.results import Results
 from fleet.space import Space
 from tests.helpers import tagged_alive, wait_until_clean
@@ -73,7 +74,7 @@ def run_search(tmp_path: Path, spec: tune.TuneSpec, **kw: Any) -> tuple[Results,
     results = Results(tmp_path / "fleet.sqlite")
     run_id = tune.start(results, spec, "local", "us-east-1")
     assert spec.replay is not None
-    tune.search(spec, tune.ReplayEvaluator(spec.replay, spec), results, run_id, **kw)
+    tune.search(spec, ReplayEvaluator(spec.replay, spec), results, run_id, **kw)
     return results, run_id
 
 
@@ -150,7 +151,7 @@ def test_resume_after_the_controller_stops_loses_and_repeats_no_trial(tmp_path: 
     spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=16, parallel=2))
     results = Results(tmp_path / "fleet.sqlite")
     run_id = tune.start(results, spec, "local", "us-east-1")
-    lookup = tune.ReplayEvaluator(known_optimum(tmp_path), spec)
+    lookup = ReplayEvaluator(known_optimum(tmp_path), spec)
 
     def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
         if trial == 1:
@@ -235,7 +236,7 @@ def test_an_interrupt_outside_the_wait_still_stops_the_trials_in_flight(
     spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=10, parallel=2))
     results = Results(tmp_path / "fleet.sqlite")
     run_id = tune.start(results, spec, "local", "us-east-1")
-    lookup = tune.ReplayEvaluator(spec.replay or Path(), spec)
+    lookup = ReplayEvaluator(spec.replay or Path(), spec)
     stop = threading.Event()  # what cancel_all sets for a cloud trial's runs
     monkeypatch.setattr(tune, "cancel_all", lambda: stop.set() or 1)
 
@@ -257,7 +258,7 @@ def test_the_money_budget_counts_trials_in_flight_and_what_a_resumed_search_spen
     spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=20, max_usd=3.5))
     results = Results(tmp_path / "fleet.sqlite")
     run_id = tune.start(results, spec, "local", "us-east-1")
-    lookup = tune.ReplayEvaluator(spec.replay or Path(), spec)
+    lookup = ReplayEvaluator(spec.replay or Path(), spec)
 
     def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
         return dataclasses.replace(lookup(trial, params), usd=1.0)
@@ -279,7 +280,7 @@ def test_the_wall_time_budget_is_the_runs_across_a_resume(tmp_path: Path) -> Non
     spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=50, max_hours=1 / 3600))
     results = Results(tmp_path / "fleet.sqlite")
     run_id = tune.start(results, spec, "local", "us-east-1")
-    lookup = tune.ReplayEvaluator(spec.replay or Path(), spec)
+    lookup = ReplayEvaluator(spec.replay or Path(), spec)
 
     def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
         time.sleep(0.25)
@@ -369,8 +370,8 @@ def test_compare_says_how_big_the_target_is(
     out = capsys.readouterr().out
     # 20 distinct draws of 60 miss the one optimum with chance 40/60.
     assert "of the 60: 1 within 2% (a blind draw of 20 hits one 33% of the time)" in out, out
-    assert tune.blind_chance(60, 0, 20) == 0.0 and tune.blind_chance(60, 2, 60) == 1.0
-    assert round(tune.blind_chance(60, 2, 20), 4) == round(1 - (40 * 39) / (60 * 59), 4)
+    assert blind_chance(60, 0, 20) == 0.0 and blind_chance(60, 2, 60) == 1.0
+    assert round(blind_chance(60, 2, 20), 4) == round(1 - (40 * 39) / (60 * 59), 4)
 
 
 def test_the_tune_file_in_the_help_is_one(tmp_path: Path) -> None:
@@ -417,7 +418,7 @@ def test_a_configuration_whose_measurement_failed_is_a_failed_trial(
     assert main([*argv, "--seeds", "1", "--budget", "4", "--json"]) == 0
     (grid,) = json.loads(capsys.readouterr().out)["algorithms"]
     assert grid["ratios"] == [1.0]  # the optimum is 1 (a=3), not NaN
-    found = tune.space_from_table(tmp_path / "gaps.csv", "metric")
+    found = space_from_table(tmp_path / "gaps.csv", "metric")
     spec = tune.from_dict({**found, "algorithm": "grid", "trials": 4}, "gaps")
     results, run_id = run_search(tmp_path, spec)
     trials = results.trials(run_id)

@@ -1,0 +1,276 @@
+"""Replay: trials looked up in a recorded table (one row per configuration) instead of run, and
+`fleet tune compare`, which runs each algorithm over many seeds on such a table and says how close
+each got to the table's optimum, and how soon. Real measurements, compared offline: the
+algorithms see the same table, so their difference is the search's, not the machine's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from amibake.errors import UserError
+from fleet.tune import (
+    MEASURES,
+    Evaluation,
+    Search,
+    TuneSpec,
+    broken_constraint,
+    loss_of,
+)
+
+
+class ReplayEvaluator:
+    """Trials looked up in a recorded table (one row per configuration) instead of run."""
+
+    def __init__(self, path: Path, spec: TuneSpec) -> None:
+        try:
+            table = pd.read_csv(path)
+        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+            raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+        column = spec.replay_column
+        needed = [column, *spec.space.params]
+        if spec.objective == "cost":
+            needed.append("price_per_hour")
+        missing = [c for c in needed if c not in table.columns]
+        if missing:
+            raise UserError(
+                f"{path}:1: the replay table has no column {', '.join(missing)} "
+                f"(columns: {', '.join(table.columns)})"
+            )
+        # Numbers or nothing: an empty cell is a configuration whose measurement failed.
+        for name in (column, "price_per_hour", "seconds"):
+            if name in table.columns and not pd.api.types.is_numeric_dtype(table[name]):
+                numbers = pd.to_numeric(table[name], errors="coerce")
+                bad = table[name].notna() & numbers.isna()
+                if bad.any():
+                    line = int(bad.to_numpy().nonzero()[0][0]) + 2  # 1: the header
+                    raise UserError(
+                        f"{path}:{line}: {name} {table[name][bad].iloc[0]!r} is not a number "
+                        "(leave the cell empty for a configuration that failed)"
+                    )
+                table[name] = numbers
+        if table[column].isna().all():
+            raise UserError(f"{path}: the replay table has no {column} value on any row")
+        self.spec = spec
+        self.column = column
+        self.params = list(spec.space.params)
+        self.table: dict[tuple[str, ...], dict[str, Any]] = {}
+        self.lines: dict[tuple[str, ...], int] = {}  # where each configuration is
+        for line, row in enumerate(table.to_dict(orient="records"), start=2):  # 1: the header
+            key = self._key(row)
+            if key in self.lines:  # which measurement is the configuration's? Not ours to pick
+                raise UserError(
+                    f"{path}:{line}: the configuration of line {self.lines[key]} again "
+                    f"({', '.join(f'{p}={v}' for p, v in zip(self.params, key, strict=True))}); "
+                    "a replay table has one row per configuration (aggregate repeats first)"
+                )
+            self.lines[key] = line
+            self.table[key] = row
+
+    def _key(self, values: dict[str, Any]) -> tuple[str, ...]:
+        return tuple(
+            ""
+            if (v := values.get(p)) is None or (isinstance(v, float) and math.isnan(v))
+            else str(v)
+            for p in self.params
+        )
+
+    def objective_of(self, row: dict[str, Any]) -> float:
+        value = float(row[self.column])
+        if self.spec.objective == "cost":
+            return value * float(row["price_per_hour"]) / 3600
+        return value
+
+    def seconds_of(self, row: dict[str, Any]) -> float | None:
+        """Seconds per unit of work: a `seconds` column, else the objective's column when it is
+        a time (runtime, or cost's seconds); a custom metric's table has none."""
+        if "seconds" in row:
+            return float(row["seconds"])
+        return float(row[self.column]) if self.spec.objective in ("runtime", "cost") else None
+
+    def cost_of(self, row: dict[str, Any]) -> float | None:
+        """USD per unit of work, where the table prices the row."""
+        seconds, price = self.seconds_of(row), row.get("price_per_hour")
+        if seconds is None or price is None or (isinstance(price, float) and math.isnan(price)):
+            return None
+        return seconds * float(price) / 3600
+
+    def _measured(self) -> list[float]:
+        """The objective of every configuration the table has a measurement for."""
+        values = (self.objective_of(row) for row in self.table.values())
+        return [value for value in values if not math.isnan(value)]
+
+    def optimum(self) -> float:
+        return min(self._measured())
+
+    def near_optimum(self, tolerance: float) -> int:
+        """How many of the table's configurations are within `tolerance` of its optimum (as
+        `compare` measures it): the size of the target a search has to hit."""
+        optimum = self.optimum()
+        scale = abs(optimum) or 1.0
+        return sum(1 for value in self._measured() if value - optimum <= tolerance * scale)
+
+    def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
+        key = self._key(params)
+        row = self.table.get(key)
+        if row is None:
+            return Evaluation("failed", reason=f"not in the replay table: {params}")
+        value = self.objective_of(row)
+        if math.isnan(value):
+            line = self.lines[key]
+            empty = self.column if pd.isna(row[self.column]) else "price_per_hour"
+            return Evaluation("failed", reason=f"no {empty} on line {line} of the replay table")
+        # Time and cost per unit where the table has them: the report's Pareto front and its
+        # time or cost recommendation work on a replayed search as on a run one.
+        seconds, cost = self.seconds_of(row), self.cost_of(row)
+        broken = broken_constraint(self.spec, seconds=seconds, row=row, usd_per_unit=cost)
+        return Evaluation(
+            "infeasible" if broken else "ok",
+            loss=None if broken else value,
+            metric=float(row[self.column]),
+            seconds=seconds,
+            cost_per_unit=cost,
+            reason=broken,
+        )
+
+
+@dataclass
+class Comparison:
+    algorithm: str
+    ratios: list[float]  # best found / optimum, per seed
+    to_2pct: list[int | None]  # trials needed to get within 2%, per seed (None: never)
+    to_5pct: list[int | None]
+    # best so far / optimum after each trial, per seed (nan before a feasible trial): the
+    # convergence curves `compare` plots
+    curves: list[list[float]] = field(default_factory=list)
+
+
+def space_from_table(path: Path, column: str) -> dict[str, Any]:
+    """With no tune file, `compare` searches the table's own configurations: every column but
+    the objective and the other measurements a replay table may hold (MEASURES) is a
+    categorical parameter of its distinct values."""
+    try:
+        table = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+    if column not in table.columns:
+        raise UserError(
+            f"{path}:1: the replay table has no column {column} (columns: "
+            f"{', '.join(table.columns)}); name it with --objective-column"
+        )
+    params = {}
+    for name in table.columns:
+        if name == column or name in MEASURES:
+            continue
+        if table[name].isna().any():
+            line = int(table[name].isna().to_numpy().nonzero()[0][0]) + 2  # 1: the header
+            raise UserError(
+                f"{path}:{line}: {name} is empty; a table searched without --space needs every "
+                "parameter on every row (a conditional parameter's space goes in --space)"
+            )
+        values = sorted(table[name].unique().tolist())
+        params[name] = {
+            "kind": "categorical",
+            "values": [v.item() if hasattr(v, "item") else v for v in values],
+        }
+    return {"params": params, "replay": str(path), "replay_column": column, "objective": "metric"}
+
+
+def compare(
+    spec: TuneSpec, evaluator: ReplayEvaluator, algorithms: list[str], seeds: int, budget: int
+) -> list[Comparison]:
+    """Each algorithm over `seeds` seeds on the replay table, `budget` trials each, one at a time
+    (what matters here is the sequence of suggestions, not wall time)."""
+    optimum = evaluator.optimum()
+    scale = abs(optimum) or 1.0
+    out = []
+    for algorithm in algorithms:
+        comparison = Comparison(algorithm, [], [], [])
+        for seed in range(seeds):
+            engine = Search(spec.space, algorithm, seed, spec.startup)
+            best_so_far = math.inf
+            curve: list[float] = []
+            reached: dict[float, int | None] = {0.02: None, 0.05: None}
+            for index in range(budget):
+                asked = engine.ask()
+                if asked is None:
+                    break
+                trial, params = asked
+                evaluation = evaluator(trial, params)
+                engine.tell(trial, loss_of(spec, evaluation))
+                if evaluation.state == "ok" and evaluation.loss is not None:
+                    best_so_far = min(best_so_far, evaluation.loss)
+                for tolerance in reached:
+                    if reached[tolerance] is None and best_so_far - optimum <= tolerance * scale:
+                        reached[tolerance] = index + 1
+                curve.append(
+                    _relative(best_so_far, optimum) if best_so_far < math.inf else math.nan
+                )
+            comparison.ratios.append(_relative(best_so_far, optimum))
+            comparison.curves.append(curve)
+            comparison.to_2pct.append(reached[0.02])
+            comparison.to_5pct.append(reached[0.05])
+        out.append(comparison)
+    return out
+
+
+def _relative(best: float, optimum: float) -> float:
+    """best / optimum, 1.0 at the optimum and above it when worse, whatever the optimum's sign
+    (a negated rate's is negative): then 1 + the distance as a share of the optimum."""
+    if optimum > 0:
+        return best / optimum
+    return 1 + (best - optimum) / (abs(optimum) or 1.0)
+
+
+def blind_chance(configurations: int, near: int, budget: int) -> float:
+    """The chance that `budget` distinct configurations, drawn blindly, include one of the `near`
+    ones: what a search must beat to have learnt anything from the table."""
+    miss = 1.0
+    for drawn in range(min(budget, configurations)):
+        miss *= max(configurations - near - drawn, 0) / (configurations - drawn)
+    return 1.0 - miss
+
+
+def compare_text(
+    rows: list[Comparison], budget: int, grid_size: int, near: dict[float, int], held: int = 0
+) -> str:
+    from tabulate import tabulate
+
+    def median_trials(values: list[int | None]) -> str:
+        hit = sorted(v for v in values if v is not None)
+        if not hit:
+            return "never"
+        return f"{int(np.median(hit))} ({len(hit)}/{len(values)} seeds)"
+
+    table = [
+        {
+            "algorithm": r.algorithm,
+            "best/optimum median": f"{np.median(r.ratios):.4f}",
+            "p90 (worst 10%)": f"{np.quantile(r.ratios, 0.9):.4f}",
+            "trials to 2%": median_trials(r.to_2pct),
+            "trials to 5%": median_trials(r.to_5pct),
+        }
+        for r in rows
+    ]
+    # A table whose optimum stands alone (one configuration within 2%, its neighbours inside
+    # the machine's noise) is a needle no algorithm finds quickly: say how big the target is.
+    targets = "; ".join(
+        f"{near[t]} within {t:.0%} (a blind draw of {budget} hits one "
+        f"{blind_chance(grid_size, near[t], budget):.0%} of the time)"
+        for t in sorted(near)
+    )
+    # A space larger than the table (a partial grid, or a measurement column taken for a
+    # parameter) spends trials on configurations the table does not hold: say so.
+    missing = (
+        f" ({grid_size - held} not in the table: trials there fail)" if 0 < held < grid_size else ""
+    )
+    return (
+        f"{budget} trials per seed; the grid has {grid_size} configurations{missing}; "
+        "best/optimum 1.0000 is the table's optimum\n"
+        f"of the {grid_size}: {targets}\n" + tabulate(table, headers="keys")
+    )
