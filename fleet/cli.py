@@ -240,19 +240,19 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from fleet import bench, report
+    from fleet import bench, plan
 
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
-    rows = report.plan(
+    rows = plan.plan(
         results,
         _run_id(results, args.run),
         work=args.work,
         instances=args.instances,
-        deadline_h=report.hours(args.deadline) if args.deadline else None,
+        deadline_h=plan.hours(args.deadline) if args.deadline else None,
         budget=args.budget,
     )
-    print_result(args, rows, report.plan_text)
+    print_result(args, rows, plan.plan_text)
     return 0
 
 
@@ -328,7 +328,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _tune_compare(args: argparse.Namespace) -> int:
-    from fleet import replay, report, tune
+    from fleet import replay, tune, tune_report
 
     if not args.replay:
         raise UserError("fleet tune compare needs --replay TABLE.csv")
@@ -355,7 +355,7 @@ def _tune_compare(args: argparse.Namespace) -> int:
     text = replay.compare_text(rows, args.budget, spec.space.size(), near, len(evaluator.table))
     # One page per table and budget: comparing again with the same ones replaces it.
     out = config_from(args).results_dir / "reports" / f"compare-{table.stem}-{args.budget}"
-    files = report.make_compare(rows, text, out)
+    files = tune_report.make_compare(rows, text, out)
     summary = {
         "algorithms": [
             {

@@ -573,7 +573,7 @@ def test_the_best_is_told_in_the_objectives_own_terms() -> None:
 
 
 def test_the_tune_plots_read_in_the_objectives_terms_and_the_spaces_order() -> None:
-    from fleet.report import _options_in_order, _own_terms
+    from fleet.tune_report import _options_in_order, _own_terms
 
     spec = {"params": {"block": {"values": [16, 32, 64, 128]}, "flag": {"values": ["", "-x"]}}}
     assert _options_in_order("block", pd.Series([128, 16, 64]), spec) == [16, 64, 128]
@@ -627,7 +627,7 @@ def test_a_replayed_cost_search_has_its_pareto_front_and_recommendations(
 def test_parameter_importance_credits_the_parameter_that_moves_the_loss() -> None:
     import random
 
-    from fleet.report import importance
+    from fleet.tune_report import importance
 
     rng = random.Random(0)
     rows = []
