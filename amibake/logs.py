@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -41,3 +43,15 @@ def to_file(path: Path) -> logging.Handler:
     if root.level == logging.NOTSET or root.level > logging.INFO:
         root.setLevel(logging.INFO)
     return handler
+
+
+@contextmanager
+def run_log(path: Path) -> Iterator[Path]:
+    """While open, everything logged also goes to `path`: a run's log under results/logs/ (a
+    resumed run's appends to it)."""
+    handler = to_file(path)
+    try:
+        yield path
+    finally:
+        logging.getLogger("amibake").removeHandler(handler)
+        handler.close()

@@ -18,7 +18,7 @@ from amibake.cloud import Cloud, tags
 from amibake.errors import AmibakeError, CloudError, UserError
 from amibake.flags import Compiler, for_build
 from amibake.journal import Journal
-from amibake.logs import to_file
+from amibake.logs import run_log
 from amibake.runner import Boundary, Interrupted, Rerun, RunContext, Runner, Step, new_run_id
 from amibake.steps.access import KeyPair, SecurityGroup
 from amibake.steps.image import BakeState, BootTest, CreateImage, Hygiene, Install, Record
@@ -115,7 +115,6 @@ def open_run(cloud: Cloud, command: str) -> Iterator[RunContext]:
     journal.start_run(run_id, command, config.cloud, config.region)
     owner = cloud.client("sts").get_caller_identity()["Arn"]
     log_dir = config.results_dir / "logs" / run_id
-    handler = to_file(log_dir / "run.log")
     context = RunContext(
         run_id=run_id,
         cloud=cloud,
@@ -124,22 +123,21 @@ def open_run(cloud: Cloud, command: str) -> Iterator[RunContext]:
         log_dir=log_dir,
     )
     state = "failed"
-    runner.opened(context)
-    try:
-        yield context
-        state = "succeeded"
-    except (KeyboardInterrupt, Interrupted):
-        state = "interrupted"
-        raise
-    finally:
-        runner.closed(context)
-        left = journal.alive(run_id)
-        detail = f"{len(left)} resources left" if left else "nothing left"
-        journal.finish_run(run_id, state, detail)
-        log.info("[%s] %s; %s", run_id, state, detail)
-        logging.getLogger("amibake").removeHandler(handler)
-        handler.close()
-        journal.close()
+    with run_log(log_dir / "run.log"):
+        runner.opened(context)
+        try:
+            yield context
+            state = "succeeded"
+        except (KeyboardInterrupt, Interrupted):
+            state = "interrupted"
+            raise
+        finally:
+            runner.closed(context)
+            left = journal.alive(run_id)
+            detail = f"{len(left)} resources left" if left else "nothing left"
+            journal.finish_run(run_id, state, detail)
+            log.info("[%s] %s; %s", run_id, state, detail)
+            journal.close()
 
 
 def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:

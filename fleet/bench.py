@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from amibake import catalog
+from amibake import catalog, logs
 from amibake.cloud import Cloud
 from amibake.errors import UserError
 from amibake.pipelines import BuildRequest, Outcome, open_run, run_each
@@ -182,6 +182,20 @@ def execute(
     before_replicate: Any = None,
 ) -> dict[str, Any]:
     """Run (or finish) a recorded run; returns what happened per type."""
+    with logs.run_log(results.log_path(run_id)):
+        return _execute(
+            cloud, run_id, results, on_boundary=on_boundary, before_replicate=before_replicate
+        )
+
+
+def _execute(
+    cloud: Cloud,
+    run_id: str,
+    results: Results,
+    *,
+    on_boundary: Boundary | None,
+    before_replicate: Any,
+) -> dict[str, Any]:
     record = results.require(run_id)
     spec = BenchSpec.from_json(record["spec"])
     control.take_over(cloud, results, run_id)

@@ -163,7 +163,10 @@ def _bench(args: argparse.Namespace) -> int:
     cloud = connect(cfg)
     if not args.resume:
         run_id = bench.create(cloud, bench_spec, results)
-    print(f"fleet: run {run_id} (report: fleet report {run_id})", file=sys.stderr)
+    print(
+        f"fleet: run {run_id} (report: fleet report {run_id}; log: {results.log_path(run_id)})",
+        file=sys.stderr,
+    )
     summary = bench.execute(cloud, run_id, results)
     failed = [t for t, s in summary["types"].items() if not s["ok"]]
     print_result(
@@ -308,7 +311,7 @@ def _tune(args: argparse.Namespace) -> int:
     if not run_id:
         run_id = tune.start(results, spec, cfg.cloud, cfg.region)
     logs.to_terminal()
-    print(f"fleet: tune run {run_id}", file=sys.stderr)
+    print(f"fleet: tune run {run_id} (log: {results.log_path(run_id)})", file=sys.stderr)
     outcome = tune.search(spec, evaluate, results, run_id)
     print_result(
         args,

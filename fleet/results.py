@@ -95,6 +95,10 @@ class Results:
     def close(self) -> None:
         self._db.close()
 
+    def log_path(self, run_id: str) -> Path:
+        """A fleet run's log, beside its amibake runs' under results/logs/."""
+        return self.path.parent / "logs" / run_id / "run.log"
+
     def _exec(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from amibake import logs
 from amibake.errors import UserError
 from amibake.runner import cancel_all
 from fleet.results import LOCAL_NOTE, Results, new_run_id
@@ -335,6 +336,13 @@ def search(
     stop_after: int | None = None,
 ) -> Outcome:
     """Run (or finish) a search: `parallel` trials in flight, a new one asked as each ends."""
+    with logs.run_log(results.log_path(run_id)):
+        return _search(spec, evaluate, results, run_id, stop_after)
+
+
+def _search(
+    spec: TuneSpec, evaluate: Evaluator, results: Results, run_id: str, stop_after: int | None
+) -> Outcome:
     engine = Search(spec.space, spec.algorithm, spec.seed, spec.startup)
     if hasattr(evaluate, "results"):  # a cloud evaluator records its replicates in the run
         evaluate.run_id, evaluate.results = run_id, results  # type: ignore[attr-defined]

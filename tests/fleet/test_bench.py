@@ -86,6 +86,9 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     # what their replicates ran for.
     spent = float(re.findall(r"\$([0-9.]+) spent", caplog.text)[-1])
     assert spent >= round((rows.seconds * rows.price_usd_hour).sum() / 3600, 4) > 0
+    # The run's own log under results/logs/: its progress and its builds' and instances' lines.
+    logged = results.log_path(run_id).read_text()
+    assert f"[{run_id}] 12/12 replicates" in logged and "succeeded; nothing left" in logged
     environments = results.environments(run_id)
     assert {e["instance_type"] for e in environments} == {"c5a.large", "c5a.xlarge"}
     builds = environments[0]["builds"]

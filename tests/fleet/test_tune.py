@@ -143,6 +143,9 @@ def test_infeasible_and_failed_trials_are_recorded_and_the_search_goes_on(tmp_pa
     assert set(final.state) == {"ok", "infeasible", "failed"}
     assert final[final.state == "infeasible"].reason.str.contains("max_rss_mb 500").all()
     assert final[final.state == "failed"].reason.str.contains("not in the replay table").all()
+    # Said in the run's own log too, trial by trial.
+    logged = results.log_path(run_id).read_text()
+    assert logged.count(f"[{run_id}] trial ") == len(final[final.state != "ok"]), logged
     best = tune.best(results, run_id)
     assert best is not None and best["params"]["a"] in (6, 8)  # 7 breaks the memory limit
 
