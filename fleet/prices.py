@@ -183,10 +183,13 @@ def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dic
     now = now or datetime.now(UTC)
     region = cloud.config.region
     try:
-        base, first = in_use(cloud.config.results_dir, region), False
+        base: dict[str, Any] | None = in_use(cloud.config.results_dir, region)
     except PriceError:
-        base, first = snapshot(), True
-    types = [t for t in base["prices"] if not families or t.split(".")[0] in families]
+        base = None  # the region has no table yet
+    ours = base["prices"] if base else {}  # the region's own prices, kept where the cloud is mute
+    # Every type fleet knows, with its vCPUs and memory; a type not in `ours` has no price yet.
+    catalogue = {**snapshot()["prices"], **ours}
+    types = [t for t in catalogue if not families or t.split(".")[0] in families]
     if not types:
         raise PriceError(f"no instance type of {','.join(families)} in the price table")
     ec2 = cloud.ec2
@@ -215,7 +218,7 @@ def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dic
     )
     location = LOCATIONS.get(region)
     on_demand: dict[str, float] = {}
-    kept = "left out" if first else f"kept from {base['date']}"
+    kept = f"kept from {base['date']}" if base else "left out"
     try:
         if location is None:
             raise PriceError(f"no Pricing API location known for {region}")
@@ -228,9 +231,9 @@ def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dic
     table = {}
     unpriced = 0
     for instance_type in types:
-        entry = dict(base["prices"][instance_type])
+        entry = dict(catalogue[instance_type])
         spot = {z: p for (t, z), (_, p) in newest.items() if t == instance_type}
-        if first:  # the shipped table's prices are another region's: only the cloud's count
+        if instance_type not in ours:  # its prices are another region's: only the cloud's count
             if instance_type not in on_demand:
                 unpriced += 1
                 continue
@@ -245,14 +248,15 @@ def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dic
         notes.append(f"{unpriced} types without an on-demand price in {region} left out")
     if not table:
         raise PriceError(f"no {region} prices read: {'; '.join(notes)}")
+    origin = base or snapshot()  # its provenance fields, overwritten below; its note if none new
     document = {
-        **base,
+        **origin,
         "region": region,
         "date": now.strftime("%Y-%m-%d %H:%M UTC"),
         "source": f"{cloud.config.cloud}: EC2 DescribeSpotPriceHistory and the AWS Pricing API",
         "generated_by": "fleet prices --refresh",
-        "note": "; ".join(notes) or base.get("note", ""),
-        "prices": table if first else {**base["prices"], **table},
+        "note": "; ".join(notes) or origin.get("note", ""),
+        "prices": {**ours, **table},
     }
     out = saved(cloud.config.results_dir, region)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -158,7 +158,7 @@ def test_a_first_refresh_in_a_region_keeps_no_other_regions_price(
 
     def on_demand(pricing: object, instance_type: str, location: str) -> float | None:
         asked.append(location)
-        return 0.0871 if instance_type == "c5a.large" else None
+        return {"c5a.large": 0.0871, "c6a.large": 0.0864}.get(instance_type)
 
     monkeypatch.setattr(prices, "_on_demand", on_demand)
     document = prices.refresh(there, ["c5a"])
@@ -171,6 +171,10 @@ def test_a_first_refresh_in_a_region_keeps_no_other_regions_price(
         assert entry["spot"] and set(entry["spot"]).isdisjoint(shipped["spot"]), entry["spot"]
         assert "types without an on-demand price in eu-west-1 left out" in document["note"]
         assert prices.in_use(cloud.config.results_dir, "eu-west-1") == document
+        # Another family later: added to the region's table, which keeps what it had.
+        added = prices.refresh(there, ["c6a"])
+        assert list(added["prices"]) == ["c5a.large", "c6a.large"]
+        assert added["prices"]["c5a.large"] == entry and added["prices"]["c6a.large"]["spot"]
     finally:
         saved.unlink()
     assert not prices.saved(cloud.config.results_dir, "us-east-1").exists()
