@@ -225,7 +225,10 @@ def _kill(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from fleet import bench, report
+    from fleet.tune_report import PREFERENCES
 
+    if args.prefer not in PREFERENCES:  # said for a bench run too, which has no use for it
+        raise UserError(f"--prefer {args.prefer!r} is not one of {', '.join(PREFERENCES)}")
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
     made = report.make(

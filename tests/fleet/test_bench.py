@@ -293,6 +293,7 @@ def test_bad_input_is_one_line_and_creates_nothing(
             "(",
         ): "does not compile",
         ("report", "fb-nope"): "no fleet run 'fb-nope'",
+        ("report", "last", "--prefer", "speed"): "--prefer 'speed' is not one of time, cost",
         ("bench", "--resume", "fb-nope", "--replicates", "5", "--on-demand"): (
             "--resume RUN takes the run's own plan: drop --replicates, --on-demand"
         ),
