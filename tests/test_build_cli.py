@@ -210,3 +210,13 @@ def test_no_aws_credentials_is_one_line_before_anything_is_recorded(
     assert main(["build", "--family", "c5a", "--recipe", "kernels"]) == 2
     assert capsys.readouterr().err == f"amibake: error: {NO_CREDENTIALS}\n"
     assert Journal(results / "journal.sqlite").last_run_id() is None
+
+
+def test_a_region_the_local_cloud_does_not_serve_is_refused(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["build", "--family", "c5a", "--recipe", "kernels", "--region", "ap-south-1"]) == 2
+    assert capsys.readouterr().err == (
+        "amibake: error: the local cloud serves us-east-1, us-east-2, us-west-2, eu-west-1, not "
+        "ap-south-1: pick one with --region\n"
+    )

@@ -122,6 +122,15 @@ def connect(config: Config) -> Cloud:
     endpoint = config.endpoint_url
     if config.is_local:
         from amibake.local.control import up
+        from amibake.local.daemon import REGIONS
+
+        # Its base images exist in these regions only: elsewhere the first launch failed with
+        # InvalidAMIID.NotFound for the AMI the region's SSM parameter names.
+        if config.region not in REGIONS:
+            raise UserError(
+                f"the local cloud serves {', '.join(REGIONS)}, not {config.region}: pick one "
+                "with --region"
+            )
 
         endpoint = up(config).endpoint  # started unless already running
         # moto accepts any credentials unless IAM enforcement is on; fixed ones keep a user's
