@@ -13,7 +13,7 @@ import numpy as np
 from amibake import recipes
 from amibake.cloud import Cloud, connect
 from amibake.config import Config
-from amibake.errors import AmibakeError
+from amibake.errors import AmibakeError, UserError
 from amibake.pipelines import BuildRequest
 from amibake.pipelines import build as build_pipeline
 from amibake.steps.state import Variant
@@ -31,8 +31,6 @@ class CloudEvaluator:
         recipe = recipes.load(spec.recipe, config.recipes_dir)
         bench_definition = recipe.bench
         if "command" not in bench_definition:
-            from amibake.errors import UserError
-
             raise UserError(f"{recipe.file} has no [bench] command to run trials with")
         self.workload = str(bench_definition["command"])
         raw_metric = dict(bench_definition.get("metric", {}))
@@ -43,6 +41,12 @@ class CloudEvaluator:
             aggregate=str(raw_metric.get("aggregate", "last")),
             unit=str(raw_metric.get("unit", "")),
         )
+        # A floor on a rate the workload does not report would never be checked.
+        if "min_rate" in spec.constraints and not self.metric.higher_is_better:
+            raise UserError(
+                f"constraints.min_rate: {recipe.name}'s metric is a time, not a rate; bound it "
+                "with max_seconds"
+            )
         # Money needs a price for every type in the run's region: refused now, before a trial
         # is paid for. Otherwise a type without one is measured, unpriced.
         self.priced = (

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -775,3 +776,25 @@ def test_a_cloud_trial_is_timed_per_unit_of_work(
     slow = score("runtime", max_seconds=0.004)
     assert slow.state == "infeasible" and slow.reason == "max_seconds 0.004 broken: 0.004444"
     assert score("runtime", max_seconds=0.005).state == "ok"
+
+
+def test_min_rate_on_a_workload_timed_in_seconds_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(Path(__file__).parents[1] / "recipes" / "trivial", recipes / "trivial")
+    with (recipes / "trivial" / "recipe.toml").open("a") as recipe:
+        recipe.write('\n[bench]\ncommand = "true"\n')  # no metric: the run's seconds
+    monkeypatch.setenv("AMIBAKE_RECIPES_DIR", str(recipes))
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    path = tmp_path / "t.toml"
+    path.write_text(
+        'recipe = "trivial"\ntypes = ["c5a.large"]\n[constraints]\nmin_rate = 5\n'
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+    )
+    assert main(["tune", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        "fleet: error: constraints.min_rate: trivial's metric is a time, not a rate; bound it "
+        "with max_seconds\n"
+    )
+    assert Results(tmp_path / "results" / "fleet.sqlite").run_ids() == []
