@@ -265,6 +265,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from amibake.cloud import connect
     from fleet import bench, control, tune
+    from fleet.trial import CloudEvaluator
 
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
@@ -311,6 +312,10 @@ def _tune(args: argparse.Namespace) -> int:
         spec = tune.load(Path(args.file), overrides)
         run_id = ""
     evaluate = tune.evaluator(spec, cfg)
+    if isinstance(evaluate, CloudEvaluator):
+        # The cloud (credentials, region, the local cloud's daemon) is checked now: left to the
+        # trials, each failed in turn and the search ended "none feasible" with exit 0.
+        evaluate.cloud()
     if not run_id:
         run_id = tune.start(results, spec, cfg.cloud, cfg.region)
     logs.to_terminal()

@@ -209,6 +209,15 @@ def test_no_aws_credentials_is_one_line_before_anything_is_recorded(
     assert Results(results / "fleet.sqlite").run_ids() == []  # no run left "created" for good
     assert main(["build", "--family", "c5a", "--recipe", "kernels"]) == 2
     assert capsys.readouterr().err == f"amibake: error: {NO_CREDENTIALS}\n"
+    # A tune checks before its first trial (each trial failed on it, and the search exited 0).
+    tune_file = tmp_path / "t.toml"
+    tune_file.write_text(
+        'recipe = "kernels"\ntypes = ["c5a.large"]\n'
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+    )
+    assert fleet_main(["tune", str(tune_file)]) == 2
+    assert capsys.readouterr().err == f"fleet: error: {NO_CREDENTIALS}\n"
+    assert Results(results / "fleet.sqlite").run_ids() == []
     assert Journal(results / "journal.sqlite").last_run_id() is None
 
 
