@@ -330,12 +330,12 @@ def _tune(args: argparse.Namespace) -> int:
                 tune.in_own_terms(spec.objective, o["best"]["loss"], o["best"]["metric"])
                 + f" with {o['best']['params']}"
                 if o["best"]
-                else "none feasible"
+                else "none feasible (the report says why each trial failed)"
             )
             + f"\nnext: fleet report {o['run_id']}"
         ),
     )
-    return 0
+    return 0 if outcome.best else 1  # a search that found nothing has not done its job
 
 
 def _tune_compare(args: argparse.Namespace) -> int:

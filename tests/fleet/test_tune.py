@@ -798,3 +798,14 @@ def test_min_rate_on_a_workload_timed_in_seconds_is_refused(
         "with max_seconds\n"
     )
     assert Results(tmp_path / "results" / "fleet.sqlite").run_ids() == []
+
+
+def test_a_search_with_no_feasible_trial_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    rows = [{"a": a, "b": b, "metric": a, "rss_mb": 900} for a in range(1, 21) for b in "xyz"]
+    path = tune_file(tmp_path, table(tmp_path / "t.csv", rows), trials=5)
+    path.write_text(path.read_text() + "[constraints]\nmax_rss_mb = 500\n")
+    assert main(["tune", str(path)]) == 1
+    assert "5 trials; best: none feasible" in capsys.readouterr().out
