@@ -266,6 +266,7 @@ def _bake(args: argparse.Namespace) -> int:
         keep_on_error=args.keep_on_error,
         dry_run=args.dry_run,
     )
+    pipelines.check_bake(request)  # before connecting: a flag's mistake is not a cloud's
     cloud = connect(cfg)
     if request.build_recipe is not None:
         logs.to_terminal()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -378,12 +379,28 @@ def build_missing(cloud: Cloud, request: BakeRequest) -> list[Outcome]:
     return outcomes
 
 
-def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
-    """One bake per architecture, checked and rendered; creates nothing."""
+# EC2's rule for an image name (3-128 of these characters); the bake appends -ARCH-DATE-TIME.
+AMI_NAME = re.compile(r"[A-Za-z0-9()\[\] ./'@_-]+")
+NAME_ROOM = 128 - len("-x86_64-20260101-000000")
+
+
+def check_bake(request: BakeRequest) -> None:
+    """What a bake's flags can get wrong, refused before any cloud is asked (a bad image name
+    would otherwise fail at CreateImage, after the bake instance was set up)."""
     if request.reserve_mb_per_vcpu < 0:
         raise UserError("--tmpfs-reserve-mb-per-vcpu must be zero or more")
     for name in request.families or []:
         catalog.family(name)
+    if len(request.name) > NAME_ROOM or not AMI_NAME.fullmatch(request.name):
+        raise UserError(
+            f"--name {request.name!r}: an image name prefix is up to {NAME_ROOM} letters, digits, "
+            "spaces and ()[]./-'@_ (the bake appends -ARCH-DATE-TIME)"
+        )
+
+
+def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
+    """One bake per architecture, checked and rendered; creates nothing."""
+    check_bake(request)
     artifacts = bake_module.load_artifacts(cloud.config.results_dir / "artifacts", request.families)
     if request.base_ami is not None and len({a.architecture for a in artifacts}) > 1:
         raise UserError("--base-ami names one image, but the artifacts span architectures")

@@ -189,13 +189,9 @@ def test_a_client_first_wanted_by_many_threads_at_once_is_built_once(cloud: Clou
     assert len(built) == 1, f"{len(built)} ec2 clients built for one Cloud"
 
 
-def test_no_aws_credentials_is_one_line_before_anything_is_recorded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from amibake.cloud.session import NO_CREDENTIALS
-    from fleet.cli import main as fleet_main
-    from fleet.results import Results
-
+@pytest.fixture
+def no_aws_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """AWS as the cloud, with no credentials anywhere; returns the results directory."""
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
@@ -204,6 +200,17 @@ def test_no_aws_credentials_is_one_line_before_anything_is_recorded(
     monkeypatch.setenv("AMIBAKE_CLOUD", "aws")
     results = tmp_path / "results"
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(results))
+    return results
+
+
+def test_no_aws_credentials_is_one_line_before_anything_is_recorded(
+    tmp_path: Path, no_aws_credentials: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from amibake.cloud.session import NO_CREDENTIALS
+    from fleet.cli import main as fleet_main
+    from fleet.results import Results
+
+    results = no_aws_credentials
     assert fleet_main(["bench", "--types", "c5a.large", "--command", "true"]) == 2
     assert capsys.readouterr().err == f"fleet: error: {NO_CREDENTIALS}\n"
     assert Results(results / "fleet.sqlite").run_ids() == []  # no run left "created" for good
@@ -229,3 +236,18 @@ def test_a_region_the_local_cloud_does_not_serve_is_refused(
         "amibake: error: the local cloud serves us-east-1, us-east-2, us-west-2, eu-west-1, not "
         "ap-south-1: pick one with --region\n"
     )
+
+
+def test_a_bakes_flag_mistakes_are_named_before_any_cloud_is_asked(
+    no_aws_credentials: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = {
+        ("--tmpfs-reserve-mb-per-vcpu", "-5"): "--tmpfs-reserve-mb-per-vcpu must be zero or more",
+        ("--family", "zz"): "unknown family 'zz'",
+        ("--name", "nightly!"): "--name 'nightly!': an image name prefix is up to 105 letters",
+        ("--name", "x" * 106): "an image name prefix is up to 105",
+    }
+    for flags, expected in cases.items():
+        assert main(["bake", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith("amibake: error: ") and expected in err, (flags, err)
