@@ -3,6 +3,7 @@ group open on port 22 to the caller's address alone."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import urllib.request
 
@@ -51,6 +52,14 @@ def caller_cidr(context: RunContext) -> str:
             address = response.read().decode().strip()
     except OSError as exc:
         raise CloudError(f"cannot find this machine's public address: {exc}") from exc
+    # Whatever answered (a proxy's or captive portal's page) must not become a firewall rule.
+    try:
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        raise CloudError(
+            f"cannot find this machine's public address: checkip.amazonaws.com answered "
+            f"{address[:60]!r}, not an IPv4 address"
+        ) from None
     return f"{address}/32"
 
 
