@@ -123,13 +123,31 @@ def saved(results_dir: Path, region: str) -> Path:
     return results_dir / f"prices_{region}.json"
 
 
+def _read_table(path: Path, region: str) -> dict[str, Any]:
+    """A refreshed table, checked: an edited or damaged file is named, not a traceback."""
+    try:
+        document = json.loads(path.read_text())
+        entries = document["prices"]
+        for entry in entries.values():
+            spot = entry["spot"].values()
+            for value in (entry["on_demand"], entry["vcpus"], entry["memory_gib"], *spot):
+                float(value)  # each a number
+        str(document["date"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PriceError(
+            f"{path} is not a price table ({type(exc).__name__}: {exc}); read it again with "
+            f"`fleet prices --refresh --region {region}`"
+        ) from None
+    return document  # type: ignore[no-any-return]
+
+
 def in_use(results_dir: Path, region: str) -> dict[str, Any]:
     """The table a run in `region` prices with: that region's last `fleet prices --refresh`,
     else the shipped snapshot when it is that region's. Never another region's: prices differ
     between regions, and a ranking by cost per unit would be the other region's."""
     refreshed = saved(results_dir, region)
     if refreshed.exists():
-        return json.loads(refreshed.read_text())  # type: ignore[no-any-return]
+        return _read_table(refreshed, region)
     shipped = snapshot()
     if shipped["region"] != region:
         raise PriceError(
@@ -260,7 +278,10 @@ def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dic
     }
     out = saved(cloud.config.results_dir, region)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=1) + "\n")
+    # Whole or not at all: a refresh stopped mid-write must not leave half a table in use.
+    partial = out.with_suffix(".json.partial")
+    partial.write_text(json.dumps(document, indent=1) + "\n")
+    partial.replace(out)
     return document
 
 

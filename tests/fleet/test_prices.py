@@ -139,6 +139,15 @@ def test_a_region_is_priced_from_its_own_table_only(
     )
     assert prices.in_use(tmp_path, "eu-west-1")["date"] == "2026-11-23 10:00 UTC"
     assert prices.in_use(tmp_path, "us-east-1") == prices.snapshot()
+    # A damaged or hand-edited table is named, with how to read it again; never a traceback.
+    table = prices.saved(tmp_path, "eu-west-1")
+    for damaged in ("{", '{"prices": 5, "date": "x"}', '{"prices": {"c5a.large": {}}}'):
+        table.write_text(damaged)
+        assert main(["prices", "--region", "eu-west-1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"fleet: error: {table} is not a price table (") and err.endswith(
+            "read it again with `fleet prices --refresh --region eu-west-1`\n"
+        ), err
 
 
 def test_a_first_refresh_in_a_region_keeps_no_other_regions_price(
