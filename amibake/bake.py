@@ -4,7 +4,6 @@ bash -n and shellcheck)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -19,6 +18,7 @@ from amibake.cloud import Cloud
 from amibake.cloud.calls import describe_image
 from amibake.errors import UserError
 from amibake.render import USER_DATA_LIMIT, Checks, check_shell, render
+from amibake.saved import read_json
 from amibake.sources import sha256_of
 from amibake.steps.preflight import BASE_AMI_PARAMETER
 
@@ -55,11 +55,37 @@ def tmpfs_mb(available_mb: int, vcpus: int, reserve_mb_per_vcpu: int) -> int:
     return size
 
 
+def baked(amis_file: Path) -> list[dict[str, Any]]:
+    """results/amis.json: one record per image baked, oldest first (none before the first)."""
+    if not amis_file.exists():
+        return []
+
+    def records(data: Any) -> list[dict[str, Any]]:
+        for record in data:
+            str(record["image_id"]), str(record["architecture"]), record["artifacts"].values()
+        return list(data)
+
+    return read_json(
+        amis_file, "restore it, or move it away to start a new record of the images baked", records
+    )
+
+
+def _manifest(manifest: Any) -> dict[str, Any]:
+    """An artifact's manifest, with the fields a bake reads."""
+    for key in ("app", "family", "architecture", "target", "artifact_sha256"):
+        str(manifest[key])
+    return manifest  # type: ignore[no-any-return]
+
+
 def load_artifacts(artifacts_dir: Path, families: list[str] | None) -> list[Artifact]:
     """The built artifacts to bake, checked against their manifests."""
     found = []
     for manifest_path in sorted(artifacts_dir.glob("*.manifest.json")):
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_json(
+            manifest_path,
+            "build the family again (amibake build), which writes it anew",
+            _manifest,
+        )
         if families is not None and manifest.get("family") not in families:
             continue
         path = manifest_path.with_name(manifest_path.name.replace(".manifest.json", ".tar.xz"))

@@ -15,7 +15,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from amibake import catalog
+from amibake import bake, catalog
 from amibake.cloud import Cloud
 from amibake.cloud.calls import describe_image, error_code, wait_until
 from amibake.errors import CloudError, UserError
@@ -41,11 +41,17 @@ def images_from_bake(amis_file: Path) -> list[Image]:
     """The newest baked image of each architecture, from results/amis.json."""
     if not amis_file.exists():
         raise UserError(f"{amis_file} does not exist: run `amibake bake` first, or pass --ami")
-    newest: dict[str, dict[str, Any]] = {}
-    for record in json.loads(amis_file.read_text()):
-        newest[record["architecture"]] = record
+    newest: dict[str, Image] = {}
+    for image in _baked(amis_file):  # in the order baked: the last of each architecture wins
+        newest[image.architecture] = image
+    return list(newest.values())
+
+
+def _baked(amis_file: Path) -> list[Image]:
+    """Every image results/amis.json records, oldest first."""
     return [
-        _image(r["image_id"], r["architecture"], r["artifacts"].values()) for r in newest.values()
+        _image(r["image_id"], r["architecture"], r["artifacts"].values())
+        for r in bake.baked(amis_file)
     ]
 
 
@@ -62,10 +68,9 @@ def _image(image_id: str, architecture: str, manifests: Any) -> Image:
 def image_by_id(cloud: Cloud, image_id: str, amis_file: Path) -> Image:
     if describe_image(cloud.ec2, image_id) is None:
         raise UserError(f"image {image_id} does not exist in {cloud.config.region}")
-    records = json.loads(amis_file.read_text()) if amis_file.exists() else []
-    for record in records:
-        if record["image_id"] == image_id:
-            return _image(image_id, record["architecture"], record["artifacts"].values())
+    for image in _baked(amis_file):
+        if image.image_id == image_id:
+            return image
     raise UserError(f"image {image_id} was not baked by amibake (not in {amis_file})")
 
 

@@ -401,6 +401,8 @@ def check_bake(request: BakeRequest) -> None:
 def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
     """One bake per architecture, checked and rendered; creates nothing."""
     check_bake(request)
+    # Read now, as Record will append to it: damaged, it would fail the bake after CreateImage.
+    bake_module.baked(cloud.config.results_dir / "amis.json")
     artifacts = bake_module.load_artifacts(cloud.config.results_dir / "artifacts", request.families)
     if request.base_ami is not None and len({a.architecture for a in artifacts}) > 1:
         raise UserError("--base-ami names one image, but the artifacts span architectures")

@@ -20,6 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from amibake.saved import read_json
+
 SNAPSHOT = "prices_us-east-1.json"  # the shipped table, in fleet/catalog/
 
 
@@ -123,21 +125,13 @@ def saved(results_dir: Path, region: str) -> Path:
     return results_dir / f"prices_{region}.json"
 
 
-def _read_table(path: Path, region: str) -> dict[str, Any]:
-    """A refreshed table, checked: an edited or damaged file is named, not a traceback."""
-    try:
-        document = json.loads(path.read_text())
-        entries = document["prices"]
-        for entry in entries.values():
-            spot = entry["spot"].values()
-            for value in (entry["on_demand"], entry["vcpus"], entry["memory_gib"], *spot):
-                float(value)  # each a number
-        str(document["date"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise PriceError(
-            f"{path} is not a price table ({type(exc).__name__}: {exc}); read it again with "
-            f"`fleet prices --refresh --region {region}`"
-        ) from None
+def _table(document: Any) -> dict[str, Any]:
+    """A price table, its numbers checked."""
+    for entry in document["prices"].values():
+        spot = entry["spot"].values()
+        for value in (entry["on_demand"], entry["vcpus"], entry["memory_gib"], *spot):
+            float(value)
+    str(document["date"])
     return document  # type: ignore[no-any-return]
 
 
@@ -147,7 +141,12 @@ def in_use(results_dir: Path, region: str) -> dict[str, Any]:
     between regions, and a ranking by cost per unit would be the other region's."""
     refreshed = saved(results_dir, region)
     if refreshed.exists():
-        return _read_table(refreshed, region)
+        return read_json(
+            refreshed,
+            f"read it again with `fleet prices --refresh --region {region}`",
+            _table,
+            PriceError,
+        )
     shipped = snapshot()
     if shipped["region"] != region:
         raise PriceError(

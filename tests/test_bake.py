@@ -286,3 +286,43 @@ def test_bake_build_builds_what_is_missing_first(
     assert main(["bake", "--family", "c5a"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("x86_64: ami-") and line.endswith("boot test passed"), line
+
+
+def test_a_damaged_record_is_named_before_anything_is_made(
+    cloud: Cloud,
+    built: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from amibake.cli import main as amibake
+
+    results = tmp_path / "results"
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(results))
+    artifacts = results / "artifacts"
+    artifacts.mkdir(parents=True)
+    source = cloud.config.results_dir / "artifacts"
+    for built_file in source.glob("trivial_c5a.*"):
+        shutil.copy(built_file, artifacts)
+    amis = results / "amis.json"
+    # The record of images baked, cut short: the bake would fail after CreateImage appending
+    # to it, and batch up --from-bake had a JSONDecodeError traceback.
+    amis.write_text('[{"image_id": "ami-1", ')
+    for argv in (["bake", "--dry-run"], ["batch", "up", "--from-bake"]):
+        assert amibake(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"amibake: error: {amis} is damaged (JSONDecodeError: "), err
+        assert err.endswith(
+            "restore it, or move it away to start a new record of the images baked\n"
+        )
+    amis.write_text('[{"image_id": "ami-1"}]')  # valid JSON, a field missing
+    assert amibake(["batch", "up", "--from-bake"]) == 2
+    assert f"{amis} is damaged (KeyError: 'architecture')" in capsys.readouterr().err
+    amis.unlink()
+    manifest = next(artifacts.glob("*.manifest.json"))
+    manifest.write_text("{")
+    assert amibake(["bake", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"amibake: error: {manifest} is damaged (JSONDecodeError: "), err
+    assert "build the family again (amibake build)" in err
+    assert Journal(results / "journal.sqlite").last_run_id() is None  # no run started

@@ -349,7 +349,7 @@ class Record:
             },
             "boot_test": state.boot_report,
         }
-        existing = json.loads(state.amis_file.read_text()) if state.amis_file.exists() else []
+        existing = bake.baked(state.amis_file)  # read (and checked) before the bake too
         state.amis_file.parent.mkdir(parents=True, exist_ok=True)
         state.amis_file.write_text(json.dumps([*existing, record], indent=2))
 

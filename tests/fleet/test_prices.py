@@ -145,7 +145,7 @@ def test_a_region_is_priced_from_its_own_table_only(
         table.write_text(damaged)
         assert main(["prices", "--region", "eu-west-1"]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"fleet: error: {table} is not a price table (") and err.endswith(
+        assert err.startswith(f"fleet: error: {table} is damaged (") and err.endswith(
             "read it again with `fleet prices --refresh --region eu-west-1`\n"
         ), err
 
