@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from amibake.errors import UserError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, command TEXT NOT NULL, cloud TEXT NOT NULL, region TEXT NOT NULL,
@@ -48,17 +50,26 @@ def open_database(path: Path, schema: str) -> sqlite3.Connection:
     # apply): two first opens at once, as two trials in flight on a fresh results directory,
     # failed one of them with "database is locked". Retried for as long as a busy wait would be.
     deadline = time.monotonic() + BUSY_S
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            break
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                db.close()
-                raise
-            time.sleep(0.02)
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.executescript(schema)
+    try:
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(schema)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        if "locked" in str(exc):
+            raise
+        # Not ours to repair, and not to be replaced silently: it is the record of what runs made.
+        raise UserError(
+            f"{path} is not a readable SQLite database ({exc}); restore it, or move it away to "
+            "start a new record"
+        ) from None
     return db
 
 

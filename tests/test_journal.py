@@ -7,6 +7,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from amibake.errors import UserError
 from amibake.journal import Journal
 
 
@@ -25,3 +28,11 @@ def test_a_new_database_opens_while_another_connection_holds_it(tmp_path: Path) 
     release.join()
     assert time.monotonic() - started >= 0.4  # it waited for the holder
     assert journal.last_run_id() == "r1"
+
+
+def test_a_damaged_database_is_named_not_replaced(tmp_path: Path) -> None:
+    damaged = tmp_path / "journal.sqlite"
+    damaged.write_text("not a database, but someone's record all the same\n")
+    with pytest.raises(UserError, match=r"journal.sqlite is not a readable SQLite database \("):
+        Journal(damaged)
+    assert damaged.read_text().startswith("not a database")  # left as it was
