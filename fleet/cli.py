@@ -281,9 +281,9 @@ def _tune(args: argparse.Namespace) -> int:
     }
     if args.resume:
         args.resume = _run_id(results, args.resume)
-        record = results.run(args.resume)
-        if record is None or record["kind"] != "tune":
-            raise UserError(f"no fleet tune run {args.resume!r} in {results.path}")
+        record = results.require(args.resume)
+        if record["kind"] != "tune":
+            raise UserError(f"{args.resume} is not a fleet tune run (fleet bench --resume?)")
         cfg = _run_config(args, results, args.resume)
         # The record replays only through the same search: what shapes it cannot change. The
         # budget and the trials in flight can (a larger --trials extends the search).

@@ -298,6 +298,7 @@ def test_bad_input_is_one_line_and_creates_nothing(
             "--resume RUN takes the run's own plan: drop --replicates, --on-demand"
         ),
         ("bench", "--resume", "fb-nope"): "no fleet run 'fb-nope'",
+        ("tune", "--resume", "ft-nope"): "no fleet run 'ft-nope'",
     }
     for argv, expected in cases.items():
         assert main(list(argv)) == 2, argv

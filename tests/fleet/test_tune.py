@@ -809,3 +809,20 @@ def test_a_search_with_no_feasible_trial_exits_1(
     path.write_text(path.read_text() + "[constraints]\nmax_rss_mb = 500\n")
     assert main(["tune", str(path)]) == 1
     assert "5 trials; best: none feasible" in capsys.readouterr().out
+
+
+def test_resume_names_a_run_of_the_other_kind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    results = Results(tmp_path / "fleet.sqlite")
+    results.create_run("fb-0123456789", "bench", {}, "local", "us-east-1", "")
+    results.create_run("ft-0123456789", "tune", {}, "local", "us-east-1", "")
+    assert main(["tune", "--resume", "fb-0123456789"]) == 2
+    assert capsys.readouterr().err == (
+        "fleet: error: fb-0123456789 is not a fleet tune run (fleet bench --resume?)\n"
+    )
+    assert main(["bench", "--resume", "ft-0123456789"]) == 2
+    assert (
+        "ft-0123456789 is not a fleet bench run (fleet tune --resume?)" in capsys.readouterr().err
+    )
