@@ -61,8 +61,10 @@ def baked(amis_file: Path) -> list[dict[str, Any]]:
         return []
 
     def records(data: Any) -> list[dict[str, Any]]:
-        for record in data:
-            str(record["image_id"]), str(record["architecture"]), record["artifacts"].values()
+        for record in data:  # the fields batch and the next bake read
+            for key in ("image_id", "architecture"):
+                str(record[key])
+            dict(record["artifacts"])
         return list(data)
 
     return read_json(

@@ -129,7 +129,9 @@ class Board:
             self.status[state.label] = what
             line = ", ".join(f"{t} {s}" for t, s in self.status.items())
             # Without a price, "$0.0000 spent" would claim those instances were free.
-            unpriced = f" (without {', '.join(sorted(self.unpriced))}: no price)"
+            unpriced = (
+                f" (without {', '.join(sorted(self.unpriced))}: no price)" if self.unpriced else ""
+            )
             log.info(
                 "[%s] %d/%d replicates; %s; $%.4f spent%s",
                 self.run_id,
@@ -137,7 +139,7 @@ class Board:
                 self.total,
                 line,
                 self.spent_now(),
-                unpriced if self.unpriced else "",
+                unpriced,
             )
 
 
