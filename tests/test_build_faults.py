@@ -78,16 +78,20 @@ def test_throttling_on_create_describe_and_cleanup_is_retried(
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
 
-def _no_capacity(markets: set[str]) -> Any:
+def _no_capacity(
+    markets: set[str], code: str = "InsufficientInstanceCapacity", calls: list[str] | None = None
+) -> Any:
     def handler(params: dict[str, Any], **_: Any) -> Any:
         # before-call sees the serialized EC2 query request.
         market = params["body"]["TargetCapacitySpecification.DefaultTargetCapacityType"]
+        if calls is not None:
+            calls.append(market)
         if market not in markets:
             return None
         parsed = {
             "Errors": [
                 {
-                    "ErrorCode": "InsufficientInstanceCapacity",
+                    "ErrorCode": code,
                     "ErrorMessage": "injected",
                     "Lifecycle": market,
                 }
@@ -115,6 +119,21 @@ def test_no_capacity_in_any_pool_names_the_pools_and_leaves_nothing(
         assert f"no capacity for {o.family} after trying {o.family}.large/" in o.error
         assert f"{o.family}.xlarge/" in o.error
         assert "--on-demand-fallback" in o.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def test_a_spot_quota_is_named_as_the_quota_and_not_retried(cloud: Cloud, local_dir: Path) -> None:
+    calls: list[str] = []
+    handler = _no_capacity({"spot"}, code="MaxSpotInstanceCountExceeded", calls=calls)
+    cloud.ec2.meta.events.register("before-call.ec2.CreateFleet", handler)
+    try:
+        outcome = pipelines.build(cloud, request())[0]
+    finally:
+        cloud.ec2.meta.events.unregister("before-call.ec2.CreateFleet", handler)
+    assert not outcome.ok
+    assert "quota refused the launch (MaxSpotInstanceCountExceeded: injected)" in outcome.error
+    assert "Service Quotas" in outcome.error and "no capacity" not in outcome.error
+    assert calls == ["spot"]  # a quota is not retried as a capacity shortage would be
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
 

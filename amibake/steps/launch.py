@@ -18,6 +18,9 @@ from amibake.steps.state import InstanceState
 
 log = logging.getLogger("amibake")
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow"}
+# The account's quotas, not the pools' capacity: retrying or another size will not help, and the
+# user's fix is elsewhere (Service Quotas), so the error must not say "no capacity".
+QUOTA_ERRORS = {"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"}
 CAPACITY_ATTEMPTS = 3
 CAPACITY_BACKOFF_S = 0.5
 
@@ -137,6 +140,7 @@ class LaunchFleet:
             markets.append("on-demand")
         ec2 = self.context.cloud.ec2
         errors: list[str] = []
+        codes_seen: set[str] = set()
         started = time.monotonic()
         for market in markets:
             for attempt in range(CAPACITY_ATTEMPTS):
@@ -159,6 +163,7 @@ class LaunchFleet:
                     log.info("launched %s (%s, %s)", state.instance_id, state.instance_type, market)
                     return
                 codes = {e.get("ErrorCode", "") for e in response.get("Errors", [])}
+                codes_seen |= codes
                 errors += [
                     f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}"
                     for e in response.get("Errors", [])
@@ -173,9 +178,16 @@ class LaunchFleet:
             if state.on_demand_fallback or not state.spot
             else ("; allow on-demand with --on-demand-fallback")
         )
+        refused = "; ".join(dict.fromkeys(errors))
+        if codes_seen & QUOTA_ERRORS:
+            raise CloudError(
+                f"{state.family.name}: the account's EC2 quota refused the launch ({refused}): "
+                f"raise the vCPU quota for {' and '.join(markets)} instances in Service Quotas "
+                f"(EC2), or end instances that hold it{hint}"
+            )
         raise CloudError(
             f"no capacity for {state.family.name} after trying {pools}: "
-            f"{'; '.join(dict.fromkeys(errors)) or 'no instance returned'}{hint}"
+            f"{refused or 'no instance returned'}{hint}"
         )
 
     def cleanup(self, state: InstanceState) -> None:
