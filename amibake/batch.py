@@ -17,7 +17,7 @@ import botocore.exceptions
 
 from amibake import bake, catalog
 from amibake.cloud import Cloud
-from amibake.cloud.calls import describe_image, error_code, wait_until
+from amibake.cloud.calls import default_vpc, describe_image, error_code, wait_until
 from amibake.errors import CloudError, UserError
 
 log = logging.getLogger("amibake")
@@ -119,10 +119,7 @@ def _ensure_iam(cloud: Cloud) -> tuple[str, str]:
 def _network(cloud: Cloud) -> tuple[list[str], str]:
     """Default-VPC subnets, and a security group with no inbound rule (jobs need none)."""
     ec2 = cloud.ec2
-    vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
-    if not vpcs:
-        raise CloudError("no default VPC in this region")
-    vpc = vpcs[0]["VpcId"]
+    vpc = default_vpc(ec2)
     subnets = [
         s["SubnetId"]
         for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
@@ -236,8 +233,8 @@ def names(image: Image) -> tuple[str, str]:
 
 def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
     batch = cloud.client("batch")
+    subnets, group = _network(cloud)  # first: an account without a default VPC stops here
     service_role, profile = _ensure_iam(cloud)
-    subnets, group = _network(cloud)
     result: dict[str, Any] = {
         "queues": {},
         "job_definitions": [],

@@ -22,6 +22,7 @@ from botocore.awsrequest import AWSResponse
 from amibake import pipelines
 from amibake.cli import main
 from amibake.cloud import Cloud, connect
+from amibake.errors import CloudError
 from amibake.journal import Journal
 from amibake.runner import new_run_id
 from amibake.steps import launch
@@ -322,3 +323,38 @@ def test_gc_names_the_regions_it_did_not_look_in(
         == []
     )
     assert journal.alive(run_id) == []
+
+
+def test_no_default_vpc_is_named_with_how_to_create_it_before_anything_is_made(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    # AWS refuses a launch that names no subnet, DryRun included, where the default VPC is gone.
+    before = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
+    with (
+        failing(cloud, "RunInstances", "VPCIdNotSpecified", times=1) as hits,
+        pytest.raises(CloudError) as raised,
+    ):
+        pipelines.build(cloud, request())
+    assert hits[0] == 1
+    assert str(raised.value) == (
+        "no default VPC in us-east-1: amibake launches into it; create it with "
+        "'aws ec2 create-default-vpc --region us-east-1'"
+    )
+    assert Journal(cloud.config.results_dir / "journal.sqlite").last_run_id() == before
+
+
+def test_no_default_vpc_at_the_security_group_step_leaves_nothing(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    def no_vpcs(**_: Any) -> Any:
+        parsed = {"Vpcs": [], "ResponseMetadata": {"HTTPStatusCode": 200}}
+        return AWSResponse("https://ec2.local", 200, {}, None), parsed  # type: ignore[arg-type]
+
+    cloud.ec2.meta.events.register("before-call.ec2.DescribeVpcs", no_vpcs)
+    try:
+        outcome = pipelines.build(cloud, request())[0]
+    finally:
+        cloud.ec2.meta.events.unregister("before-call.ec2.DescribeVpcs", no_vpcs)
+    assert not outcome.ok
+    assert "no default VPC in us-east-1" in outcome.error and "create-default-vpc" in outcome.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)

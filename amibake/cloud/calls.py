@@ -78,3 +78,20 @@ def describe_image(ec2: Any, image_id: str) -> dict[str, Any] | None:
             raise
         return None
     return images[0] if images else None
+
+
+def no_default_vpc(region: str) -> CloudError:
+    """amibake launches into the default VPC (its public subnets give the instance an address
+    to SSH to); accounts whose default VPC was deleted are common, so say how to get it back."""
+    return CloudError(
+        f"no default VPC in {region}: amibake launches into it; create it with "
+        f"'aws ec2 create-default-vpc --region {region}'"
+    )
+
+
+def default_vpc(ec2: Any) -> str:
+    """The region's default VPC's id, or the error naming how to create it."""
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    if not vpcs:
+        raise no_default_vpc(ec2.meta.region_name)
+    return str(vpcs[0]["VpcId"])

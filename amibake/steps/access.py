@@ -8,7 +8,7 @@ import logging
 import urllib.request
 
 from amibake.cloud import tags
-from amibake.cloud.calls import ignore_missing, retry_on
+from amibake.cloud.calls import default_vpc, ignore_missing, retry_on
 from amibake.errors import CloudError
 from amibake.runner import RunContext
 from amibake.steps.state import InstanceState
@@ -71,16 +71,11 @@ class SecurityGroup:
 
     def run(self, state: InstanceState) -> None:
         ec2 = self.context.cloud.ec2
-        vpcs = self.context.shared(
-            "default-vpcs",
-            lambda: ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"],
-        )
-        if not vpcs:
-            raise CloudError("no default VPC in this region; create one or set a subnet")
+        vpc = self.context.shared("default-vpc", lambda: default_vpc(ec2))
         created = ec2.create_security_group(
             GroupName=f"{self.context.run_id}-{state.slot}",
             Description="amibake build: SSH from the caller only",
-            VpcId=vpcs[0]["VpcId"],
+            VpcId=vpc,
             TagSpecifications=[tags.specification("security-group", self.context.tags)],
         )
         state.security_group_id = created["GroupId"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import botocore.exceptions
 
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code, wait_until
+from amibake.cloud.calls import error_code, no_default_vpc, wait_until
 from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
 from amibake.runner import RunContext
@@ -112,6 +112,8 @@ def preflight_instance(
             DryRun=True, ImageId=state.base_ami, InstanceType=types[0], MinCount=1, MaxCount=1
         )
     except botocore.exceptions.ClientError as exc:
+        if error_code(exc) == "VPCIdNotSpecified":
+            raise no_default_vpc(cloud.config.region) from exc
         if error_code(exc) != "DryRunOperation":
             raise CloudError(f"dry-run launch of {types[0]} refused: {exc}") from exc
     return {t: lookups.memory[t] for t in types if t in lookups.memory}
