@@ -358,3 +358,31 @@ def test_no_default_vpc_at_the_security_group_step_leaves_nothing(
     assert not outcome.ok
     assert "no default VPC in us-east-1" in outcome.error and "create-default-vpc" in outcome.error
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def test_ssh_waits_for_the_latest_console_output_not_the_buffered_one(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    # On AWS the buffered output lags the boot by minutes; the host key is read from the latest.
+    asked: list[object] = []
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        asked.append(params["body"].get("Latest"))
+
+    cloud.ec2.meta.events.register("before-call.ec2.GetConsoleOutput", record)
+    try:
+        outcome = pipelines.build(cloud, request())[0]
+    finally:
+        cloud.ec2.meta.events.unregister("before-call.ec2.GetConsoleOutput", record)
+    assert outcome.ok, outcome.error
+    assert asked and set(asked) == {"true"}, asked
+
+
+def test_a_type_without_latest_console_output_falls_back_to_the_buffered_one(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    with failing(cloud, "GetConsoleOutput", "UnsupportedOperation", times=1) as hits:
+        outcome = pipelines.build(cloud, request())[0]
+    assert hits[0] == 1
+    assert outcome.ok, outcome.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)

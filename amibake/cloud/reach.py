@@ -8,6 +8,7 @@ from typing import IO
 
 import botocore.exceptions
 
+from amibake.cloud.calls import error_code
 from amibake.cloud.session import Cloud
 from amibake.errors import CloudError, HostKeyMismatch, RemoteError
 from amibake.progress import Progress
@@ -26,6 +27,20 @@ def describe(cloud: Cloud, instance_id: str) -> dict[str, object]:
                 raise CloudError(f"describe {instance_id}: {exc}") from exc
             time.sleep(min(0.1 * 2**attempt, 3.0))
     raise AssertionError("unreachable")
+
+
+def console_output(cloud: Cloud, instance_id: str) -> str:
+    """The instance's console output as it is now. Without Latest, EC2 returns what it buffered
+    at the last state change, which on AWS lags the boot by minutes, and every SSH connection
+    waited for it; Nitro types (every family in the catalog) serve the latest output."""
+    try:
+        found = cloud.ec2.get_console_output(InstanceId=instance_id, Latest=True)
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        if not code.startswith(("Unsupported", "InvalidParameter")):
+            raise
+        found = cloud.ec2.get_console_output(InstanceId=instance_id)  # a Xen type: buffered only
+    return str(found.get("Output", "") or "")
 
 
 def reach(
@@ -56,8 +71,7 @@ def reach(
         if state == "running":
             try:
                 host, port = cloud.ssh_endpoint(instance)
-                output = cloud.ec2.get_console_output(InstanceId=instance_id).get("Output", "")
-                fingerprints = parse_fingerprints(output or "")
+                fingerprints = parse_fingerprints(console_output(cloud, instance_id))
                 if not fingerprints:
                     last_problem = "no host key fingerprints in the console output yet"
                 else:
