@@ -1,7 +1,8 @@
 """Recipes: ``build_recipes/<app>/recipe.toml`` and the files beside it.
 
-A recipe names its source (a local path, or archives each with a sha256), the packages it
-needs, the build script template, the artifact paths, a smoke test and how to benchmark it.
+A recipe names its source (a local path, or archives each with a sha256), the packages its
+build needs and those its artifact needs to run (amibake.packages installs them), the build
+script template, the artifact paths, a smoke test and how to benchmark it.
 Errors name the file (and the line, where TOML gives one).
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amibake import packages
 from amibake.catalog import ARCHITECTURES
 from amibake.errors import UnknownNameError, UserError
 
@@ -34,7 +36,7 @@ class Recipe:
     directory: Path
     description: str
     architectures: tuple[str, ...]
-    packages: tuple[str, ...]
+    packages: tuple[str, ...]  # the build host's, beside the runtime ones
     template: str
     base_cflags: str
     artifacts: tuple[str, ...]
@@ -44,6 +46,7 @@ class Recipe:
     smoke_command: str
     smoke_expect: str
     bench: dict[str, Any] = field(default_factory=dict)
+    runtime_packages: tuple[str, ...] = ()  # every host that runs the artifact
 
     @property
     def file(self) -> Path:
@@ -84,6 +87,7 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         "description",
         "architectures",
         "packages",
+        "runtime_packages",
         "source",
         "build",
         "smoke",
@@ -113,6 +117,16 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         archives.append(Archive(str(entry.get("filename", "")), sha, str(entry.get("url", ""))))
     if source_path is None and not archives:
         problems.append("source needs a path or archives")
+    package_lists: dict[str, tuple[str, ...]] = {}
+    for key in ("packages", "runtime_packages"):
+        names = data.get(key, [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            problems.append(f"{key} must be a list of package names")
+            names = []
+        bad = packages.bad_names(names)
+        if bad:
+            problems.append(f"{key}: {', '.join(map(repr, bad))} is not a package name")
+        package_lists[key] = tuple(names)
     tmpfs_max = build.get("tmpfs_max_mb")
     if tmpfs_max is not None and (not isinstance(tmpfs_max, int) or tmpfs_max < 64):
         problems.append("build.tmpfs_max_mb must be an integer of at least 64")
@@ -123,7 +137,7 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         directory=directory,
         description=str(data.get("description", "")),
         architectures=architectures,
-        packages=tuple(str(p) for p in data.get("packages", [])),
+        packages=package_lists["packages"],
         template=template,
         base_cflags=str(build.get("base_cflags", "-O2")),
         artifacts=tuple(str(a) for a in need(build, "artifacts", list, "build.")),
@@ -133,6 +147,7 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         smoke_command=str(smoke.get("command", "")),
         smoke_expect=str(smoke.get("expect", "")),
         bench=dict(data.get("bench", {})),
+        runtime_packages=package_lists["runtime_packages"],
     )
 
 

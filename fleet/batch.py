@@ -27,6 +27,7 @@ from typing import Any
 import botocore.exceptions
 
 from amibake import batch as amibake_batch
+from amibake import packages
 from amibake.cloud.calls import error_code
 from amibake.errors import RemoteError, UserError
 from amibake.pipelines import MAX_ATTEMPTS
@@ -282,6 +283,11 @@ class Jobs:
             "FLEET_TIMEOUT": f"{state.spec.timeout_s:.0f}",
             "FLEET_MONITOR": "1" if state.spec.monitor else "0",
             "FLEET_IMDS": cloud.imds_endpoint,
+            # The container image is plain Amazon Linux: the builds' runtime packages go in
+            # first (the job unpacks builds with Python, so it needs no tar or xz).
+            "FLEET_SETUP": packages.install_command(
+                packages.runtime(b.manifest for b in state.artifacts.values())
+            ),
         }
         request: dict[str, Any] = {
             "jobName": state.queue,

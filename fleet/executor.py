@@ -21,6 +21,7 @@ from typing import Any
 import archspec.cpu
 
 from amibake import flags as flags_module
+from amibake import packages
 from amibake.cloud import Cloud
 from amibake.cloud.reach import describe
 from amibake.errors import RemoteError, UserError
@@ -132,8 +133,13 @@ class Stage:
         # After the price: the progress board starts counting this instance's cost on it.
         state.on_event(state, "staging")
         user = self.context.cloud.config.ssh_user
+        needed = [
+            *packages.ARTIFACT_TOOLS,
+            *packages.runtime(b.manifest for b in state.artifacts.values()),
+        ]
         remote.script(
             f"""
+            {packages.install_command(needed)}
             mkdir -p {SHARED}
             mountpoint -q {SHARED} || mount -t tmpfs -o mode=1777 tmpfs {SHARED}
             rm -rf {WORK} && mkdir -p {WORK}/run && chown -R {user} {WORK}

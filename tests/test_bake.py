@@ -116,6 +116,34 @@ def test_user_data_over_16_kib_is_refused() -> None:
         bake.check_user_data("#!/bin/bash\n" + "echo too much\n" * 2000)
 
 
+def test_a_baked_image_holds_its_builds_runtime_packages(
+    cloud: Cloud, built: None, tmp_path: Path
+) -> None:
+    # An OpenMP build needs libgomp, which the base image lacks: the bake installs the recipe's
+    # runtime packages into the image, and the boot test's smoke run proves they are there.
+    recipe = tmp_path / "omp"
+    shutil.copytree(FIXTURES / "trivial", recipe)
+    toml = (recipe / "recipe.toml").read_text().replace('name = "trivial"', 'name = "omp"')
+    toml = toml.replace('"-O2"', '"-O2 -fopenmp"')
+    toml = toml.replace('packages = ["gcc"]', 'packages = ["gcc"]\nruntime_packages = ["libgomp"]')
+    (recipe / "recipe.toml").write_text(toml)
+    (recipe / "src" / "hello.c").write_text(
+        "#include <stdio.h>\n#include <omp.h>\n"
+        'int main(void) { printf("hello from %d threads\\n", omp_get_max_threads()); }\n'
+    )
+    request = pipelines.BuildRequest(["c5a"], "omp", "large", recipes_dir=tmp_path)
+    artifacts = cloud.config.results_dir / "artifacts"
+    try:
+        assert pipelines.build(cloud, request)[0].ok
+        outcome = pipelines.bake(cloud, pipelines.BakeRequest())[0]
+    finally:
+        for path in artifacts.glob("omp_c5a.*"):
+            path.unlink()
+    assert outcome.ok, outcome.error
+    report = outcome.state.boot_report  # type: ignore[union-attr]
+    assert report["apps"]["omp"] == {"family": "c5a", "smoke": "passed"}
+
+
 def test_bake_boot_test_and_security_invariants(cloud: Cloud, built: None, local_dir: Path) -> None:
     sent: list[dict[str, Any]] = []
 

@@ -45,6 +45,20 @@ def test_structural_problems_are_reported_together(tmp_path: Path) -> None:
     assert "nope.j2 not found" in str(caught.value)
 
 
+def test_package_names_a_shell_would_split_are_refused(tmp_path: Path) -> None:
+    # They go into an install command run as root on the instance: one word each, nothing more.
+    recipe = copy_recipe(tmp_path)
+    text = (recipe / "recipe.toml").read_text()
+    text = text.replace(
+        'packages = ["gcc"]', 'packages = ["gcc; rm -rf /"]\nruntime_packages = "x"'
+    )
+    (recipe / "recipe.toml").write_text(text)
+    with pytest.raises(UserError) as caught:
+        recipes.load("trivial", recipe.parent)
+    assert "packages: 'gcc; rm -rf /' is not a package name" in str(caught.value)
+    assert "runtime_packages must be a list of package names" in str(caught.value)
+
+
 def test_unknown_recipe_suggests_close_names() -> None:
     with pytest.raises(UnknownNameError, match="did you mean kernels"):
         recipes.load("kernel")

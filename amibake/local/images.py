@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from amibake.errors import LocalCloudError
+from amibake.local import dnf
 from amibake.local.sandbox import remove_tree
 
 # `amibake local up` names its own mount namespace here, so the daemon can check it has another.
@@ -101,7 +102,8 @@ class ImageStore:
 
         The ECS agent's unit (enabled, as on the real AMI), its config and some agent state
         under /var/lib/ecs/data, so a bake's hygiene and boot test have the real things to act
-        on. The agent itself does not run: the unit is not a oneshot (see amibake.local.boot).
+        on; no gcc or libgomp, and a dnf that installs them (amibake.local.dnf). The agent itself
+        does not run: the unit is not a oneshot (see amibake.local.boot).
         """
         layer = self.layer(image_id)
         units = layer / "usr/lib/systemd/system"
@@ -112,6 +114,7 @@ class ImageStore:
         (wants / "ecs.service").symlink_to("/usr/lib/systemd/system/ecs.service")
         (layer / "etc/ecs/ecs.config").write_text("ECS_CLUSTER=default\n")
         (layer / "var/lib/ecs/data/agent.db").write_text("agent state of the instance\n")
+        dnf.seed(layer)  # no compiler, as on the real AMI, and dnf to install one
         (self.root / image_id / "image.json").write_text(json.dumps({"layers": [str(layer)]}))
 
     def image_ids(self) -> list[str]:

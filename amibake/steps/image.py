@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from amibake import bake
+from amibake import bake, packages
 from amibake import flags as flags_module
 from amibake.cloud import tags
 from amibake.cloud.calls import ignore_missing, wait_until
@@ -76,7 +76,14 @@ class Install:
         started = time.monotonic()
         # `systemctl enable` is, for these units, exactly this symlink (WantedBy=multi-user).
         wants = "/etc/systemd/system/multi-user.target.wants"
-        lines = [f"install -d -m 755 {bake.DATA_DIR} {bake.LIBEXEC} {wants}"]
+        # What the stage unit runs at boot (tar, xz) and what the builds need to run: baked in,
+        # so instances of the image need no package repository.
+        lines = [
+            packages.install_command(
+                [*packages.ARTIFACT_TOOLS, *packages.runtime(a.manifest for a in state.artifacts)]
+            ),
+            f"install -d -m 755 {bake.DATA_DIR} {bake.LIBEXEC} {wants}",
+        ]
         lines += [
             f"install -m 644 {staging}/{a.path.name} {bake.DATA_DIR}/" for a in state.artifacts
         ]

@@ -13,6 +13,7 @@ import time
 import archspec.cpu
 
 from amibake import flags as flags_module
+from amibake import packages
 from amibake.cloud.reach import reach
 from amibake.errors import RemoteError
 from amibake.render import Checks, check_shell, render
@@ -78,8 +79,13 @@ class Build:
         cap = state.recipe.tmpfs_max_mb or 0
         # One round trip (as root) learns the build host's facts and prepares the tmpfs, sized
         # from its memory: half of it, or the recipe's cap.
+        # The recipe's packages first: the base image has no compiler (amibake.packages).
+        install = packages.install_command(
+            [*packages.BUILD_TOOLS, *state.recipe.packages, *state.recipe.runtime_packages]
+        )
         facts = remote.script(
-            f"""arch=$(uname -m); want={want}
+            f"""{install}
+            arch=$(uname -m); want={want}
             if [ "$arch" = "$want" ]; then cc=gcc; objdump=objdump
             else cc=$want-linux-gnu-gcc; objdump=$want-linux-gnu-objdump; fi
             if ! command -v "$cc" >/dev/null; then echo "missing $arch $cc"; exit 0; fi
@@ -95,6 +101,11 @@ class Build:
         ).stdout.splitlines()
         if facts and facts[0].startswith("missing "):
             _, arch, cc = facts[0].split()
+            if cc == "gcc":
+                raise RemoteError(
+                    f"{state.instance_id} has no gcc to build {state.family.name}: add gcc to "
+                    f"the packages of {state.recipe.file}"
+                )
             raise RemoteError(
                 f"{state.instance_id} is {arch} and has no {cc} to build {state.family.name} "
                 f"({state.family.architecture}); on the local cloud install the cross compiler "
@@ -267,6 +278,7 @@ class Fetch:
             "smoke": state.smoke,
             "smoke_command": state.recipe.smoke_command,
             "smoke_expect": state.recipe.smoke_expect,
+            "runtime_packages": list(state.recipe.runtime_packages),
             "base_ami": state.base_ami,
             "instance_type": state.instance_type,
             "run_id": self.context.run_id,

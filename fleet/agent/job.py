@@ -7,7 +7,8 @@ IMDSv2 and /proc), unpacks its build, runs ``replicate.sh`` (whose output and ``
 line go to the job's log), and PUTs the monitor CSV to its presigned S3 URL.
 
 Environment: FLEET_PLAN (JSON list of [directory, tag]), FLEET_COMMAND, FLEET_TIMEOUT,
-FLEET_MONITOR (0|1), FLEET_IMDS, FLEET_UPLOAD_URLS (JSON list, one per index).
+FLEET_MONITOR (0|1), FLEET_IMDS, FLEET_UPLOAD_URLS (JSON list, one per index), FLEET_SETUP
+(shell that installs the builds' runtime packages; ":" for none).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ def main() -> int:
     directory, tag = json.loads(os.environ["FLEET_PLAN"])[index]
     host = {**imds(os.environ["FLEET_IMDS"]), **cpu(), "tag": tag}
     print("FLEET-HOST " + json.dumps(host), flush=True)
+    setup = os.environ.get("FLEET_SETUP", ":")
+    if setup != ":" and subprocess.call(["bash", "-c", setup]) != 0:
+        print("fleet: the job could not install its build's runtime packages", file=sys.stderr)
+        return 3
     work = HERE / directory
     archive = HERE / "builds" / f"{directory}.tar.xz"
     if archive.exists() and not work.exists():

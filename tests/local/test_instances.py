@@ -114,3 +114,29 @@ def test_a_sandbox_mount_table_keeps_paths_with_spaces(tmp_path: Path) -> None:
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == "tmpfs"
+
+
+def test_the_base_image_has_no_compiler_until_dnf_installs_it(cloud: Cloud) -> None:
+    # As the ECS-optimized AMI: no gcc and no OpenMP runtime, and dnf to install them.
+    instance_id, remote = launch_and_reach(cloud)
+    probe = (
+        "command -v gcc >/dev/null && echo gcc || echo no-gcc; "
+        "python3 -c 'import ctypes; ctypes.CDLL(\"libgomp.so.1\")' 2>/dev/null "
+        "&& echo libgomp || echo no-libgomp"
+    )
+    with remote:
+        before = remote.run(probe, stream=False).stdout.split()
+        said = remote.script("dnf install -y -q libgomp", stream=False).stdout.strip()
+        middle = remote.run(probe, stream=False).stdout.split()
+        remote.script("dnf install -y -q gcc", stream=False)
+        after = remote.run(probe, stream=False).stdout.split()
+        compiled = remote.run(
+            "printf 'int main(void){return 0;}' | gcc -fopenmp -x c -o /tmp/t - && /tmp/t && echo ok",
+            stream=False,
+        ).stdout.strip()
+    assert before == ["no-gcc", "no-libgomp"]
+    assert said == "Installed: libgomp"
+    assert middle == ["no-gcc", "libgomp"]
+    assert after == ["gcc", "libgomp"]
+    assert compiled == "ok"
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
