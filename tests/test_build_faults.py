@@ -386,3 +386,17 @@ def test_a_type_without_latest_console_output_falls_back_to_the_buffered_one(
     assert hits[0] == 1
     assert outcome.ok, outcome.error
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def test_a_recipe_that_does_not_ask_for_gcc_is_told_to(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    # The base image has no compiler (as the ECS-optimized AMI): the recipe must install one.
+    root = tmp_path / "recipes"
+    shutil.copytree(FIXTURES / "trivial", root / "trivial")
+    toml = root / "trivial" / "recipe.toml"
+    toml.write_text(toml.read_text().replace('packages = ["gcc"]', "packages = []"))
+    outcome = pipelines.build(cloud, request(recipes_dir=root))[0]
+    assert not outcome.ok
+    assert outcome.error.endswith(f"has no gcc to build c5a: add gcc to the packages of {toml}")
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
