@@ -37,6 +37,7 @@ from fleet.executor import (
     BenchState,
     Replicate,
     failed_row,
+    host_packages,
     monitor_csv,
     record_host,
     result_row,
@@ -283,11 +284,9 @@ class Jobs:
             "FLEET_TIMEOUT": f"{state.spec.timeout_s:.0f}",
             "FLEET_MONITOR": "1" if state.spec.monitor else "0",
             "FLEET_IMDS": cloud.imds_endpoint,
-            # The container image is plain Amazon Linux: the builds' runtime packages go in
+            # The container image is plain Amazon Linux: what the replicates need goes in
             # first (the job unpacks builds with Python, so it needs no tar or xz).
-            "FLEET_SETUP": packages.install_command(
-                packages.runtime(b.manifest for b in state.artifacts.values())
-            ),
+            "FLEET_SETUP": packages.install_command(host_packages(state)),
         }
         request: dict[str, Any] = {
             "jobName": state.queue,

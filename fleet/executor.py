@@ -100,6 +100,13 @@ def ssh_steps(context: RunContext) -> list[Step[BenchState]]:
     ]
 
 
+def host_packages(state: BenchState) -> list[str]:
+    """What a host needs to run the replicates: the builds' runtime packages, and psutil for
+    the monitor (Amazon Linux's python3 has no psutil: without it, no memory figures)."""
+    needed = packages.runtime(b.manifest for b in state.artifacts.values())
+    return [*needed, "python3-psutil"] if state.spec.monitor else needed
+
+
 def microarchitecture(cpu_flags: set[str], architecture: str) -> str:
     """The newest archspec target whose features the CPU has (what the instance really is)."""
     family = flags_module.GENERIC_TARGET[architecture]
@@ -133,10 +140,7 @@ class Stage:
         # After the price: the progress board starts counting this instance's cost on it.
         state.on_event(state, "staging")
         user = self.context.cloud.config.ssh_user
-        needed = [
-            *packages.ARTIFACT_TOOLS,
-            *packages.runtime(b.manifest for b in state.artifacts.values()),
-        ]
+        needed = [*packages.ARTIFACT_TOOLS, *host_packages(state)]
         remote.script(
             f"""
             {packages.install_command(needed)}

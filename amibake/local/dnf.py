@@ -1,9 +1,10 @@
 """The local cloud's Amazon Linux package manager: what a base image lacks, and dnf to add it.
 
-A local instance's root is this machine's "/", which has gcc and libgomp; the ECS-optimized
-AMI has no compiler, and an image without gcc need not have OpenMP's runtime. So a base image's
-layer hides them (overlay whiteouts) and keeps a copy aside, and its ``/usr/bin/dnf`` puts a
-hidden package's files back when asked to install it. A build or bench that forgets to install
+A local instance's root is this machine's "/", which has gcc, libgomp and python3-psutil; the
+ECS-optimized AMI has no compiler, an image without gcc need not have OpenMP's runtime, and
+psutil (fleet's monitor) is no part of Amazon Linux's python3. So a base image's layer hides
+them (overlay whiteouts) and keeps a copy aside, and its ``/usr/bin/dnf`` puts a hidden
+package's files back when asked to install it. A build or bench that forgets to install
 what it needs then fails here as it would on AWS. Any other package name counts as installed:
 the rest of this machine stands in for the image.
 """
@@ -31,11 +32,12 @@ def _libgomp() -> list[str]:
 
 
 def hidden_packages() -> dict[str, list[str]]:
-    """Package name -> this machine's files that the base image hides (absolute paths).
-    gcc brings libgomp with it, as Amazon Linux's gcc package requires libgomp."""
+    """Package name -> this machine's files or directories that the base image hides
+    (absolute paths). gcc brings libgomp with it, as Amazon Linux's gcc package requires it."""
     libgomp = _libgomp()
     gcc = ["/usr/bin/gcc"] if os.path.lexists("/usr/bin/gcc") else []
-    found = {"gcc": gcc + libgomp if gcc else [], "libgomp": libgomp}
+    psutil = glob.glob("/usr/lib/python3/dist-packages/psutil")  # the system python3's
+    found = {"gcc": gcc + libgomp if gcc else [], "libgomp": libgomp, "python3-psutil": psutil}
     return {name: paths for name, paths in found.items() if paths}
 
 
@@ -51,7 +53,7 @@ for name in "$@"; do
   if [ -f "$stash/$name.files" ]; then
     while IFS= read -r path; do
       mkdir -p "$(dirname "$path")"
-      cp -a "$stash/root$path" "$path"
+      cp -a "$stash/root$path" "$(dirname "$path")/"
     done < "$stash/$name.files"
     echo "Installed: $name"
   else
@@ -74,7 +76,11 @@ def seed(layer: Path) -> None:
         for path in paths:
             kept = stash / "root" / path.lstrip("/")
             kept.parent.mkdir(parents=True, exist_ok=True)
-            if not os.path.lexists(kept):
+            if os.path.lexists(kept):
+                pass
+            elif os.path.isdir(path) and not os.path.islink(path):
+                shutil.copytree(path, kept, symlinks=True)
+            else:
                 shutil.copy2(path, kept, follow_symlinks=False)
             whiteout = layer / path.lstrip("/")
             whiteout.parent.mkdir(parents=True, exist_ok=True)

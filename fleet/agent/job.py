@@ -83,11 +83,13 @@ def cpu() -> dict[str, object]:
 def main() -> int:
     index = int(os.environ.get("AWS_BATCH_JOB_ARRAY_INDEX", "0"))
     directory, tag = json.loads(os.environ["FLEET_PLAN"])[index]
+    # Packages first: whether the monitor can run depends on them (psutil).
+    setup = os.environ.get("FLEET_SETUP", ":")
+    installed = setup == ":" or subprocess.call(["bash", "-c", setup]) == 0
     host = {**imds(os.environ["FLEET_IMDS"]), **cpu(), "tag": tag}
     print("FLEET-HOST " + json.dumps(host), flush=True)
-    setup = os.environ.get("FLEET_SETUP", ":")
-    if setup != ":" and subprocess.call(["bash", "-c", setup]) != 0:
-        print("fleet: the job could not install its build's runtime packages", file=sys.stderr)
+    if not installed:
+        print("fleet: the job could not install what its replicates need", file=sys.stderr)
         return 3
     work = HERE / directory
     archive = HERE / "builds" / f"{directory}.tar.xz"

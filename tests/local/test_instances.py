@@ -117,26 +117,27 @@ def test_a_sandbox_mount_table_keeps_paths_with_spaces(tmp_path: Path) -> None:
 
 
 def test_the_base_image_has_no_compiler_until_dnf_installs_it(cloud: Cloud) -> None:
-    # As the ECS-optimized AMI: no gcc and no OpenMP runtime, and dnf to install them.
+    # As the ECS-optimized AMI: no gcc, OpenMP runtime or psutil, and dnf to install them.
     instance_id, remote = launch_and_reach(cloud)
     probe = (
         "command -v gcc >/dev/null && echo gcc || echo no-gcc; "
         "python3 -c 'import ctypes; ctypes.CDLL(\"libgomp.so.1\")' 2>/dev/null "
-        "&& echo libgomp || echo no-libgomp"
+        "&& echo libgomp || echo no-libgomp; "
+        "python3 -c 'import psutil' 2>/dev/null && echo psutil || echo no-psutil"
     )
     with remote:
         before = remote.run(probe, stream=False).stdout.split()
         said = remote.script("dnf install -y -q libgomp", stream=False).stdout.strip()
         middle = remote.run(probe, stream=False).stdout.split()
-        remote.script("dnf install -y -q gcc", stream=False)
+        remote.script("dnf install -y -q gcc python3-psutil", stream=False)
         after = remote.run(probe, stream=False).stdout.split()
         compiled = remote.run(
             "printf 'int main(void){return 0;}' | gcc -fopenmp -x c -o /tmp/t - && /tmp/t && echo ok",
             stream=False,
         ).stdout.strip()
-    assert before == ["no-gcc", "no-libgomp"]
+    assert before == ["no-gcc", "no-libgomp", "no-psutil"]
     assert said == "Installed: libgomp"
-    assert middle == ["no-gcc", "libgomp"]
-    assert after == ["gcc", "libgomp"]
+    assert middle == ["no-gcc", "libgomp", "no-psutil"]
+    assert after == ["gcc", "libgomp", "psutil"]
     assert compiled == "ok"
     cloud.ec2.terminate_instances(InstanceIds=[instance_id])
