@@ -238,6 +238,7 @@ def _build_text(summaries: list[dict[str, Any]]) -> str:
             lines.append(f"{s['family']}: plan {' -> '.join(s['plan'])}")
             lines.append(f"  base AMI {s['base_ami']}, types {', '.join(s['instance_types'])}")
             lines.append(f"  {s['compiler']} flags: {s['flags']}")
+            lines.append(f"  packages (dnf, before the build): {' '.join(s['packages'])}")
             lines.append(
                 "  build script:\n    " + s["build_script"].rstrip().replace("\n", "\n    ")
             )

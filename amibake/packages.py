@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from amibake.recipes import Recipe
 
 # What amibake itself runs on a host: artifacts are tar.xz (made on the build host, unpacked on
 # every host that runs one). The build host also scans the artifact with objdump (binutils).
@@ -48,3 +51,9 @@ def runtime(manifests: Iterable[dict[str, Any]]) -> list[str]:
     """The runtime packages of these artifacts' recipes, as their manifests record them."""
     needed = [str(name) for manifest in manifests for name in manifest.get("runtime_packages", [])]
     return list(dict.fromkeys(needed))
+
+
+def for_build(recipe: Recipe) -> list[str]:
+    """What the build host installs: amibake's tools, the build's and the artifact's packages
+    (the smoke test runs the artifact there)."""
+    return list(dict.fromkeys([*BUILD_TOOLS, *recipe.packages, *recipe.runtime_packages]))

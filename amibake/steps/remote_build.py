@@ -80,9 +80,7 @@ class Build:
         # One round trip (as root) learns the build host's facts and prepares the tmpfs, sized
         # from its memory: half of it, or the recipe's cap.
         # The recipe's packages first: the base image has no compiler (amibake.packages).
-        install = packages.install_command(
-            [*packages.BUILD_TOOLS, *state.recipe.packages, *state.recipe.runtime_packages]
-        )
+        install = packages.install_command(packages.for_build(state.recipe))
         facts = remote.script(
             f"""{install}
             arch=$(uname -m); want={want}
