@@ -51,6 +51,10 @@ HOST_GONE = "Host EC2"  # how Batch's status reason starts when the instance wen
 URL_TTL_S = 12 * 3600
 POLL_S = 1.0
 # The job's own side: fetch the payload, unpack it, hand over to job.py (standard library only).
+# What replicate.sh runs that the amazonlinux:2023 container image lacks (it has bash,
+# coreutils, curl and python3, and not util-linux's setsid). The local cloud runs jobs on the
+# host's filesystem and cannot show this: it is asserted on the request.
+CONTAINER_TOOLS = ("util-linux",)
 BOOTSTRAP = (
     "import io,os,subprocess,sys,tarfile,urllib.request\n"
     "d='/tmp/fleet-'+os.environ['AWS_BATCH_JOB_ID'].replace(':','-')\n"
@@ -284,9 +288,9 @@ class Jobs:
             "FLEET_TIMEOUT": f"{state.spec.timeout_s:.0f}",
             "FLEET_MONITOR": "1" if state.spec.monitor else "0",
             "FLEET_IMDS": cloud.imds_endpoint,
-            # The container image is plain Amazon Linux: what the replicates need goes in
+            # The container image is minimal Amazon Linux: what the replicates need goes in
             # first (the job unpacks builds with Python, so it needs no tar or xz).
-            "FLEET_SETUP": packages.install_command(host_packages(state)),
+            "FLEET_SETUP": packages.install_command([*CONTAINER_TOOLS, *host_packages(state)]),
         }
         request: dict[str, Any] = {
             "jobName": state.queue,

@@ -97,6 +97,12 @@ def test_two_builds_measured_as_array_jobs(cloud: Cloud, registered: None, local
     assert len(submitted) == 1 and submitted[0]["arrayProperties"] == {"size": 6}
     assert submitted[0]["jobQueue"].startswith(f"fleet-{run_id}-")
     assert submitted[0]["jobQueue"].endswith("-c5a-large-0")
+    # The job installs what the minimal container image lacks: setsid (util-linux) for
+    # replicate.sh, the build's runtime (libgomp) and the monitor's psutil.
+    environment_vars = {
+        e["name"]: e["value"] for e in submitted[0]["containerOverrides"]["environment"]
+    }
+    assert "install -y -q util-linux libgomp python3-psutil" in environment_vars["FLEET_SETUP"]
     requirements = submitted[0]["containerOverrides"]["resourceRequirements"]
     assert {"type": "VCPU", "value": "2"} in requirements
     # Where each ran came from the job itself (IMDS) and is recorded with its price.
