@@ -23,6 +23,14 @@ from fleet.tune import (
     loss_of,
 )
 
+# The columns a replay table needs for each constraint to be checked on its rows.
+CONSTRAINT_COLUMNS = {
+    "max_seconds": ("seconds",),
+    "max_usd_per_unit": ("seconds", "price_per_hour"),
+    "max_rss_mb": ("rss_mb",),
+    "min_rate": ("rate",),
+}
+
 
 class ReplayEvaluator:
     """Trials looked up in a recorded table (one row per configuration) instead of run."""
@@ -33,17 +41,23 @@ class ReplayEvaluator:
         except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
             raise UserError(f"{path}: cannot read the replay table: {exc}") from None
         column = spec.replay_column
-        needed = [column, *spec.space.params]
+        needed = {name: "" for name in [column, *spec.space.params]}
         if spec.objective == "cost":
-            needed.append("price_per_hour")
-        missing = [c for c in needed if c not in table.columns]
+            needed["price_per_hour"] = ""
+        # A constraint whose measure the table lacks would pass every trial unchecked.
+        timed = spec.objective in ("runtime", "cost")  # the objective's column is the time
+        for constraint in spec.constraints:
+            for name in CONSTRAINT_COLUMNS[constraint]:
+                if not (name == "seconds" and timed):
+                    needed.setdefault(name, f" (for constraints.{constraint})")
+        missing = [f"{name}{why}" for name, why in needed.items() if name not in table.columns]
         if missing:
             raise UserError(
                 f"{path}:1: the replay table has no column {', '.join(missing)} "
                 f"(columns: {', '.join(table.columns)})"
             )
         # Numbers or nothing: an empty cell is a configuration whose measurement failed.
-        for name in (column, "price_per_hour", "seconds"):
+        for name in (column, "price_per_hour", "seconds", "rss_mb", "rate"):
             if name in table.columns and not pd.api.types.is_numeric_dtype(table[name]):
                 numbers = pd.to_numeric(table[name], errors="coerce")
                 bad = table[name].notna() & numbers.isna()

@@ -37,6 +37,13 @@ log = logging.getLogger("amibake")
 ALGORITHMS = ("tpe", "random", "grid")
 OBJECTIVES = ("runtime", "metric", "cost")
 CONSTRAINTS = ("max_seconds", "max_usd_per_unit", "max_rss_mb", "min_rate")
+# What each constraint reads, as the reason names it when a trial lacks it.
+CONSTRAINT_MEASURE = {
+    "max_seconds": "time per unit",
+    "max_usd_per_unit": "cost per unit (no price)",
+    "max_rss_mb": "memory figure (the monitor took no sample: a run under 1 s, or no psutil)",
+    "min_rate": "rate",
+}
 # What an infeasible or failed trial tells the search: worse than anything real, so TPE puts it
 # among the bad trials (it ranks losses; the magnitude does not matter) and steers away.
 PENALTY = 1e18
@@ -275,8 +282,11 @@ def broken_constraint(
         ("min_rate", rate, True),  # a floor; the others are ceilings
     ]
     for name, value, floor in checks:
-        if name not in limits or value is None:
+        if name not in limits:
             continue
+        if value is None:  # not passed unchecked: the target is the user's, not optional
+            lacking = CONSTRAINT_MEASURE[name]
+            return f"{name} {limits[name]:g} cannot be checked: the trial has no {lacking}"
         broken = float(value) < limits[name] if floor else float(value) > limits[name]
         if broken:
             return f"{name} {limits[name]:g} broken: {float(value):.4g}"

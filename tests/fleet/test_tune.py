@@ -470,6 +470,10 @@ def test_bad_tune_input_names_file_and_line(
         f'replay = "{tmp_path / "t.csv"}"\nobjective = "metric"\n'
         '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n': "t.csv:1: the replay table has no column metric",
     }
+    # A constraint the table cannot check would pass every trial unchecked.
+    cases[head + param + "[constraints]\nmax_rss_mb = 100\n"] = (
+        ":1: the replay table has no column rss_mb (for constraints.max_rss_mb)"
+    )
     cases[f'replay = "{tmp_path / "dup.csv"}"\nobjective = "metric"\n' + param] = (
         "dup.csv:4: the configuration of line 2 again (a=1)"
     )
@@ -776,6 +780,12 @@ def test_a_cloud_trial_is_timed_per_unit_of_work(
     slow = score("runtime", max_seconds=0.004)
     assert slow.state == "infeasible" and slow.reason == "max_seconds 0.004 broken: 0.004444"
     assert score("runtime", max_seconds=0.005).state == "ok"
+    # A memory ceiling with no memory figure (a run shorter than the monitor's first sample)
+    # is not passed unchecked.
+    replicates["rss_max_mb"] = [None] * 3
+    unchecked = score("runtime", max_rss_mb=100)
+    assert unchecked.state == "infeasible"
+    assert unchecked.reason.startswith("max_rss_mb 100 cannot be checked: the trial has no memory")
 
 
 def test_min_rate_on_a_workload_timed_in_seconds_is_refused(
