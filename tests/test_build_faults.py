@@ -28,6 +28,17 @@ from amibake.runner import new_run_id
 from amibake.steps import launch
 from tests.helpers import ec2_error, tagged_alive, wait_until_clean
 from tests.test_build import FIXTURES, assert_nothing_left, request
+from tests.test_recipes import copy_recipe
+
+
+@contextmanager
+def hooked(cloud: Cloud, event: str, handler: Any) -> Iterator[None]:
+    """A botocore event handler on the cloud's EC2 client for the block's duration."""
+    cloud.ec2.meta.events.register(event, handler)
+    try:
+        yield
+    finally:
+        cloud.ec2.meta.events.unregister(event, handler)
 
 
 @contextmanager
@@ -44,12 +55,8 @@ def failing(
             return ec2_error(code, status)
         return None
 
-    event = f"before-send.ec2.{operation}"
-    cloud.ec2.meta.events.register(event, handler)
-    try:
+    with hooked(cloud, f"before-send.ec2.{operation}", handler):
         yield hits
-    finally:
-        cloud.ec2.meta.events.unregister(event, handler)
 
 
 @pytest.fixture(autouse=True)
@@ -109,11 +116,8 @@ def test_no_capacity_in_any_pool_names_the_pools_and_leaves_nothing(
     cloud: Cloud, local_dir: Path
 ) -> None:
     handler = _no_capacity({"spot", "on-demand"})
-    cloud.ec2.meta.events.register("before-call.ec2.CreateFleet", handler)
-    try:
+    with hooked(cloud, "before-call.ec2.CreateFleet", handler):
         outcomes = pipelines.build(cloud, request(families=["c5a", "c6a"]))
-    finally:
-        cloud.ec2.meta.events.unregister("before-call.ec2.CreateFleet", handler)
     assert len(outcomes) == 2
     for o in outcomes:
         assert not o.ok
@@ -126,11 +130,8 @@ def test_no_capacity_in_any_pool_names_the_pools_and_leaves_nothing(
 def test_a_spot_quota_is_named_as_the_quota_and_not_retried(cloud: Cloud, local_dir: Path) -> None:
     calls: list[str] = []
     handler = _no_capacity({"spot"}, code="MaxSpotInstanceCountExceeded", calls=calls)
-    cloud.ec2.meta.events.register("before-call.ec2.CreateFleet", handler)
-    try:
+    with hooked(cloud, "before-call.ec2.CreateFleet", handler):
         outcome = pipelines.build(cloud, request())[0]
-    finally:
-        cloud.ec2.meta.events.unregister("before-call.ec2.CreateFleet", handler)
     assert not outcome.ok
     assert "quota refused the launch (MaxSpotInstanceCountExceeded: injected)" in outcome.error
     assert "Service Quotas" in outcome.error and "no capacity" not in outcome.error
@@ -142,22 +143,28 @@ def test_spot_without_capacity_falls_back_to_on_demand_when_allowed(
     cloud: Cloud, local_dir: Path
 ) -> None:
     handler = _no_capacity({"spot"})
-    cloud.ec2.meta.events.register("before-call.ec2.CreateFleet", handler)
-    try:
+    with hooked(cloud, "before-call.ec2.CreateFleet", handler):
         outcome = pipelines.build(cloud, request(on_demand_fallback=True))[0]
-    finally:
-        cloud.ec2.meta.events.unregister("before-call.ec2.CreateFleet", handler)
     assert outcome.ok, outcome.error
     assert outcome.state is not None and outcome.state.market == "on-demand"
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
 
-def test_instance_not_found_right_after_launch_is_eventual_consistency(
-    cloud: Cloud, local_dir: Path
+@pytest.mark.parametrize(
+    ("operation", "code", "times"),
+    [
+        # Eventual consistency: an instance is not found right after its launch.
+        ("DescribeInstances", "InvalidInstanceID.NotFound", 2),
+        # A type without the latest console output: the buffered one is read instead.
+        ("GetConsoleOutput", "UnsupportedOperation", 1),
+    ],
+)
+def test_refusals_a_build_expects_are_recovered_from(
+    cloud: Cloud, local_dir: Path, operation: str, code: str, times: int
 ) -> None:
-    with failing(cloud, "DescribeInstances", "InvalidInstanceID.NotFound", times=2) as hits:
+    with failing(cloud, operation, code, times=times) as hits:
         outcome = pipelines.build(cloud, request())[0]
-    assert hits[0] == 2
+    assert hits[0] == times
     assert outcome.ok, outcome.error
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
@@ -350,11 +357,8 @@ def test_no_default_vpc_at_the_security_group_step_leaves_nothing(
         parsed = {"Vpcs": [], "ResponseMetadata": {"HTTPStatusCode": 200}}
         return AWSResponse("https://ec2.local", 200, {}, None), parsed  # type: ignore[arg-type]
 
-    cloud.ec2.meta.events.register("before-call.ec2.DescribeVpcs", no_vpcs)
-    try:
+    with hooked(cloud, "before-call.ec2.DescribeVpcs", no_vpcs):
         outcome = pipelines.build(cloud, request())[0]
-    finally:
-        cloud.ec2.meta.events.unregister("before-call.ec2.DescribeVpcs", no_vpcs)
     assert not outcome.ok
     assert "no default VPC in us-east-1" in outcome.error and "create-default-vpc" in outcome.error
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
@@ -369,34 +373,19 @@ def test_ssh_waits_for_the_latest_console_output_not_the_buffered_one(
     def record(params: dict[str, Any], **_: Any) -> None:
         asked.append(params["body"].get("Latest"))
 
-    cloud.ec2.meta.events.register("before-call.ec2.GetConsoleOutput", record)
-    try:
+    with hooked(cloud, "before-call.ec2.GetConsoleOutput", record):
         outcome = pipelines.build(cloud, request())[0]
-    finally:
-        cloud.ec2.meta.events.unregister("before-call.ec2.GetConsoleOutput", record)
     assert outcome.ok, outcome.error
     assert asked and set(asked) == {"true"}, asked
-
-
-def test_a_type_without_latest_console_output_falls_back_to_the_buffered_one(
-    cloud: Cloud, local_dir: Path
-) -> None:
-    with failing(cloud, "GetConsoleOutput", "UnsupportedOperation", times=1) as hits:
-        outcome = pipelines.build(cloud, request())[0]
-    assert hits[0] == 1
-    assert outcome.ok, outcome.error
-    assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
 
 def test_a_recipe_that_does_not_ask_for_gcc_is_told_to(
     cloud: Cloud, local_dir: Path, tmp_path: Path
 ) -> None:
     # The base image has no compiler (as the ECS-optimized AMI): the recipe must install one.
-    root = tmp_path / "recipes"
-    shutil.copytree(FIXTURES / "trivial", root / "trivial")
-    toml = root / "trivial" / "recipe.toml"
+    toml = copy_recipe(tmp_path) / "recipe.toml"
     toml.write_text(toml.read_text().replace('packages = ["gcc"]', "packages = []"))
-    outcome = pipelines.build(cloud, request(recipes_dir=root))[0]
+    outcome = pipelines.build(cloud, request(recipes_dir=toml.parent.parent))[0]
     assert not outcome.ok
     assert outcome.error.endswith(f"has no gcc to build c5a: add gcc to the packages of {toml}")
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
