@@ -80,7 +80,10 @@ class Build:
         # One round trip (as root) learns the build host's facts and prepares the tmpfs, sized
         # from its memory: half of it, or the recipe's cap.
         # The recipe's packages first: the base image has no compiler (amibake.packages).
-        install = packages.install_command(packages.for_build(state.recipe))
+        needed = packages.for_build(state.recipe)
+        install = packages.install_command(needed)
+        # dnf on a new instance takes a while (its metadata, then gcc): say what it waits on.
+        log.info("%s: packages %s (installed where missing)", state.label, " ".join(needed))
         facts = remote.script(
             f"""{install}
             arch=$(uname -m); want={want}
