@@ -76,12 +76,11 @@ def seed(layer: Path) -> None:
         for path in paths:
             kept = stash / "root" / path.lstrip("/")
             kept.parent.mkdir(parents=True, exist_ok=True)
-            if os.path.lexists(kept):
-                pass
-            elif os.path.isdir(path) and not os.path.islink(path):
-                shutil.copytree(path, kept, symlinks=True)
-            else:
-                shutil.copy2(path, kept, follow_symlinks=False)
+            if not os.path.lexists(kept):  # a directory (psutil) whole, a symlink as one
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.copytree(path, kept, symlinks=True)
+                else:
+                    shutil.copy2(path, kept, follow_symlinks=False)
             whiteout = layer / path.lstrip("/")
             whiteout.parent.mkdir(parents=True, exist_ok=True)
             if os.path.lexists(whiteout):
