@@ -364,6 +364,8 @@ def _gc(args: argparse.Namespace) -> int:
     from amibake.journal import Journal
 
     older = _duration(args.older_than) if args.older_than else None
+    if args.run_id is not None:
+        _check_run_id(args.run_id)
     cfg = config_from(args)
     logs.to_terminal()
     cloud = connect(cfg)
@@ -394,6 +396,21 @@ def _gc(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failures else 0
+
+
+def _check_run_id(run_id: str) -> None:
+    """gc --run-id takes an amibake run's id. A fleet run's resources carry the ids of the
+    amibake runs inside it, so a fleet id (or a typo) found nothing and said all was clean."""
+    if re.fullmatch(r"f[bt]-[0-9a-f]+", run_id):
+        raise UserError(
+            f"--run-id {run_id} is a fleet run; its resources carry its amibake runs' ids: "
+            f"fleet kill {run_id} removes what it left"
+        )
+    if not re.fullmatch(r"ab-[0-9a-f]{12}", run_id):
+        raise UserError(
+            f"--run-id {run_id!r} is not an amibake run id (ab- and 12 hex digits, as the "
+            "run's log lines and amibake gc --dry-run show)"
+        )
 
 
 def _source(args: argparse.Namespace) -> int:

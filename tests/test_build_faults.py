@@ -297,6 +297,22 @@ def test_unknown_older_than_is_a_one_line_error(capsys: pytest.CaptureFixture[st
     assert "use a number and a unit" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("run_id", "said"),
+    [
+        # A fleet run's resources carry its amibake runs' ids: gc by its id found nothing.
+        ("fb-d631d59499", "is a fleet run; its resources carry its amibake runs' ids: fleet kill"),
+        ("ab-d631d59499", "is not an amibake run id (ab- and 12 hex digits"),  # one digit short
+    ],
+)
+def test_gc_refuses_a_run_id_it_could_never_find(
+    capsys: pytest.CaptureFixture[str], run_id: str, said: str
+) -> None:
+    assert main(["gc", "--run-id", run_id]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and said in err and err.count("\n") == 1, err
+
+
 def test_gc_names_the_regions_it_did_not_look_in(
     cloud: Cloud, capsys: pytest.CaptureFixture[str]
 ) -> None:
