@@ -45,11 +45,17 @@ DNF = f"""#!/bin/sh
 # The local cloud's stand-in for Amazon Linux's dnf (amibake/local/dnf.py): the base image hides
 # the packages listed under /{STASH}, as the real AMI lacks them, and installing one puts its
 # files back. Any other package is part of the image already.
+# Like dnf, it leaves what it fetched in /var/cache/dnf until `dnf clean all`.
 stash=/{STASH}
-if [ "$1" != install ]; then echo "dnf (local cloud): only install is served" >&2; exit 1; fi
-shift
+cache=/var/cache/dnf
+case "$1" in
+  install) shift ;;
+  clean) rm -rf "$cache"; exit 0 ;;
+  *) echo "dnf (local cloud): only install and clean are served" >&2; exit 1 ;;
+esac
 for name in "$@"; do
   case "$name" in -*) continue ;; esac
+  mkdir -p "$cache" && echo "$name" > "$cache/$name.rpm"
   if [ -f "$stash/$name.files" ]; then
     while IFS= read -r path; do
       mkdir -p "$(dirname "$path")"

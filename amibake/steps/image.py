@@ -108,6 +108,9 @@ if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&
   systemctl stop ecs || true
 fi
 rm -rf /var/lib/ecs/data/*
+# What dnf fetched for the installed packages (its repositories' metadata, tens of MiB) that
+# every instance of the image would otherwise carry.
+if command -v dnf >/dev/null; then dnf clean all >/dev/null 2>&1 || true; fi
 rm -f /etc/ssh/ssh_host_*
 rm -f /home/*/.ssh/authorized_keys /root/.ssh/authorized_keys
 rm -rf /var/lib/cloud/instances/* /var/lib/cloud/instance /var/lib/cloud/data/*
