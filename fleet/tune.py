@@ -284,7 +284,9 @@ def broken_constraint(
     for name, value, floor in checks:
         if name not in limits:
             continue
-        if value is None:  # not passed unchecked: the target is the user's, not optional
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            # Not passed unchecked (an empty cell in a replay table is no figure either): the
+            # target is the user's, not optional.
             lacking = CONSTRAINT_MEASURE[name]
             return f"{name} {limits[name]:g} cannot be checked: the trial has no {lacking}"
         broken = float(value) < limits[name] if floor else float(value) > limits[name]

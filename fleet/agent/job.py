@@ -8,7 +8,7 @@ line go to the job's log), and PUTs the monitor CSV to its presigned S3 URL.
 
 Environment: FLEET_PLAN (JSON list of [directory, tag]), FLEET_COMMAND, FLEET_TIMEOUT,
 FLEET_MONITOR (0|1), FLEET_IMDS, FLEET_UPLOAD_URLS (JSON list, one per index), FLEET_SETUP
-(shell that installs the builds' runtime packages; ":" for none).
+(shell that installs what the replicates need: setsid, the builds' runtime packages, psutil).
 """
 
 from __future__ import annotations

@@ -130,7 +130,8 @@ def test_no_configuration_runs_twice_until_the_space_is_spent(
 
 def test_infeasible_and_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
     rows = [
-        {"a": a, "b": b, "metric": (a - 7) ** 2 + 1, "rss_mb": 900 if a == 7 else 100}
+        # a = 7 breaks the memory limit; a = 3's memory was not measured (an empty cell).
+        {"a": a, "b": b, "metric": (a - 7) ** 2 + 1, "rss_mb": {7: 900, 3: None}.get(a, 100)}
         for a in range(1, 21)
         for b in ("x", "y")  # no row for z: those trials fail
     ]
@@ -142,7 +143,10 @@ def test_infeasible_and_failed_trials_are_recorded_and_the_search_goes_on(tmp_pa
     final = trials[trials.state != "asked"]
     assert len(final) == 60
     assert set(final.state) == {"ok", "infeasible", "failed"}
-    assert final[final.state == "infeasible"].reason.str.contains("max_rss_mb 500").all()
+    infeasible = final[final.state == "infeasible"]
+    assert infeasible.reason.str.contains("max_rss_mb 500").all()
+    unmeasured = infeasible[infeasible.params.str.contains('"a": 3')]
+    assert len(unmeasured) == 2 and unmeasured.reason.str.contains("cannot be checked").all()
     assert final[final.state == "failed"].reason.str.contains("not in the replay table").all()
     # Said in the run's own log too, trial by trial.
     logged = results.log_path(run_id).read_text()
