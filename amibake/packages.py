@@ -31,12 +31,15 @@ def bad_names(names: Iterable[str]) -> list[str]:
     return [name for name in names if not NAME.match(name)]
 
 
-def install_command(names: Iterable[str]) -> str:
+def install_command(names: Iterable[str], *, optional: bool = False) -> str:
     """Shell, run as root, that installs the packages (dnf, else yum) or exits 3 saying which it
-    could not; a no-op for none. Installing what is already there changes nothing."""
+    could not (optional: says so and goes on); a no-op for none. Installing what is already
+    there changes nothing."""
     unique = list(dict.fromkeys(names))
     if not unique:
         return ":"
+    if optional:
+        return f"( {install_command(unique)} ) || true"
     listed = " ".join(shlex.quote(name) for name in unique)
     said = " ".join(unique)
     # rpm first: where all are installed (a baked image), dnf would still fetch the

@@ -27,7 +27,6 @@ from typing import Any
 import botocore.exceptions
 
 from amibake import batch as amibake_batch
-from amibake import packages
 from amibake.cloud.calls import error_code
 from amibake.errors import RemoteError, UserError
 from amibake.pipelines import MAX_ATTEMPTS
@@ -37,7 +36,7 @@ from fleet.executor import (
     BenchState,
     Replicate,
     failed_row,
-    host_packages,
+    host_setup,
     monitor_csv,
     record_host,
     result_row,
@@ -290,7 +289,7 @@ class Jobs:
             "FLEET_IMDS": cloud.imds_endpoint,
             # The container image is minimal Amazon Linux: what the replicates need goes in
             # first (the job unpacks builds with Python, so it needs no tar or xz).
-            "FLEET_SETUP": packages.install_command([*CONTAINER_TOOLS, *host_packages(state)]),
+            "FLEET_SETUP": host_setup(state, CONTAINER_TOOLS),
         }
         request: dict[str, Any] = {
             "jobName": state.queue,

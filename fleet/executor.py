@@ -13,7 +13,7 @@ import csv
 import logging
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -100,11 +100,16 @@ def ssh_steps(context: RunContext) -> list[Step[BenchState]]:
     ]
 
 
-def host_packages(state: BenchState) -> list[str]:
-    """What a host needs to run the replicates: the builds' runtime packages, and psutil for
-    the monitor (Amazon Linux's python3 has no psutil: without it, no memory figures)."""
-    needed = packages.runtime(b.manifest for b in state.artifacts.values())
-    return [*needed, "python3-psutil"] if state.spec.monitor else needed
+def host_setup(state: BenchState, tools: Iterable[str]) -> str:
+    """Shell installing what a host needs to run the replicates: `tools` and the builds'
+    runtime packages, or the run stops there; and psutil for the monitor (Amazon Linux's
+    python3 has none), which may fail: the replicates then run without the monitor, as
+    record_host warns."""
+    needed = [*tools, *packages.runtime(b.manifest for b in state.artifacts.values())]
+    monitor = ["python3-psutil"] if state.spec.monitor else []
+    return "\n".join(
+        [packages.install_command(needed), packages.install_command(monitor, optional=True)]
+    )
 
 
 def microarchitecture(cpu_flags: set[str], architecture: str) -> str:
@@ -140,10 +145,9 @@ class Stage:
         # After the price: the progress board starts counting this instance's cost on it.
         state.on_event(state, "staging")
         user = self.context.cloud.config.ssh_user
-        needed = [*packages.ARTIFACT_TOOLS, *host_packages(state)]
         remote.script(
             f"""
-            {packages.install_command(needed)}
+            {host_setup(state, packages.ARTIFACT_TOOLS)}
             mkdir -p {SHARED}
             mountpoint -q {SHARED} || mount -t tmpfs -o mode=1777 tmpfs {SHARED}
             rm -rf {WORK} && mkdir -p {WORK}/run && chown -R {user} {WORK}

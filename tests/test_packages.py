@@ -68,3 +68,17 @@ def test_no_package_manager_or_a_failed_install_says_which_packages(tmp_path: Pa
         "No match for argument: gcc",
         "dnf could not install gcc",
     ]
+
+
+def test_an_optional_package_that_cannot_be_installed_is_said_and_passed(tmp_path: Path) -> None:
+    # psutil for fleet's monitor: without it the replicates still run, unmonitored.
+    script = packages.install_command(["python3-psutil"], optional=True) + "\necho went on"
+    done = subprocess.run(
+        ["/bin/bash", "-euo", "pipefail", "-c", script],
+        env={"PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "went on\n"
+    assert done.stderr.strip() == "no dnf or yum here to install python3-psutil"
