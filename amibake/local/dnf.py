@@ -11,6 +11,7 @@ the rest of this machine stands in for the image.
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
@@ -31,6 +32,7 @@ def _libgomp() -> list[str]:
     )
 
 
+@functools.cache  # this machine's files: looked up once for every base image the daemon seeds
 def hidden_packages() -> dict[str, list[str]]:
     """Package name -> this machine's files or directories that the base image hides
     (absolute paths). gcc brings libgomp with it, as Amazon Linux's gcc package requires it."""
