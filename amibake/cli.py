@@ -1,4 +1,7 @@
-"""amibake's command line: argument parsing only; the work is done elsewhere.
+"""amibake: family-tuned builds on EC2 spot instances, baked into AMIs, run by AWS Batch.
+
+The first line above is `amibake --help`'s description. This module is argument parsing only;
+the work is done elsewhere.
 
 ``main(argv) -> int``: a user mistake prints one line (``amibake: error: ...``) and returns 2;
 a failure in the cloud or on a host returns 1 with one line; anything else is a bug and keeps

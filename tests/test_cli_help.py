@@ -41,3 +41,17 @@ def test_an_unknown_flag_points_at_the_help_of_its_command(
     assert "(see `amibake local up --help`)" in capsys.readouterr().err
     assert fleet(["report", "last", "--nope"]) == 2
     assert "--nope (see `fleet report --help`)" in capsys.readouterr().err
+
+
+def test_the_top_level_help_describes_the_product_to_a_user(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for main, name in ((amibake, "amibake"), (fleet, "fleet")):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        lines = capsys.readouterr().out.split("\n\n")
+        description = lines[1].replace("\n", " ")
+        assert description.startswith(f"{name}: "), description
+        assert "EC2" in description, description
+        # Not the module's notes to its developers.
+        assert "argument parsing" not in description, description
