@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amibake.errors import UserError
-from fleet.spec import line_of
+from fleet.spec import check_type, line_of
 
 KINDS = ("categorical", "int", "uniform", "loguniform")
 STAGES = ("compile", "run")
@@ -212,16 +212,15 @@ def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
     def arch_of(instance_type: str) -> str:
         return catalog.family(instance_type.split(".")[0]).architecture
 
-    if isinstance(raw, dict) and isinstance(raw.get(TYPE), dict):
-        types = [str(t) for t in raw[TYPE].get("values", [])]
-    try:
-        architectures = {arch_of(t) for t in types}
-    except UserError as exc:
-        raise UserError(f"{where}: {exc}") from None
-
     def fail(name: str, message: str) -> UserError:
         line = line_of(text, f"params.{name}")
         return UserError(f"{where}{f':{line}' if line else ''}: params.{name}: {message}")
+
+    if isinstance(raw, dict) and isinstance(raw.get(TYPE), dict):
+        types = [str(t) for t in raw[TYPE].get("values", [])]
+        for instance_type in types:
+            check_type(instance_type, lambda _key, message: fail(TYPE, message))
+    architectures = {arch_of(t) for t in types}
 
     if not isinstance(raw, dict) or not raw:
         line = text[: text.find("[params")].count("\n") + 1 if "[params" in text else None

@@ -31,7 +31,7 @@ from amibake.errors import UserError
 from amibake.runner import cancel_all
 from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.space import TYPE, Space, parse
-from fleet.spec import EXECUTORS, line_of, read_toml
+from fleet.spec import EXECUTORS, check_type, line_of, read_toml
 
 log = logging.getLogger("amibake")
 ALGORITHMS = ("tpe", "random", "grid")
@@ -120,7 +120,11 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
     for key in data:
         if key not in known:
             raise fail(key, f"unknown key; known: {', '.join(sorted(known))}")
-    types = [str(t) for t in data.get("types", [])]
+    types = data.get("types", [])
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
+    for instance_type in types:
+        check_type(instance_type, fail)  # before a run is recorded, not in every trial
     if types and isinstance(data.get("params"), dict) and TYPE in data["params"]:
         raise fail("types", "the types are named twice: keep types or params.instance_type")
     space = parse(data.get("params"), where, text, types)

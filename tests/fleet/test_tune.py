@@ -474,6 +474,14 @@ def test_bad_tune_input_names_file_and_line(
         f'replay = "{tmp_path / "t.csv"}"\nobjective = "metric"\n'
         '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n': "t.csv:1: the replay table has no column metric",
     }
+    # An instance type that does not exist would fail every trial in turn.
+    cases['types = "c5a.large"\n' + head + param] = ":1: types: must be a list of instance types"
+    cases['types = ["c5a.nano"]\n' + head + param] = (
+        ":1: types: unknown instance type 'c5a.nano': c5a comes in large,"
+    )
+    cases[head + '[params.instance_type]\nkind = "categorical"\nvalues = ["c5a.tiny"]\n'] = (
+        ":3: params.instance_type: unknown instance type 'c5a.tiny'"
+    )
     # A constraint the table cannot check would pass every trial unchecked.
     cases[head + param + "[constraints]\nmax_rss_mb = 100\n"] = (
         ":1: the replay table has no column rss_mb (for constraints.max_rss_mb)"
@@ -840,3 +848,4 @@ def test_resume_names_a_run_of_the_other_kind(
     assert (
         "ft-0123456789 is not a fleet bench run (fleet tune --resume?)" in capsys.readouterr().err
     )
+
