@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import tarfile
 import tomllib
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from amibake.catalog import ARCHITECTURES
 from amibake.errors import UnknownNameError, UserError
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "build_recipes"
+# {NAME} in a bench command: a parameter of [bench.parameters], filled with its value when the
+# workload runs; {args} is the free-form rest (fleet's --args, a tune's other run parameters).
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,20 @@ class Recipe:
     smoke_expect: str
     bench: dict[str, Any] = field(default_factory=dict)
     runtime_packages: tuple[str, ...] = ()  # every host that runs the artifact
+    # [bench.parameters]: what the workload takes, with each one's default (None: none given).
+    bench_defaults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def placeholders(self) -> list[str]:
+        """The parameters written into the bench command as {NAME}, in order."""
+        found = _PLACEHOLDER.findall(str(self.bench.get("command", "")))
+        return list(dict.fromkeys(n for n in found if n != "args"))
+
+    def bench_values(self, chosen: dict[str, Any] | None = None) -> dict[str, str]:
+        """What fills each {NAME} of the bench command: its value in `chosen`, else its
+        default."""
+        chosen = chosen or {}
+        return {n: str(chosen.get(n, self.bench_defaults[n])) for n in self.placeholders}
 
     @property
     def file(self) -> Path:
@@ -127,6 +145,22 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         if bad:
             problems.append(f"{key}: {', '.join(map(repr, bad))} is not a package name")
         package_lists[key] = tuple(names)
+    bench = data.get("bench", {})
+    if not isinstance(bench, dict):
+        problems.append("bench must be a table: [bench] command = ...")
+        bench = {}
+    parameters = bench.get("parameters", {})
+    tables = isinstance(parameters, dict) and all(isinstance(p, dict) for p in parameters.values())
+    if not tables:
+        problems.append("bench.parameters must be tables: NAME = { kind = ..., default = ... }")
+        parameters = {}
+    defaults = {name: spec.get("default") for name, spec in parameters.items()}
+    for name in dict.fromkeys(_PLACEHOLDER.findall(str(bench.get("command", "")))):
+        if name != "args" and defaults.get(name) is None:
+            # Run with the placeholder as is, the workload would fail on every replicate.
+            problems.append(
+                f"bench.command: {{{name}}} needs [bench.parameters] {name} with a default"
+            )
     tmpfs_max = build.get("tmpfs_max_mb")
     if tmpfs_max is not None and (not isinstance(tmpfs_max, int) or tmpfs_max < 64):
         problems.append("build.tmpfs_max_mb must be an integer of at least 64")
@@ -146,8 +180,9 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         archives=tuple(archives),
         smoke_command=str(smoke.get("command", "")),
         smoke_expect=str(smoke.get("expect", "")),
-        bench=dict(data.get("bench", {})),
+        bench=dict(bench),
         runtime_packages=package_lists["runtime_packages"],
+        bench_defaults=defaults,
     )
 
 

@@ -125,6 +125,7 @@ class BenchSpec:
     monitor: bool = True
     name: str = ""
     workload: str = ""  # the command template: the plain command, or the recipe's [bench]
+    parameters: dict[str, str] = field(default_factory=dict)  # the recipe's {NAME}s' values
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,8 +139,12 @@ class BenchSpec:
         return cls(**data)
 
     def command_line(self) -> str:
-        """The workload as run in the build's directory on the instance."""
-        return (self.workload or self.command).replace("{args}", self.args)
+        """The workload as run in the build's directory on the instance: the recipe's {NAME}
+        placeholders filled with their values (quoted for the shell), {args} with the args."""
+        text = self.workload or self.command
+        for name, value in self.parameters.items():
+            text = text.replace(f"{{{name}}}", shlex.quote(value))
+        return text.replace("{args}", self.args)
 
 
 def read_toml(path: Path, what: str) -> tuple[str, dict[str, Any]]:
@@ -255,6 +260,7 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         raise fail("recipe", "give exactly one of recipe (a build recipe) or command")
     recipe_metric: dict[str, Any] = {}
     workload = command
+    parameters: dict[str, str] = {}
     if recipe:
         try:
             loaded = recipes.load(recipe, recipes_dir)
@@ -265,6 +271,7 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
             raise fail("recipe", f"{loaded.file} has no [bench] command to run")
         recipe_metric = dict(bench.get("metric", {}))
         workload = str(bench["command"])
+        parameters = loaded.bench_values()
     builds = data.get("builds", ["tuned"])
     if not isinstance(builds, list) or not builds or any(b not in BUILDS for b in builds):
         raise fail("builds", f"must be a non-empty list of {', '.join(BUILDS)}")
@@ -316,6 +323,7 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         monitor=bool(data.get("monitor", True)),
         name=str(data.get("name", "")),
         workload=workload,
+        parameters=parameters,
     )
 
 

@@ -41,12 +41,14 @@ class CloudEvaluator:
             aggregate=str(raw_metric.get("aggregate", "last")),
             unit=str(raw_metric.get("unit", "")),
         )
+        self.recipe = recipe
         # A floor on a rate the workload does not report would never be checked.
         if "min_rate" in spec.constraints and not self.metric.higher_is_better:
             raise UserError(
                 f"constraints.min_rate: {recipe.name}'s metric is a time, not a rate; bound it "
                 "with max_seconds"
             )
+        self._check_run_parameters()
         # Money needs a price for every type in the run's region: refused now, before a trial
         # is paid for. Otherwise a type without one is measured, unpriced.
         self.priced = (
@@ -66,6 +68,28 @@ class CloudEvaluator:
         self._lock = threading.Lock()
         self.run_id = ""  # set by the search before the first trial
         self.results: Any = None
+
+    def _check_run_parameters(self) -> None:
+        """Every run parameter must reach the workload: into the bench command's {NAME}, or
+        as --NAME VALUE through {args}, which the recipe's [bench.parameters] must then declare
+        (a misspelt one failed every trial with the workload's "unknown argument") unless the
+        tune file says how to pass it (arg = ...)."""
+        recipe, placeholders = self.recipe, self.recipe.placeholders
+        for param in self.spec.space.params.values():
+            if param.stage != "run" or param.name in placeholders:
+                continue
+            if "{args}" not in self.workload:
+                raise UserError(
+                    f"params.{param.name}: {recipe.name}'s bench command ({self.workload}) has "
+                    f"no {{args}} to pass it; its parameters: {', '.join(placeholders) or 'none'}"
+                )
+            declared = recipe.bench_defaults
+            if declared and not param.template and param.name not in declared:
+                raise UserError(
+                    f"params.{param.name}: {recipe.name}'s workload takes no {param.name!r} "
+                    f"(its [bench.parameters]: {', '.join(declared)}, in {recipe.file}); "
+                    f'give arg = "--{param.name} {{}}" to pass it anyway'
+                )
 
     def cloud(self) -> Cloud:
         with self._lock:
@@ -101,16 +125,23 @@ class CloudEvaluator:
             return Evaluation("failed", reason=f"build failed: {outcome.error}")
         state: Any = outcome.state
         manifest = dict(state.manifest)
+        # Run parameters named after a {NAME} of the bench command fill it; the rest are args.
+        filled = {
+            n: v
+            for n, v in space.active(params).items()
+            if n in self.recipe.placeholders and space.params[n].stage == "run"
+        }
         bench_spec = BenchSpec(
             types=(instance_type,),
             recipe=spec.recipe,
             builds=("tuned",),
             replicates=spec.replicates,
             warmups=0,
-            args=space.args(params),
+            args=space.args({n: v for n, v in params.items() if n not in filled}),
             metric=self.metric,
             concurrency=1,
             workload=self.workload,
+            parameters=self.recipe.bench_values(filled),
             executor=spec.executor,
             allow_missing_price=not self.priced,
         )

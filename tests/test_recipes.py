@@ -59,6 +59,25 @@ def test_package_names_a_shell_would_split_are_refused(tmp_path: Path) -> None:
     assert "runtime_packages must be a list of package names" in str(caught.value)
 
 
+def test_bench_placeholders_take_their_parameters_values(tmp_path: Path) -> None:
+    zstd = recipes.load("zstd")
+    assert zstd.placeholders == ["level", "seconds"]
+    assert zstd.bench_values() == {"level": "3", "seconds": "2"}  # the defaults
+    assert zstd.bench_values({"level": 19}) == {"level": "19", "seconds": "2"}
+    assert recipes.load("kernels").placeholders == []  # {args} only
+    # A placeholder nothing can fill is refused at load, naming the file: run as is, the
+    # workload would fail on every replicate.
+    recipe = copy_recipe(tmp_path)
+    with (recipe / "recipe.toml").open("a") as toml:
+        toml.write('[bench]\ncommand = "bin/hello {greeting} {args}"\n')
+    with pytest.raises(UserError) as caught:
+        recipes.load("trivial", recipe.parent)
+    assert str(caught.value) == (
+        f"{recipe / 'recipe.toml'}: bench.command: {{greeting}} needs [bench.parameters] "
+        "greeting with a default"
+    )
+
+
 def test_unknown_recipe_suggests_close_names() -> None:
     with pytest.raises(UnknownNameError, match="did you mean kernels"):
         recipes.load("kernel")

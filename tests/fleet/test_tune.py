@@ -849,3 +849,31 @@ def test_resume_names_a_run_of_the_other_kind(
         "ft-0123456789 is not a fleet bench run (fleet tune --resume?)" in capsys.readouterr().err
     )
 
+
+def test_a_run_parameter_the_workload_cannot_take_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Passed as --NAME VALUE, a misspelt parameter failed every trial with the workload's
+    # "unknown argument"; a recipe whose command has no {args} dropped it without a word.
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    path = tmp_path / "t.toml"
+    run_param = '[params.{}]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+    for recipe, name, expected in (
+        ("kernels", "treads", "params.treads: kernels's workload takes no 'treads' (its "
+         "[bench.parameters]: threads, size, block, in "),
+        ("zstd", "threads", "params.threads: zstd's bench command (bin/zstd -b{level} "
+         "-i{seconds}) has no {args} to pass it; its parameters: level, seconds"),
+    ):  # fmt: skip
+        path.write_text(f'recipe = "{recipe}"\ntypes = ["c5a.large"]\n' + run_param.format(name))
+        assert main(["tune", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"fleet: error: {expected}") and err.count("\n") == 1, err
+    assert Results(tmp_path / "results" / "fleet.sqlite").run_ids() == []
+    # Said how to pass it, it goes: the check is for names the recipe never declared.
+    path.write_text(
+        'recipe = "kernels"\ntypes = ["c5a.large"]\n'
+        + run_param.format("min_time")
+        + 'arg = "--min-time {}"\n'
+    )
+    evaluator: Any = tune.evaluator(tune.load(path), config.load())
+    assert evaluator.workload == "bin/kernels {args}"
