@@ -291,6 +291,9 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         args = _args_text(data.get("args", ""))
     except TypeError as exc:
         raise fail("args", str(exc)) from None
+    if args and "{args}" not in workload:
+        # They would be dropped without a word, and the run measure something else.
+        raise fail("args", f"the command ({workload}) has no {{args}} to take them")
     metric_raw = data.get("metric", {})
     if isinstance(metric_raw, str):
         metric_raw = {"kind": "regex", "pattern": metric_raw} if metric_raw != "runtime" else {}

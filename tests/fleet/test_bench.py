@@ -292,6 +292,10 @@ def test_bad_input_is_one_line_and_creates_nothing(
             "--metric-regex",
             "(",
         ): "does not compile",
+        # Arguments a command has no {args} for would be dropped, and the run measure else.
+        ("bench", "--types", "c5a.large", "--recipe", "zstd", "--args=-T2"): (
+            "args: the command (bin/zstd -b{level} -i{seconds}) has no {args} to take them"
+        ),
         ("report", "fb-nope"): "no fleet run 'fb-nope'",
         ("report", "last", "--prefer", "speed"): "--prefer 'speed' is not one of time, cost",
         ("bench", "--resume", "fb-nope", "--replicates", "5", "--on-demand"): (
