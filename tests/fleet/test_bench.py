@@ -342,3 +342,12 @@ def test_a_type_without_price_is_refused_unless_allowed(
     assert made.summary.usd_per_unit.isna().all()  # measured, but no cost claimed
     assert "$0.0000 spent (without c5a.large: no price)" in caplog.text  # not "free"
     assert_nothing_left(cloud, results, run_id, local_dir)
+
+
+def test_the_example_bench_file_loads() -> None:
+    # The README's first fleet command runs it.
+    path = Path(__file__).resolve().parents[2] / "examples" / "kernels.bench.toml"
+    example = spec.load(path, {})
+    assert example.types == ("c5a.large", "c5a.xlarge")
+    assert example.builds == ("tuned", "generic")
+    assert example.command_line() == "bin/kernels --size 4"
