@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -76,6 +77,14 @@ def test_bench_placeholders_take_their_parameters_values(tmp_path: Path) -> None
         f"{recipe / 'recipe.toml'}: bench.command: {{greeting}} needs [bench.parameters] "
         "greeting with a default"
     )
+    text = (FIXTURES / "trivial" / "recipe.toml").read_text()
+    for toml, expected in (
+        ('bench = "bin/hello"\n' + text, "bench must be a table: [bench] command = ..."),
+        (text + "[bench]\nparameters = 5\n", "bench.parameters must be tables: NAME = { kind = "),
+    ):
+        (recipe / "recipe.toml").write_text(toml)
+        with pytest.raises(UserError, match=re.escape(expected)):
+            recipes.load("trivial", recipe.parent)
 
 
 def test_unknown_recipe_suggests_close_names() -> None:
