@@ -127,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     families.add_argument(
         "--compiler", default="gcc@11.4.1", help="e.g. gcc@12.2 (default AL2023's)"
     )
+    families.add_argument(
+        "--host",
+        action="store_true",
+        help="the families whose tuned build this machine runs (natively or under QEMU), best "
+        "first: what the local cloud can smoke-test and benchmark",
+    )
+    families.add_argument(
+        "--recipe",
+        default="kernels",
+        help="with --host: judge a family by this recipe's built artifact where one exists "
+        "(default kernels), else by its target",
+    )
+    families.add_argument(
+        "--first", action="store_true", help="with --host: print only the best family's name"
+    )
     common_options(families)
 
     policy = commands.add_parser("iam-policy", help="print the least-privilege IAM policy")
@@ -336,6 +351,10 @@ def _families(args: argparse.Namespace) -> int:
     from amibake import catalog, flags
 
     compiler = flags.Compiler.parse(args.compiler)
+    if args.host:
+        return _host_families(args)
+    if args.first:
+        raise UserError("--first goes with --host: amibake families --host --first")
     rows = []
     for family in catalog.families().values():
         result = flags.for_family(family, compiler)
@@ -351,6 +370,68 @@ def _families(args: argparse.Namespace) -> int:
         )
     print_result(args, rows, lambda r: tabulate(r, headers="keys"))
     return 0
+
+
+def _host_families(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from amibake import cpu, flags
+    from amibake.steps.preflight import MANIFEST_FORMAT
+
+    machine = cpu.this_machine()
+    artifacts = config_from(args).results_dir / "artifacts"
+    built: dict[str, set[str]] = {}
+    for sidecar in artifacts.glob(f"{args.recipe}_*.manifest.json"):
+        try:
+            manifest = json.loads(sidecar.read_text())
+        except (OSError, ValueError):
+            continue
+        if manifest.get("format") == MANIFEST_FORMAT and not manifest.get("variant"):
+            built[str(manifest.get("family"))] = set(manifest.get("isa_features", []))
+    choices = cpu.families_for(machine, built)
+    runs = [c for c in choices if c.verdict.runs]
+    if args.first:
+        best = cpu.best_family(machine, built)
+        if best is None:
+            raise UserError(f"this machine runs no family's {args.recipe} build: {_why(choices)}")
+        print(best)
+        return 0
+    rows = [
+        {
+            "family": c.family.name,
+            "arch": c.family.architecture,
+            "target": flags.family_target(c.family).name,
+            "runs": c.verdict.how,
+            "judged by": "its build" if c.basis == "built" else "its target",
+            "why not native": c.verdict.reason,
+        }
+        for c in runs
+    ]
+    native = [c.family.name for c in runs if c.verdict.how == "native"]
+    emulated = [c.family.name for c in runs if c.verdict.how == "emulated"]
+
+    def text(rows: list[dict[str, Any]]) -> str:
+        qemu = ", ".join(sorted(machine.emulators)) or "none (apt-get install qemu-user-static)"
+        return "\n".join(
+            [
+                f"this machine: {machine.model or '?'} ({machine.microarchitecture}, "
+                f"{machine.architecture}); QEMU for: {qemu}",
+                tabulate(rows, headers="keys") if rows else "no family's build runs here",
+                f"the local cloud smoke-tests {len(runs)} families: natively "
+                f"{', '.join(native) or 'none'}; under QEMU {', '.join(emulated) or 'none'}",
+                f"it benchmarks natively: {', '.join(native) or 'none'} (emulated runs are "
+                "measured but never ranked against native ones)",
+                f"cannot run here: {_why(choices)}",
+            ]
+        )
+
+    print_result(args, rows, text)
+    return 0
+
+
+def _why(choices: list[Any]) -> str:
+    cannot = [f"{c.family.name} ({c.verdict.reason})" for c in choices if not c.verdict.runs]
+    return "; ".join(cannot) or "none"
 
 
 def _duration(text: str) -> timedelta:

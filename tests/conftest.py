@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from amibake import config
+from amibake import config, cpu
 from amibake.cloud import Cloud, connect
 from amibake.local import control
-from tests.helpers import leftovers
+from tests.helpers import leftovers, pick_family
 
 # The Ctrl-C tests send this process SIGINT, as a terminal would. A shell starts a background
 # job (`make test &`, nohup in a script) with SIGINT ignored, and Python then installs no
@@ -66,3 +66,23 @@ def cloud(local_env: dict[str, str], local_dir: Path) -> Iterator[Cloud]:
     control.down(cfg)
     left = leftovers(local_dir)
     assert not left, f"the test session's local cloud left: {left}"
+
+
+@pytest.fixture(scope="session")
+def host() -> cpu.Cpu:
+    """This machine's CPU, read at run time: it changes between sessions (AMD or Intel, any
+    generation, or arm64), so no test writes a family, vendor or feature of it down."""
+    return cpu.this_machine()
+
+
+@pytest.fixture(scope="session")
+def host_family(host: cpu.Cpu) -> str:
+    """The family whose tuned builds this machine runs best: natively where one does (as
+    `amibake families --host --first` picks), for tests that run a build's code."""
+    return pick_family(host)
+
+
+@pytest.fixture(scope="session")
+def host_types(host_family: str) -> tuple[str, str]:
+    """Two sizes of the host family, for tests that rank types."""
+    return f"{host_family}.large", f"{host_family}.xlarge"

@@ -4,19 +4,40 @@ to inject on the wire."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from botocore.awsrequest import AWSResponse
 
+from amibake import cpu
 from amibake.cloud import Cloud
 from amibake.cloud.reach import reach
 from amibake.remote import Remote
 
 BASE_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
+
+
+def pick_family(machine: cpu.Cpu) -> str:
+    """The family the suite's fixtures take for `machine` (cpu.best_family)."""
+    family = cpu.best_family(machine)
+    assert family, f"no family's build runs on {machine}: install qemu-user-static (make install)"
+    return family
+
+
+def other_architecture_family(machine: cpu.Cpu) -> str:
+    """The best family of the other architecture this machine runs (under QEMU): for tests of
+    cross builds."""
+    return next(
+        c.family.name
+        for c in cpu.families_for(machine)
+        if c.verdict.runs and c.family.architecture != machine.architecture
+    )
 
 
 def base_ami(cloud: Cloud) -> str:
@@ -151,3 +172,39 @@ def ec2_error(code: str, status: int) -> AWSResponse:
         "</Errors><RequestID>injected</RequestID></Response>"
     ).encode()
     return AWSResponse("https://ec2.local", status, {}, _Body(body))  # type: ignore[arg-type]
+
+
+@contextmanager
+def ctrl_c_when(
+    ready: Callable[[], bool], delay_s: float, timeout_s: float = 120
+) -> Iterator[None]:
+    """Inside the block, a thread waits until `ready()`, then `delay_s`, then sends this
+    process SIGINT, as a terminal's Ctrl-C would. The signal cannot leak into another test: the
+    sender gives up when the block ends first, and the KeyboardInterrupt handler is this
+    block's own, restored only once the sender has stopped (a stray signal is then dropped)."""
+    done = threading.Event()
+    inside = threading.Event()
+    inside.set()
+
+    def send() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if done.wait(0.2) or time.monotonic() > deadline:
+                return
+        if not done.wait(delay_s):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def interrupt(signum: int, frame: object) -> None:
+        if inside.is_set():
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        yield
+    finally:
+        inside.clear()
+        done.set()
+        sender.join()
+        signal.signal(signal.SIGINT, previous)

@@ -16,6 +16,7 @@ import botocore.exceptions
 
 from amibake import iam_policy
 from amibake.config import Config
+from amibake.cpu import Cpu, this_machine
 from amibake.errors import CloudError, UserError
 
 # The local cloud tags each sandboxed instance with where its sshd listens. On AWS the instance's
@@ -93,6 +94,13 @@ class Cloud:
         # Each sandbox resolves instance-data (as EC2's DNS does) to its own IMDS server.
         port = self.config.local_imds_port
         return "http://instance-data" + ("" if port == 80 else f":{port}")
+
+    @property
+    def instance_cpu(self) -> Cpu | None:
+        """The CPU every instance runs on, when it is known before any is launched: on the
+        local cloud, this machine's (every sandbox runs on it, whatever its type). On AWS it is
+        the type's, learnt on the instance."""
+        return this_machine() if self.config.is_local else None
 
     def ssh_endpoint(self, instance: dict[str, Any]) -> tuple[str, int]:
         """Where to SSH to a described instance."""
