@@ -115,12 +115,14 @@ def load_artifacts(artifacts_dir: Path, families: list[str] | None) -> list[Arti
 
 
 def fallbacks(artifacts: list[Artifact]) -> dict[str, str]:
-    """Per app, the family whose build needs the fewest ISA features: the best bet for a CPU
-    the image has no build for (no single target is guaranteed to run on every CPU)."""
+    """Per app, the family whose build needs the fewest ISA features (those its instructions
+    need, as its scan found them; then its target's): the best bet for a CPU the image has no
+    build for (no single target is guaranteed to run on every CPU)."""
 
-    def demand(artifact: Artifact) -> tuple[int, int, str]:
+    def demand(artifact: Artifact) -> tuple[int, int, int, str]:
         target = archspec.cpu.TARGETS[artifact.target]
-        return (len(target.features), len(target.ancestors), artifact.family)
+        needs = len(artifact.manifest.get("isa_features", target.features))
+        return (needs, len(target.features), len(target.ancestors), artifact.family)
 
     best: dict[str, Artifact] = {}
     for artifact in artifacts:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from amibake.recipes import Recipe
 
-# What amibake itself runs on a host: artifacts are tar.xz (made on the build host, unpacked on
-# every host that runs one). The build host also scans the artifact with objdump (binutils).
+# What amibake itself runs on a host: artifacts are tar.xz (unpacked on every host that runs
+# one; the build host tars its output and unpacks xz sources). The ISA scan runs on the
+# controller, so no host needs a disassembler.
 ARTIFACT_TOOLS = ("tar", "xz")
-BUILD_TOOLS = (*ARTIFACT_TOOLS, "binutils")
+BUILD_TOOLS = ARTIFACT_TOOLS
 
 # What dnf and yum take as a package name (letters, digits, and . _ + -), and nothing a shell
 # would read as more than one word.

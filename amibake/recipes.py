@@ -53,6 +53,9 @@ class Recipe:
     runtime_packages: tuple[str, ...] = ()  # every host that runs the artifact
     # [bench.parameters]: what the workload takes, with each one's default (None: none given).
     bench_defaults: dict[str, Any] = field(default_factory=dict)
+    # build.dispatched: CPU features the artifact's code uses only after checking at run time
+    # that the CPU has them (zstd's BMI2 paths): found by the ISA scan, but not needed to run.
+    dispatched: tuple[str, ...] = ()
 
     @property
     def placeholders(self) -> list[str]:
@@ -161,6 +164,10 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
             problems.append(
                 f"bench.command: {{{name}}} needs [bench.parameters] {name} with a default"
             )
+    dispatched = build.get("dispatched", [])
+    if not isinstance(dispatched, list) or not all(isinstance(d, str) for d in dispatched):
+        problems.append('build.dispatched must be a list of CPU feature names, e.g. ["bmi2"]')
+        dispatched = []
     tmpfs_max = build.get("tmpfs_max_mb")
     if tmpfs_max is not None and (not isinstance(tmpfs_max, int) or tmpfs_max < 64):
         problems.append("build.tmpfs_max_mb must be an integer of at least 64")
@@ -183,6 +190,7 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         bench=dict(bench),
         runtime_packages=package_lists["runtime_packages"],
         bench_defaults=defaults,
+        dispatched=tuple(dispatched),
     )
 
 

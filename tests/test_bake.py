@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from amibake import bake, pipelines, render
+from amibake import bake, cpu, pipelines, render
 from amibake.cli import main
 from amibake.cloud import Cloud
 from amibake.errors import UserError
@@ -29,7 +29,9 @@ ARM64_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/arm64/recomm
 
 @pytest.fixture(scope="module")
 def built(cloud: Cloud) -> Iterator[None]:
-    """A trivial c5a artifact to bake (and nothing else in the artifacts directory)."""
+    """A trivial c5a artifact to bake (and nothing else in the artifacts directory). Its hello
+    needs nothing beyond x86-64's baseline: every x86-64 machine runs it, an arm64 one under
+    QEMU, so the family is data here."""
     artifacts = cloud.config.results_dir / "artifacts"
     shutil.rmtree(artifacts, ignore_errors=True)
     request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
@@ -116,8 +118,13 @@ def test_user_data_over_16_kib_is_refused() -> None:
         bake.check_user_data("#!/bin/bash\n" + "echo too much\n" * 2000)
 
 
+def _baseline_runs(host: cpu.Cpu) -> str:
+    """How this machine runs x86-64 baseline code: natively, or (arm64) under QEMU."""
+    return cpu.verdict("x86_64", set(), host).how
+
+
 def test_a_baked_image_holds_its_builds_runtime_packages(
-    cloud: Cloud, built: None, tmp_path: Path
+    cloud: Cloud, built: None, tmp_path: Path, host: cpu.Cpu
 ) -> None:
     # An OpenMP build needs libgomp, which the base image lacks: the bake installs the recipe's
     # runtime packages into the image, and the boot test's smoke run proves they are there.
@@ -141,10 +148,13 @@ def test_a_baked_image_holds_its_builds_runtime_packages(
             path.unlink()
     assert outcome.ok, outcome.error
     report = outcome.state.boot_report  # type: ignore[union-attr]
-    assert report["apps"]["omp"] == {"family": "c5a", "smoke": "passed"}
+    smoke_on = _baseline_runs(host)
+    assert report["apps"]["omp"] == {"family": "c5a", "smoke": "passed", "smoke_on": smoke_on}
 
 
-def test_bake_boot_test_and_security_invariants(cloud: Cloud, built: None, local_dir: Path) -> None:
+def test_bake_boot_test_and_security_invariants(
+    cloud: Cloud, built: None, local_dir: Path, host: cpu.Cpu
+) -> None:
     sent: list[dict[str, Any]] = []
 
     def record(params: dict[str, Any], **_: Any) -> None:
@@ -162,7 +172,8 @@ def test_bake_boot_test_and_security_invariants(cloud: Cloud, built: None, local
     report = state.boot_report  # type: ignore[attr-defined]
     assert report["fstype"] == "tmpfs" and report["ecs_enabled"]
     assert report["ecs_cluster"] == "amibake-boot-test"  # the launch's user data ran
-    assert report["apps"]["trivial"] == {"family": "c5a", "smoke": "passed"}
+    smoke_on = _baseline_runs(host)
+    assert report["apps"]["trivial"] == {"family": "c5a", "smoke": "passed", "smoke_on": smoke_on}
     # moto ignores ImdsSupport on images: assert on the request amibake sent.
     assert {"ImageId": image_id, "ImdsSupport": {"Value": "v2.0"}} in sent
     image = cloud.ec2.describe_images(ImageIds=[image_id])["Images"][0]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from amibake import bake, packages
-from amibake import flags as flags_module
+from amibake import cpu as cpu_module
 from amibake.cloud import tags
 from amibake.cloud.calls import ignore_missing, wait_until
 from amibake.cloud.reach import reach
@@ -297,9 +297,9 @@ class BootTest:
         expected = bake.fallbacks(state.artifacts)
         family = state.family.name
         problems = []
-        cpu = remote.run(
-            "grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2", stream=False
-        ).stdout.split()
+        host = cpu_module.from_facts(
+            cpu_module.facts(remote.run(cpu_module.FACTS_SCRIPT, stream=False).stdout)
+        )
         report["apps"] = {}
         for app, generic in expected.items():
             built = {a.family for a in state.artifacts if a.app == app}
@@ -309,14 +309,23 @@ class BootTest:
             if staged.get("family") != want:
                 problems.append(f"/shared/{app} holds the {staged.get('family')} build, not {want}")
             command = staged.get("smoke_command")
-            if command and not flags_module.missing_features(staged["target_used"], set(cpu)):
-                ran = remote.run(f"cd /shared/{app} && {command}", stream=False, check=False)
+            verdict = cpu_module.verdict(
+                str(staged.get("architecture")), set(staged.get("isa_features", [])), host
+            )
+            if command and verdict.runs:
+                programs = list(staged.get("programs", []))
+                ran = remote.run(
+                    cpu_module.command_in(f"/shared/{app}", command, programs, verdict),
+                    stream=False,
+                    check=False,
+                )
                 ok = ran.exit_code == 0 and staged.get("smoke_expect", "") in ran.stdout
                 result["smoke"] = "passed" if ok else f"failed: {ran.tail}"
+                result["smoke_on"] = verdict.how
                 if not ok:
                     problems.append(f"/shared/{app}: smoke run failed: {ran.tail}")
             elif command:
-                result["smoke"] = f"skipped: this CPU cannot run {staged['target_used']}"
+                result["smoke"] = f"skipped: this CPU {verdict.reason}"
             report["apps"][app] = result
         return problems
 

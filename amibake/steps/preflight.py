@@ -133,9 +133,15 @@ def preflight(cloud: Cloud, state: BuildState, lookups: Lookups | None = None) -
     state.cache_key = cache_key(state)
 
 
+# What a manifest holds: 2 since the ISA scan decodes every instruction (isa_features as what a
+# CPU needs, programs for emulation). An artifact cached with an older manifest is built again.
+MANIFEST_FORMAT = 2
+
+
 def cache_key(state: BuildState) -> str:
     # The base AMI fixes the compiler (and so the flags) the build will get.
     inputs: dict[str, object] = {
+        "manifest": MANIFEST_FORMAT,
         "recipe": state.recipe.digest(),
         "source": state.source.sha256,
         "target": family_target(state.family).name,

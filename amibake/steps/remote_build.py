@@ -5,25 +5,31 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shlex
+import shutil
 import sys
+import tarfile
 import time
 
 import archspec.cpu
 
+from amibake import cpu as cpu_module
 from amibake import flags as flags_module
-from amibake import packages
+from amibake import isa, packages
 from amibake.cloud.reach import reach
-from amibake.errors import RemoteError
+from amibake.errors import RemoteError, UserError
+from amibake.remote import Remote
 from amibake.render import Checks, check_shell, render
 from amibake.runner import RunContext
 from amibake.sources import sha256_of
-from amibake.steps.preflight import release_artifact
+from amibake.steps.preflight import MANIFEST_FORMAT, release_artifact
 from amibake.steps.state import BuildState, InstanceState
 
 log = logging.getLogger("amibake")
 SHARED = "/shared"
+# The tail of the smoke test's output the manifest keeps (a build's checksums, to compare one
+# architecture's build with another's).
+SMOKE_OUTPUT_CHARS = 4000
 
 
 class Connect:
@@ -87,8 +93,7 @@ class Build:
         facts = remote.script(
             f"""{install}
             arch=$(uname -m); want={want}
-            if [ "$arch" = "$want" ]; then cc=gcc; objdump=objdump
-            else cc=$want-linux-gnu-gcc; objdump=$want-linux-gnu-objdump; fi
+            if [ "$arch" = "$want" ]; then cc=gcc; else cc=$want-linux-gnu-gcc; fi
             if ! command -v "$cc" >/dev/null; then echo "missing $arch $cc"; exit 0; fi
             memory_mb=$(awk '/MemTotal/ {{print int($2/1024)}}' /proc/meminfo)
             tmpfs_mb=$((memory_mb / 2))
@@ -96,12 +101,12 @@ class Build:
             mkdir -p {SHARED}
             mountpoint -q {SHARED} || mount -t tmpfs -o size="$tmpfs_mb"m,mode=1777 tmpfs {SHARED}
             rm -rf {work} && mkdir -p {work}/src {work}/out && chown -R {user} {work}
-            echo "$cc"; echo "$objdump"; "$cc" -dumpfullversion; nproc
-            grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2 || true""",
+            echo "cc=$cc"; echo "version=$("$cc" -dumpfullversion)"; echo "cpus=$(nproc)"
+            {cpu_module.FACTS_SCRIPT}""",
             stream=False,
-        ).stdout.splitlines()
-        if facts and facts[0].startswith("missing "):
-            _, arch, cc = facts[0].split()
+        ).stdout
+        if facts.startswith("missing "):
+            _, arch, cc = facts.split()[:3]
             if cc == "gcc":
                 raise RemoteError(
                     f"{state.instance_id} has no gcc to build {state.family.name}: add gcc to "
@@ -112,12 +117,12 @@ class Build:
                 f"({state.family.architecture}); on the local cloud install the cross compiler "
                 f"(make install does: gcc-{want.replace('_', '-')}-linux-gnu)"
             )
-        if len(facts) < 4:
+        found = cpu_module.facts(facts)
+        if not {"cc", "version", "cpus", "flags"} <= found.keys():
             raise RemoteError(f"{state.instance_id}: could not read the build host's facts")
-        state.cc, state.objdump = facts[0], facts[1]
-        state.compiler = flags_module.Compiler("gcc", facts[2].strip())
-        cpus = int(facts[3])
-        cpu_flags = set(facts[4].split()) if len(facts) > 4 else set()
+        state.cc = found["cc"]
+        state.compiler = flags_module.Compiler("gcc", found["version"])
+        cpus = int(found["cpus"])
         state.flags = flags_module.for_build(state.family, state.compiler, state.variant.generic)
         if state.flags.warning:
             log.warning("%s", state.flags.warning)
@@ -136,7 +141,7 @@ class Build:
             """
         )
         state.remote_seconds += time.monotonic() - started
-        state.cpu_flags = cpu_flags
+        state.host_cpu = cpu_module.from_facts(found)
 
     def cleanup(self, state: BuildState) -> None:
         pass  # the tmpfs dies with the instance
@@ -167,19 +172,10 @@ def render_build_script(
     return script
 
 
-# Registers (and their families) whose use needs an ISA extension.
-_ISA_PATTERNS = {
-    "avx512f": re.compile(r"%zmm\d+|%k[1-7]\b"),
-    "avx": re.compile(r"%ymm\d+"),
-    "sve": re.compile(r"\bz\d+\.[bhsdq]\b|\bp\d+\.[bhsdq]\b|\bp\d+/[mz]\b"),
-}
-
-
-def isa_features_used(disassembly: str) -> set[str]:
-    return {feature for feature, pattern in _ISA_PATTERNS.items() if pattern.search(disassembly)}
-
-
 class Verify:
+    """The artifact exists, uses no instruction beyond the family's target, and (where the
+    build host runs it, natively or under QEMU) passes its smoke test."""
+
     name = "verify"
 
     def __init__(self, context: RunContext) -> None:
@@ -187,70 +183,105 @@ class Verify:
 
     def run(self, state: BuildState) -> None:
         remote = state.remote
-        assert remote is not None and state.flags is not None
+        assert remote is not None and state.flags is not None and state.host_cpu is not None
         out = f"{state.work_dir}/out"
         files = " ".join(shlex.quote(a) for a in state.recipe.artifacts)
         # One round trip: the files that are missing (then nothing else), else each file's
-        # sha256 (the manifest records the files verified here), the instruction count (it
-        # proves objdump understood the binary, else the scan proves nothing) and one line per
-        # distinct register name (small for large binaries).
+        # sha256 (the manifest records the files verified here) and the output directory as
+        # one tar, fetched to be scanned here and packed by Fetch.
         report = remote.run(
             f'cd {out} && missing=""; for f in {files}; do [ -f "$f" ] || missing="$missing $f"; '
             'done; if [ -n "$missing" ]; then echo "missing:$missing"; exit 0; fi; '
-            f"sha256sum {files}; echo ---; "
-            f'for f in {files}; do {state.objdump} -d --no-show-raw-insn "$f"; '
-            "done > /tmp/amibake-disasm && grep -cE '^ +[0-9a-f]+:' /tmp/amibake-disasm; "
-            "grep -oE '%[xyz]mm[0-9]+|%k[0-7]|\\b[zp][0-9]+(\\.[bhsdq]|/[mz])' /tmp/amibake-disasm "
-            "| sort -u; rm -f /tmp/amibake-disasm",
+            f"sha256sum {files}; tar -cf {state.work_dir}/out.tar .",
             stream=False,
         ).stdout
         if report.startswith("missing:"):
             missing = report.removeprefix("missing:").split()
             raise RemoteError(f"build produced no {', '.join(missing)} in {out}")
-        sums, _, scan_text = report.partition("---\n")
         state.file_hashes = {
             name.lstrip("*"): digest
-            for digest, name in (line.split(None, 1) for line in sums.splitlines() if line.strip())
+            for digest, name in (line.split(None, 1) for line in report.splitlines() if line)
         }
-        scan = scan_text.split("\n", 1)
-        if int(scan[0] or 0) == 0:
-            raise RemoteError(f"ISA scan: {state.objdump} disassembled no instruction")
-        registers = scan[1] if len(scan) > 1 else ""
-        used = isa_features_used(registers)
+        state.local_out = self.context.log_dir / f"{state.label}.out"
+        shutil.rmtree(state.local_out, ignore_errors=True)
+        state.local_out.mkdir(parents=True)
+        fetched = state.local_out.with_suffix(".tar")
+        remote.get(f"{state.work_dir}/out.tar", fetched)
+        with tarfile.open(fetched) as tar:
+            tar.extractall(state.local_out, filter="data")
+        fetched.unlink()
+        self._scan(state)
+        self._smoke(state, remote, out)
+
+    def _scan(self, state: BuildState) -> None:
+        assert state.flags is not None and state.local_out is not None
+        artifacts = ", ".join(state.recipe.artifacts)
+        try:
+            scan = isa.scan(state.local_out, state.recipe.artifacts)
+        except UserError as exc:
+            raise RemoteError(f"ISA scan: {exc}") from None
+        if not scan.instructions:
+            raise RemoteError(f"ISA scan: no machine code in {artifacts}")
+        if scan.architecture != state.family.architecture:
+            raise RemoteError(
+                f"ISA scan: {artifacts} is {scan.architecture} code, not "
+                f"{state.family.architecture} ({state.family.name})"
+            )
+        needs = scan.needs(state.recipe.dispatched)
         target = archspec.cpu.TARGETS[state.flags.used]
-        beyond = sorted(f for f in used if f not in target.features)
+        # Only features archspec knows can be held against a target (it does not list
+        # PREFETCHW or RDTSCP for any): the others are still checked against each CPU.
+        beyond = sorted(
+            (needs & isa.known_features(state.family.architecture))
+            - cpu_module.normalized(frozenset(target.features))
+        )
         if beyond:
             raise RemoteError(
-                f"ISA scan: {', '.join(state.recipe.artifacts)} use {', '.join(beyond)}, beyond "
-                f"target {target.name}: the flags or the recipe add instructions the family lacks"
+                f"ISA scan: {artifacts} use {scan.example(beyond)}, beyond target "
+                f"{target.name}: the flags or the recipe add instructions the family lacks"
             )
-        state.isa_features = sorted(used)
-        lacking = flags_module.missing_features(target.name, state.cpu_flags)
+        state.isa_features = sorted(needs)
+        state.isa_examples = {f: scan.features[f] for f in state.isa_features}
+        state.programs = scan.programs
+        log.info(
+            "%s: %d instructions; needs %s",
+            state.label,
+            scan.instructions,
+            ", ".join(state.isa_features) or "the baseline only",
+        )
+
+    def _smoke(self, state: BuildState, remote: Remote, out: str) -> None:
+        assert state.host_cpu is not None
+        host = state.host_cpu
+        verdict = cpu_module.verdict(state.family.architecture, set(state.isa_features), host)
         if not state.recipe.smoke_command:
             state.smoke = "no smoke test in the recipe"
-        elif state.cc != "gcc":
-            # Cross-compiled (the local cloud's arm64 families): listing the other
-            # architecture's features as "lacking" would say nothing a reader can use.
-            state.smoke = (
-                f"skipped: cross-compiled with {state.cc}; this host cannot run {target.name}"
-            )
+            return
+        if not verdict.runs:
+            where = host.model or host.architecture
+            state.smoke = f"skipped: the build host ({where}) {verdict.naming(state.isa_examples)}"
             log.warning("smoke test %s", state.smoke)
-        elif lacking:
-            state.smoke = (
-                f"skipped: this host's CPU cannot run {target.name} "
-                f"(lacks {', '.join(lacking[:5])})"
+            return
+        if verdict.how == "emulated":
+            log.info(
+                "%s: smoke test under %s: the build host %s",
+                state.label,
+                verdict.emulator,
+                verdict.reason,
             )
-            log.warning("smoke test %s", state.smoke)
-        else:
-            result = remote.run(f"cd {out} && {state.recipe.smoke_command}", stream=False)
-            if state.recipe.smoke_expect and state.recipe.smoke_expect not in result.stdout:
-                raise RemoteError(
-                    f"smoke test: output lacks {state.recipe.smoke_expect!r}: {result.tail}"
-                )
-            state.smoke = "passed"
+        command = cpu_module.command_in(out, state.recipe.smoke_command, state.programs, verdict)
+        result = remote.run(command, stream=False)
+        if state.recipe.smoke_expect and state.recipe.smoke_expect not in result.stdout:
+            raise RemoteError(
+                f"smoke test: output lacks {state.recipe.smoke_expect!r}: {result.tail}"
+            )
+        state.smoke = "passed"
+        state.smoke_on = verdict.how
+        state.smoke_output = result.stdout[-SMOKE_OUTPUT_CHARS:]
 
     def cleanup(self, state: BuildState) -> None:
-        pass
+        if state.local_out is not None:
+            shutil.rmtree(state.local_out, ignore_errors=True)
 
 
 class Fetch:
@@ -260,10 +291,12 @@ class Fetch:
         self.context = context
 
     def run(self, state: BuildState) -> None:
-        remote = state.remote
-        assert remote is not None and state.flags is not None and state.compiler is not None
-        out = f"{state.work_dir}/out"
+        # Packed here from the files Verify fetched and scanned: what is cached is exactly
+        # what was verified, and the build host sends the output once.
+        assert state.flags is not None and state.compiler is not None
+        assert state.local_out is not None
         manifest = {
+            "format": MANIFEST_FORMAT,
             "app": state.recipe.name,
             "family": state.family.name,
             "architecture": state.family.architecture,
@@ -276,7 +309,12 @@ class Fetch:
             "variant": state.variant.name,
             "files": state.file_hashes,
             "isa_features": state.isa_features,
+            "isa_examples": state.isa_examples,
+            "isa_dispatched": list(state.recipe.dispatched),
+            "programs": state.programs,
             "smoke": state.smoke,
+            "smoke_on": state.smoke_on,
+            "smoke_output": state.smoke_output,
             "smoke_command": state.recipe.smoke_command,
             "smoke_expect": state.recipe.smoke_expect,
             "runtime_packages": list(state.recipe.runtime_packages),
@@ -284,19 +322,12 @@ class Fetch:
             "instance_type": state.instance_type,
             "run_id": self.context.run_id,
         }
-        local_manifest = self.context.log_dir / f"{state.label}.manifest.json"
-        local_manifest.write_text(json.dumps(manifest, indent=2))
-        archive = f"{state.work_dir}/{state.label}.tar.xz"
-        # The manifest goes in on the archiving command's stdin: one round trip, not two.
-        remote.run(
-            f"cat > {out}/manifest.json && tar -C {out} -cJf {archive} .",
-            stream=False,
-            stdin=local_manifest.read_bytes(),
-        )
+        (state.local_out / "manifest.json").write_text(json.dumps(manifest, indent=2))
         state.artifacts_dir.mkdir(parents=True, exist_ok=True)
         target = state.artifacts_dir / f"{state.label}.tar.xz"
         partial = target.with_suffix(".part")
-        remote.get(archive, partial)
+        with tarfile.open(partial, "w:xz") as tar:
+            tar.add(state.local_out, arcname=".", filter=_as_root)
         partial.replace(target)
         # The sidecar adds what only the controller knows: the archive's own hash and cache key.
         manifest["artifact_sha256"] = sha256_of(target)
@@ -309,3 +340,11 @@ class Fetch:
 
     def cleanup(self, state: BuildState) -> None:
         pass
+
+
+def _as_root(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Files owned by root in the archive, as the build host's tar made them: whoever runs
+    the controller, an instance unpacking it as root gets root's files."""
+    member.uid = member.gid = 0
+    member.uname = member.gname = "root"
+    return member

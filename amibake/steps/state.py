@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from amibake.catalog import Family
+from amibake.cpu import Cpu
 from amibake.flags import Compiler, Flags
 from amibake.recipes import Recipe
 from amibake.remote import Remote
@@ -79,14 +80,18 @@ class BuildState(InstanceState):
     cache_key: str = ""
     compiler: Compiler | None = None
     cc: str = "gcc"  # the compiler command: gcc, or a cross gcc when the host differs
-    objdump: str = "objdump"
     flags: Flags | None = None
-    cpu_flags: set[str] = field(default_factory=set)  # the build host's, from /proc/cpuinfo
+    host_cpu: Cpu | None = None  # the build host's
     build_script: str = ""
     work_dir: str = "/shared/amibake-build"
     remote_seconds: float = 0.0
     smoke: str = ""
-    isa_features: list[str] = field(default_factory=list)
+    smoke_on: str = ""  # "native" or "emulated", when it ran
+    smoke_output: str = ""
+    isa_features: list[str] = field(default_factory=list)  # what a CPU needs to run it
+    isa_examples: dict[str, str] = field(default_factory=dict)  # an instruction per feature
+    programs: list[str] = field(default_factory=list)  # its executables (emulation wraps them)
+    local_out: Path | None = None  # the build's output, fetched to be scanned and packed
     file_hashes: dict[str, str] = field(default_factory=dict)  # artifact file -> sha256, verified
     manifest: dict[str, Any] = field(default_factory=dict)
     artifact: Path | None = None
