@@ -27,6 +27,8 @@ from typing import Any
 import botocore.exceptions
 
 from amibake import batch as amibake_batch
+from amibake import cpu as cpu_module
+from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.errors import RemoteError, UserError
 from amibake.pipelines import MAX_ATTEMPTS
@@ -35,6 +37,7 @@ from fleet.executor import (
     AGENT,
     BenchState,
     Replicate,
+    build_verdict,
     failed_row,
     host_setup,
     monitor_csv,
@@ -290,6 +293,7 @@ class Jobs:
             # The container image is minimal Amazon Linux: what the replicates need goes in
             # first (the job unpacks builds with Python, so it needs no tar or xz).
             "FLEET_SETUP": host_setup(state, CONTAINER_TOOLS),
+            "FLEET_EMULATE": json.dumps(emulation(cloud, state)),
         }
         request: dict[str, Any] = {
             "jobName": state.queue,
@@ -440,6 +444,22 @@ class Jobs:
                 state.launched_at = time.time()
                 state.on_event(state, "staging")
             record_host(self.context.cloud, state, host, host.get("ami", ""))
+
+
+def emulation(cloud: Cloud, state: JobsState) -> dict[str, str]:
+    """Shell, per build, that puts its programs behind QEMU before its replicates run: for the
+    builds the CPU every instance runs on (the local cloud's) runs only emulated. On AWS the
+    host is the type's and runs its builds natively, which record_host checks."""
+    machine = cloud.instance_cpu
+    if machine is None:
+        return {}
+    wraps = {}
+    for build in state.artifacts.values():
+        verdict = build_verdict(build, state.family, machine)
+        if verdict.how == "emulated":
+            programs = list(build.manifest.get("programs", []))
+            wraps[build.name] = cpu_module.wrap_programs(programs, verdict.emulator)
+    return wraps
 
 
 def result_row_or_none(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from amibake import catalog, logs
+from amibake import catalog, cpu, flags, logs
 from amibake.cloud import Cloud
 from amibake.errors import UserError
 from amibake.pipelines import BuildRequest, Outcome, open_run, run_each
@@ -27,7 +27,7 @@ from amibake.steps.preflight import preflight_instance
 from amibake.steps.state import Variant
 from fleet import control, prices
 from fleet.batch import JobsState, batch_steps, registered
-from fleet.executor import BenchState, BuildArtifact, Replicate, ssh_steps
+from fleet.executor import BenchState, BuildArtifact, Replicate, build_verdict, ssh_steps
 from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.spec import BenchSpec
 
@@ -153,6 +153,53 @@ def create(cloud: Cloud, spec: BenchSpec, results: Results) -> str:
     return run_id
 
 
+def check_runnable(
+    cloud: Cloud,
+    types: Sequence[str],
+    builds: Sequence[str],
+    artifacts: dict[tuple[str, str], BuildArtifact] | None = None,
+) -> None:
+    """Where every instance runs on one known CPU (the local cloud: this machine's), refuse a
+    type whose build that CPU cannot run, natively or under QEMU, before anything is launched
+    for it: from the builds' own instructions when `artifacts` holds them, else predicted from
+    each family's target. A build QEMU runs is allowed, and said to be emulated."""
+    machine = cloud.instance_cpu
+    if machine is None:
+        return
+    for instance_type in types:
+        family = catalog.family(instance_type.split(".")[0])
+        for build in builds:
+            artifact = (artifacts or {}).get((family.name, build))
+            examples: dict[str, str] = {}
+            if artifact is not None:
+                verdict = build_verdict(artifact, family, machine)
+                basis = "its instructions"
+                examples = dict(artifact.manifest.get("isa_examples", {}))
+            elif build == "tuned":
+                verdict = cpu.verdict(family.architecture, cpu.predicted_needs(family), machine)
+                basis = f"predicted from its target, {flags.family_target(family).name}"
+            else:  # the architecture's baseline: runs wherever the architecture does
+                verdict = cpu.verdict(family.architecture, frozenset(), machine)
+                basis = "the architecture's baseline"
+            if not verdict.runs:
+                runnable = [c.family.name for c in cpu.families_for(machine) if c.verdict.runs]
+                raise UserError(
+                    f"{instance_type} cannot run here: every instance of the local cloud runs "
+                    f"on this machine's CPU ({machine.model or machine.architecture}, "
+                    f"{machine.microarchitecture}), which, for the {build} {family.name} build "
+                    f"({basis}), {verdict.naming(examples)}; families whose builds run here: "
+                    f"{', '.join(runnable[:8]) or 'none'} (amibake families --host)"
+                )
+            if verdict.how == "emulated" and artifacts is None:
+                log.warning(
+                    "%s: the %s build will run under QEMU (this machine %s): measured, never "
+                    "ranked against native runs",
+                    instance_type,
+                    build,
+                    verdict.reason,
+                )
+
+
 def ensure_builds(cloud: Cloud, spec: BenchSpec) -> dict[tuple[str, str], BuildArtifact]:
     """The artifact of every (family, build): from amibake's cache, or built now."""
     if not spec.recipe:
@@ -211,7 +258,10 @@ def _execute(
         log.info("[%s] every replicate is already finished", run_id)
         results.event(run_id, "finished", resumed=True)
         return {"run_id": run_id, "types": {}}
+    builds = spec.builds if spec.recipe else ()
+    check_runnable(cloud, spec.types, builds)
     artifacts = ensure_builds(cloud, spec)
+    check_runnable(cloud, spec.types, builds, artifacts)
     board = Board(run_id, total=len(plan(spec)), done=len(plan(spec)) - len(todo))
     outcomes = measure(
         cloud,

@@ -162,6 +162,10 @@ def _bench(args: argparse.Namespace) -> int:
     logs.to_terminal()
     cloud = connect(cfg)
     if not args.resume:
+        # What this cloud's CPU cannot run is refused before the run is recorded.
+        bench.check_runnable(
+            cloud, bench_spec.types, bench_spec.builds if bench_spec.recipe else ()
+        )
         run_id = bench.create(cloud, bench_spec, results)
     print(
         f"fleet: run {run_id} (report: fleet report {run_id}; log: {results.log_path(run_id)})",
@@ -314,8 +318,9 @@ def _tune(args: argparse.Namespace) -> int:
     evaluate = tune.evaluator(spec, cfg)
     if isinstance(evaluate, CloudEvaluator):
         # The cloud (credentials, region, the local cloud's daemon) is checked now: left to the
-        # trials, each failed in turn and the search ended "none feasible" with exit 0.
-        evaluate.cloud()
+        # trials, each failed in turn and the search ended "none feasible" with exit 0. So is
+        # what its CPU can run, when every instance runs on one (the local cloud).
+        bench.check_runnable(evaluate.cloud(), evaluate.types, ("tuned",))
     if not run_id:
         run_id = tune.start(results, spec, cfg.cloud, cfg.region)
     logs.to_terminal()

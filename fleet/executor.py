@@ -18,12 +18,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import archspec.cpu
-
-from amibake import flags as flags_module
+from amibake import cpu as cpu_module
 from amibake import packages
+from amibake.catalog import Family
 from amibake.cloud import Cloud
 from amibake.cloud.reach import describe
+from amibake.cpu import Verdict
 from amibake.errors import RemoteError, UserError
 from amibake.runner import Rerun, RunContext, Step
 from amibake.steps.access import KeyPair, SecurityGroup
@@ -112,18 +112,6 @@ def host_setup(state: BenchState, tools: Iterable[str]) -> str:
     )
 
 
-def microarchitecture(cpu_flags: set[str], architecture: str) -> str:
-    """The newest archspec target whose features the CPU has (what the instance really is)."""
-    family = flags_module.GENERIC_TARGET[architecture]
-    runnable = [
-        t
-        for t in archspec.cpu.TARGETS.values()
-        if t.family.name == family and not flags_module.missing_features(t.name, cpu_flags)
-    ]
-    best = max(runnable, key=lambda t: (len(t.ancestors), len(t.features), t.name), default=None)
-    return best.name if best else family
-
-
 class Stage:
     name = "stage"
 
@@ -163,22 +151,30 @@ class Stage:
                 f"{WORK}/{build.name}.tar.xz",
                 stream=False,
             )
-        facts = remote.run(
-            """uname -r; uname -m; nproc
-            grep -m1 -E '^(model name|CPU part)' /proc/cpuinfo | cut -d: -f2
-            grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2
-            python3 -c 'import psutil' 2>/dev/null && echo monitor=yes || echo monitor=no""",
-            stream=False,
-        ).stdout.splitlines()
+        facts = cpu_module.facts(
+            remote.run(
+                f"""echo "kernel=$(uname -r)"; echo "vcpus=$(nproc)"
+                {cpu_module.FACTS_SCRIPT}
+                python3 -c 'import psutil' 2>/dev/null && echo monitor=yes || echo monitor=no""",
+                stream=False,
+            ).stdout
+        )
         host = {
-            "kernel": facts[0] if facts else "",
-            "machine": facts[1] if len(facts) > 1 else "",
-            "vcpus": int(facts[2]) if len(facts) > 2 and facts[2].isdigit() else None,
-            "cpu_model": facts[3].strip() if len(facts) > 3 else "",
-            "cpu_flags": facts[4] if len(facts) > 4 else "",
-            "monitor": "monitor=yes" in facts,
+            **facts,
+            "vcpus": int(facts["vcpus"]) if facts.get("vcpus", "").isdigit() else None,
+            "cpu_model": facts.get("model", ""),
+            "cpu_flags": facts.get("flags", ""),
+            "monitor": facts.get("monitor") == "yes",
         }
         record_host(self.context.cloud, state, host, state.base_ami)
+        for build in state.artifacts.values():
+            emulator = state.facts["emulated"].get(build.name)
+            if emulator:
+                remote.run(
+                    f"cd {WORK}/{build.name} && "
+                    + cpu_module.wrap_programs(list(build.manifest.get("programs", [])), emulator),
+                    stream=False,
+                )
 
     def cleanup(self, state: BenchState) -> None:
         pass  # the tmpfs dies with the instance
@@ -230,19 +226,29 @@ class Measure:
 
 
 def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str) -> None:
-    """Record where the replicates run (the environment row) and refuse, in one line, a build
-    that CPU cannot run. ``host`` is what the instance reported: kernel, machine, vcpus,
-    cpu_model, cpu_flags, monitor (python3-psutil present)."""
-    cpu_flags = set(str(host.get("cpu_flags", "")).split())
+    """Record where the replicates run (the environment row) and how each build runs on that
+    CPU: natively, emulated (under QEMU, recorded so, never ranked against native runs), or not
+    at all, refused in one line naming what it lacks. ``host`` is what the instance reported:
+    kernel, machine, vcpus, cpu_model, cpu_flags, vendor, emulators, monitor (psutil)."""
+    machine = cpu_module.from_facts(
+        {
+            "machine": str(host.get("machine", "")),
+            "flags": str(host.get("cpu_flags", "")),
+            "vendor": str(host.get("vendor", "")),
+            "model": str(host.get("cpu_model", "")),
+            "emulators": str(host.get("emulators", "")),
+        }
+    )
     state.monitor = state.spec.monitor and bool(host.get("monitor"))
     if state.spec.monitor and not state.monitor:
         log.warning("%s has no python3-psutil: running without the monitor", state.label)
+    verdicts = {b.name: build_verdict(b, state.family, machine) for b in state.artifacts.values()}
     state.facts = {
         "kernel": host.get("kernel", ""),
         "machine": host.get("machine", ""),
         "vcpus": host.get("vcpus"),
-        "cpu_model": str(host.get("cpu_model", "")).strip(),
-        "microarchitecture": microarchitecture(cpu_flags, state.family.architecture),
+        "cpu_model": machine.model,
+        "microarchitecture": machine.microarchitecture,
         "ami": ami,
         "instance_id": state.instance_id,
         "zone": state.zone,
@@ -254,9 +260,11 @@ def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str)
                 "compiler": b.manifest.get("compiler"),
                 "cflags": b.manifest.get("cflags"),
                 "target": b.manifest.get("target_used"),
+                "runs": verdicts[b.name].how,
             }
             for b in state.artifacts.values()
         },
+        "emulated": {n: v.emulator for n, v in verdicts.items() if v.how == "emulated"},
     }
     state.record_environment(state)
     where = (
@@ -264,23 +272,37 @@ def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str)
         if cloud.config.cloud == "local"
         else ""
     )
-    machine = {"aarch64": "arm64"}.get(state.facts["machine"], state.facts["machine"])
-    architecture = state.family.architecture
-    if state.artifacts and machine and machine != architecture:
-        # Before the target check: an arm64 build on an x86 CPU lacks everything, not features.
-        raise UserError(
-            f"{state.label} builds are {architecture}, which its CPU "
-            f"({state.facts['cpu_model']}, {machine}) cannot run{where}"
-        )
-    for build in state.artifacts.values():
-        target = str(build.manifest.get("target_used", ""))
-        missing = flags_module.missing_features(target, cpu_flags) if target else []
-        if missing:
+    for name, verdict in verdicts.items():
+        if not verdict.runs:
+            examples = dict(state.artifacts[name].manifest.get("isa_examples", {}))
             raise UserError(
-                f"the {build.name} build targets {target}, which {state.label}'s CPU "
-                f"({state.facts['cpu_model']}) cannot run: it lacks "
-                f"{', '.join(missing[:4])}{where}"
+                f"the {name} build of {state.family.name} cannot run on {state.label}'s CPU "
+                f"({machine.model or machine.architecture}): it {verdict.naming(examples)}{where}"
             )
+        if verdict.how == "emulated":
+            log.warning(
+                "%s: the %s build runs under %s (%s): measured, but never ranked against "
+                "native runs",
+                state.label,
+                name,
+                verdict.emulator.split()[0],
+                verdict.reason,
+            )
+    if cloud.instance_cpu is None and state.artifacts:
+        # On AWS the CPU is the family's: one lacking what the family's build is made for
+        # landed on a generation the catalog does not list for it.
+        lacking = sorted(cpu_module.predicted_needs(state.family) - machine.features)
+        if lacking:
+            raise UserError(
+                f"{state.label}'s CPU ({machine.model}) lacks {', '.join(lacking)}, which "
+                f"the {state.family.name} target has: a generation the catalog does not list"
+            )
+
+
+def build_verdict(build: BuildArtifact, family: Family, machine: cpu_module.Cpu) -> Verdict:
+    """How `machine` runs a build, from the instructions its scan found."""
+    architecture = str(build.manifest.get("architecture", family.architecture))
+    return cpu_module.verdict(architecture, set(build.manifest.get("isa_features", [])), machine)
 
 
 def failed_row(state: BenchState, replicate: Replicate, started: float) -> ReplicateRow:

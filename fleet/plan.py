@@ -10,7 +10,7 @@ from typing import Any
 from tabulate import tabulate
 
 from amibake.errors import UserError
-from fleet.report import load_bench, summarize
+from fleet.report import emulated, load_bench, summarize
 from fleet.results import Results
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hm]?)\s*$")
@@ -40,9 +40,16 @@ def plan(
     if budget is not None and budget <= 0:
         raise UserError("--budget must be a positive amount of USD")
     _, spec, rows = load_bench(results, run_id)
-    frame = summarize(rows, spec.metric)
+    frame = summarize(rows, spec.metric, emulated(results, run_id))
     if frame.empty:
         raise UserError(f"run {run_id} has no measured replicates to plan from")
+    # A build run under QEMU measured the emulator, not the type: nothing to plan a job on.
+    frame = frame[~frame.emulated]
+    if frame.empty:
+        raise UserError(
+            f"run {run_id} measured its builds only under emulation (QEMU), which says nothing "
+            "of the types' speed: bench them on instances that run them natively"
+        )
     out = []
     for _, row in frame.iterrows():
         machine_hours = work * row.seconds_per_unit / 3600

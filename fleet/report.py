@@ -58,9 +58,23 @@ def load_bench(results: Results, run_id: str) -> tuple[dict[str, Any], BenchSpec
     return record, BenchSpec.from_json(record["spec"]), results.replicates(run_id)
 
 
-def summarize(rows: pd.DataFrame, metric: Metric) -> pd.DataFrame:
+def emulated(results: Results, run_id: str) -> set[tuple[str, str]]:
+    """The (type, build) pairs that ran under QEMU, as the run's environments recorded them."""
+    return {
+        (str(env["instance_type"]), str(build))
+        for env in results.environments(run_id)
+        for build in env.get("emulated") or {}
+    }
+
+
+def summarize(
+    rows: pd.DataFrame, metric: Metric, emulated: set[tuple[str, str]] | None = None
+) -> pd.DataFrame:
     """One row per (type, build): median and interval of the metric, its spread, seconds and
-    cost per unit of work, and ranks that share a number when intervals overlap."""
+    cost per unit of work, and ranks that share a number when intervals overlap. Runs under
+    QEMU (`emulated`) are ranked among themselves only: emulation says nothing of a CPU's
+    speed."""
+    emulated = emulated or set()
     measured = rows[(rows.state == "ok") & (rows.warmup == 0)]
     out = []
     summaries: dict[str, stats.Summary] = {}
@@ -100,19 +114,27 @@ def summarize(rows: pd.DataFrame, metric: Metric) -> pd.DataFrame:
                 "usd_per_unit": costs[key].median if key in costs else math.nan,
                 "usd_per_unit_low": costs[key].low if key in costs else math.nan,
                 "usd_per_unit_high": costs[key].high if key in costs else math.nan,
+                "emulated": (instance_type, build) in emulated,
             }
         )
     frame = pd.DataFrame(out)
     if frame.empty:
         return frame
-    speed = {
-        r.name: r.rank for r in stats.rank(summaries, lower_is_better=not metric.higher_is_better)
-    }
-    cheap = {r.name: r.rank for r in stats.rank(costs, lower_is_better=True)}
     keys = frame.type + " " + frame.build
+    speed: dict[str, int] = {}
+    cheap: dict[str, int] = {}
+    for group in (set(keys[~frame.emulated]), set(keys[frame.emulated])):
+        mine = {k: v for k, v in summaries.items() if k in group}
+        speed |= {
+            r.name: r.rank for r in stats.rank(mine, lower_is_better=not metric.higher_is_better)
+        }
+        mine = {k: v for k, v in costs.items() if k in group}
+        cheap |= {r.name: r.rank for r in stats.rank(mine, lower_is_better=True)}
     frame["speed_rank"] = [speed[k] for k in keys]
     frame["cost_rank"] = [cheap.get(k) for k in keys]
-    return frame.sort_values(["cost_rank", "speed_rank"], na_position="last").reset_index(drop=True)
+    return frame.sort_values(
+        ["emulated", "cost_rank", "speed_rank"], na_position="last"
+    ).reset_index(drop=True)
 
 
 def pareto(frame: pd.DataFrame) -> pd.Series:
@@ -149,6 +171,8 @@ def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
             "cost rank": frame.cost_rank.map(lambda v: "-" if v is None or pd.isna(v) else int(v)),
         }
     )
+    if frame.emulated.any():  # ranked apart: say which ranking a row is in
+        shown.insert(2, "runs", frame.emulated.map({True: "emulated", False: "native"}))
     return tabulate(shown, headers="keys", showindex=False)
 
 
@@ -302,7 +326,7 @@ def make(
     record, spec, rows = load_bench(results, run_id)
     if rows.empty:
         raise UserError(f"run {run_id} has no replicates yet; see `fleet status {run_id}`")
-    frame = summarize(rows, spec.metric)
+    frame = summarize(rows, spec.metric, emulated(results, run_id))
     failures = rows[rows.state == "failed"][["instance_type", "build", "replicate", "error"]]
     interrupted = int((rows.state == "interrupted").sum())
     lines = [record["note"]] if record["note"] else []

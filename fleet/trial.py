@@ -57,6 +57,7 @@ class CloudEvaluator:
             or "max_usd_per_unit" in spec.constraints
         )
         types = list(spec.space.params[TYPE].values) if TYPE in spec.space.params else spec.types
+        self.types = [str(t) for t in types]
         bench.price_lookup(
             types,
             not self.priced,

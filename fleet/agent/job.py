@@ -8,7 +8,8 @@ line go to the job's log), and PUTs the monitor CSV to its presigned S3 URL.
 
 Environment: FLEET_PLAN (JSON list of [directory, tag]), FLEET_COMMAND, FLEET_TIMEOUT,
 FLEET_MONITOR (0|1), FLEET_IMDS, FLEET_UPLOAD_URLS (JSON list, one per index), FLEET_SETUP
-(shell that installs what the replicates need: setsid, the builds' runtime packages, psutil).
+(shell that installs what the replicates need: setsid, the builds' runtime packages, psutil),
+FLEET_EMULATE (JSON: build directory -> shell putting its programs behind QEMU).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -56,14 +58,20 @@ def imds(base: str) -> dict[str, str]:
     return found
 
 
+# The emulators the controller's record_host looks for (amibake/catalog/isa.json's qemu binaries).
+EMULATORS = ("qemu-x86_64-static", "qemu-aarch64-static")
+
+
 def cpu() -> dict[str, object]:
-    model, flags = "", ""
+    model, flags, vendor = "", "", ""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         key, _, value = line.partition(":")
         if not model and key.strip() in ("model name", "CPU part"):
             model = value.strip()
         if not flags and key.strip() in ("flags", "Features"):
             flags = value.strip()
+        if not vendor and key.strip() in ("vendor_id", "CPU implementer"):
+            vendor = value.strip()
     try:
         import psutil  # noqa: F401
 
@@ -76,6 +84,8 @@ def cpu() -> dict[str, object]:
         "vcpus": os.cpu_count(),
         "cpu_model": model,
         "cpu_flags": flags,
+        "vendor": vendor,
+        "emulators": " ".join(e for e in EMULATORS if shutil.which(e)),
         "monitor": monitor,
     }
 
@@ -100,6 +110,11 @@ def main() -> int:
                 tar.extractall(work, filter="data")
             except TypeError:  # a Python without extraction filters (before 3.9.17)
                 tar.extractall(work)
+        # Builds this CPU runs only under QEMU: their programs go behind its wrappers.
+        wrap = json.loads(os.environ.get("FLEET_EMULATE", "{}")).get(directory)
+        if wrap and subprocess.call(["bash", "-c", wrap], cwd=work) != 0:
+            print(f"fleet: could not set up emulation of {directory}", file=sys.stderr)
+            return 3
     work.mkdir(parents=True, exist_ok=True)
     monitor = "1" if os.environ.get("FLEET_MONITOR") == "1" and host["monitor"] else "0"
     code = subprocess.call(

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from amibake import catalog, cpu, flags
 from amibake.cloud import Cloud
-from amibake.errors import UserError
 from amibake.journal import Journal
 from amibake.local import control as local_control
 from amibake.runner import Interrupted
@@ -25,7 +25,7 @@ from fleet import bench, control, report, spec
 from fleet.cli import main
 from fleet.executor import BenchState, Replicate
 from fleet.results import Results
-from tests.helpers import tagged_alive, wait_until_clean
+from tests.helpers import other_architecture_family, tagged_alive, wait_until_clean
 
 
 def results_of(cloud: Cloud) -> Results:
@@ -44,8 +44,13 @@ def assert_nothing_left(cloud: Cloud, results: Results, run_id: str, local_dir: 
     assert wait_until_clean(local_dir) == []
 
 
+# A plain command's type: no build runs on it, so its family is data (the local cloud runs any
+# type on this machine). Tests that run a build take this machine's family (host_types).
+ANY_TYPE = "c5a.large"
+
+
 def new_run(cloud: Cloud, **overrides: Any) -> str:
-    defaults: dict[str, Any] = {"types": ["c5a.large"], "replicates": 3, "warmups": 0}
+    defaults: dict[str, Any] = {"types": [ANY_TYPE], "replicates": 3, "warmups": 0}
     bench_spec = spec.load(None, {**defaults, **overrides})
     return bench.create(cloud, bench_spec, results_of(cloud))
 
@@ -66,11 +71,12 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
+    host_types: tuple[str, str],
 ) -> None:
     caplog.set_level(logging.INFO, logger="amibake")
     run_id = new_run(
         cloud,
-        types=["c5a.large", "c5a.xlarge"],
+        types=list(host_types),
         recipe="kernels",
         builds=["tuned", "generic"],
         args="--size 2",
@@ -90,17 +96,20 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     logged = results.log_path(run_id).read_text()
     assert f"[{run_id}] 12/12 replicates" in logged and "succeeded; nothing left" in logged
     environments = results.environments(run_id)
-    assert {e["instance_type"] for e in environments} == {"c5a.large", "c5a.xlarge"}
+    assert {e["instance_type"] for e in environments} == set(host_types)
     builds = environments[0]["builds"]
-    assert "-march=x86-64" in builds["generic"]["cflags"]
-    assert "-march=znver2" in builds["tuned"]["cflags"]
+    family = catalog.family(host_types[0].split(".")[0])
+    compiler = flags.Compiler.parse(builds["tuned"]["compiler"])
+    assert flags.for_build(family, compiler, generic=True).cflags in builds["generic"]["cflags"]
+    assert flags.for_family(family, compiler).cflags in builds["tuned"]["cflags"]
+    assert builds["tuned"]["runs"] in ("native", "emulated")
     assert environments[0]["microarchitecture"] and environments[0]["kernel"]
     assert_nothing_left(cloud, results, run_id, local_dir)
 
     assert main(["report", run_id]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("Local cloud: every instance type ran on this machine")
-    assert "c5a.xlarge" in out and "generic" in out
+    assert host_types[1] in out and "generic" in out
     reports = cloud.config.results_dir / "reports" / run_id
     summary_csv = (reports / "summary.csv").read_text().splitlines()
     assert len(summary_csv) == 1 + 4 and summary_csv[0].startswith("type,build,n,median")
@@ -145,8 +154,8 @@ def test_a_spot_notice_mid_replicate_reruns_it_on_a_new_instance(
             timer.start()
 
     summary = bench.execute(cloud, run_id, results, before_replicate=interrupt_second)
-    assert summary["types"]["c5a.large"]["ok"], summary
-    assert summary["types"]["c5a.large"]["instances"] == 2
+    assert summary["types"][ANY_TYPE]["ok"], summary
+    assert summary["types"][ANY_TYPE]["instances"] == 2
     rows = results.replicates(run_id)
     assert list(rows.state) == ["ok", "interrupted", "ok", "ok"]
     assert rows.instance_id[1] == interrupted[0] != rows.instance_id[2]
@@ -239,18 +248,37 @@ def test_failing_workloads_fail_their_replicates_with_the_last_lines(
         assert_nothing_left(cloud, results, run_id, local_dir)
 
 
-def test_a_build_this_cpu_cannot_run_fails_its_type_with_the_reason(
-    cloud: Cloud, local_dir: Path
+def test_a_build_run_under_qemu_is_marked_emulated_and_ranked_apart(
+    cloud: Cloud, local_dir: Path, host: cpu.Cpu, host_family: str
 ) -> None:
-    """On the local cloud a Graviton type runs on this x86 machine: its arm64 build is refused
-    in one line before any replicate, and nothing is left."""
+    """On the local cloud the other architecture's type runs on this machine too, its build
+    under QEMU: measured, recorded as emulated, and never ranked against native runs."""
+    other = other_architecture_family(host)
+    types = [f"{host_family}.large", f"{other}.large"]
     results = results_of(cloud)
-    run_id = new_run(cloud, types=["c7g.large"], recipe="kernels", replicates=1)
-    with pytest.raises(UserError) as refused:
-        bench.execute(cloud, run_id, results)
-    error = str(refused.value)
-    assert error.startswith("c7g.large builds are arm64, which its CPU (") and "x86_64" in error
-    assert results.replicates(run_id).empty
+    run_id = new_run(cloud, types=types, recipe="kernels", replicates=2, args="--size 1")
+    summary = bench.execute(cloud, run_id, results)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    expected = {}
+    for instance_type in types:
+        family = catalog.family(instance_type.split(".")[0])
+        manifest = bench.ensure_builds(
+            cloud, spec.load(None, {"types": [instance_type], "recipe": "kernels"})
+        )
+        verdict = cpu.verdict(
+            family.architecture,
+            set(manifest[(family.name, "tuned")].manifest["isa_features"]),
+            host,
+        )
+        expected[instance_type] = {"tuned": verdict.emulator} if verdict.how == "emulated" else {}
+    recorded = {e["instance_type"]: e["emulated"] for e in results.environments(run_id)}
+    assert recorded == expected and recorded[f"{other}.large"]["tuned"].startswith("qemu-")
+    made = report.make(results, run_id, cloud.config.results_dir / "reports", html_page=False)
+    frame = made.summary
+    assert set(frame[frame.emulated].type) == {t for t, e in expected.items() if e}
+    for group in (frame[frame.emulated], frame[~frame.emulated]):  # each ranked on its own
+        assert group.empty or group.speed_rank.min() == 1
+    assert "emulated" in made.text
     assert_nothing_left(cloud, results, run_id, local_dir)
 
 
@@ -351,3 +379,35 @@ def test_the_example_bench_file_loads() -> None:
     assert example.types == ("c5a.large", "c5a.xlarge")
     assert example.builds == ("tuned", "generic")
     assert example.command_line() == "bin/kernels --size 4"
+
+
+def test_a_type_whose_build_this_machine_cannot_run_is_refused_before_anything_is_made(
+    cloud: Cloud,
+    host: cpu.Cpu,
+    host_family: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every local instance runs on this machine's CPU. Without QEMU, the other architecture's
+    # builds cannot run here at all: fleet says so before it records or launches anything,
+    # naming the families whose builds do run (this machine's own among them).
+    other = other_architecture_family(host)
+    monkeypatch.setattr(cpu, "installed_emulators", frozenset)
+    results = results_of(cloud)
+    runs_before = results.run_ids()
+    argv = ["bench", "--types", f"{other}.large", "--recipe", "kernels", "--replicates", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"fleet: error: {other}.large cannot run here"), err
+    assert f"is {host.architecture}, not " in err and "install qemu-user-static" in err
+    assert f"families whose builds run here: {host_family}" in err
+    assert results.run_ids() == runs_before
+    tune = tmp_path / "tune.toml"
+    tune.write_text(
+        f'recipe = "kernels"\ntypes = ["{other}.large"]\ntrials = 1\n'
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
+    )
+    assert main(["tune", str(tune)]) == 2
+    assert f"{other}.large cannot run here" in capsys.readouterr().err
+    assert results.run_ids() == runs_before

@@ -27,7 +27,7 @@ from fleet.cli import main
 from fleet.replay import ReplayEvaluator, blind_chance, space_from_table
 from fleet.results import Results
 from fleet.space import Space
-from tests.helpers import tagged_alive, wait_until_clean
+from tests.helpers import ctrl_c_when, tagged_alive, wait_until_clean
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -664,13 +664,13 @@ def test_parameter_importance_credits_the_parameter_that_moves_the_loss() -> Non
 
 
 def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
-    cloud: Cloud, local_dir: Path, tmp_path: Path
+    cloud: Cloud, local_dir: Path, tmp_path: Path, host_family: str
 ) -> None:
     """Trials run on worker threads, which never see Ctrl-C: the search must stop their runs
     (each then unwinds) rather than wait for their replicates to finish."""
     path = tmp_path / "t.toml"
     path.write_text(
-        'recipe = "kernels"\ntypes = ["c5a.large"]\nalgorithm = "grid"\ntrials = 2\n'
+        f'recipe = "kernels"\ntypes = ["{host_family}.large"]\nalgorithm = "grid"\ntrials = 2\n'
         "parallel = 2\nreplicates = 3\n"
         '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
         '[params.size]\nkind = "categorical"\nvalues = [16]\nstage = "run"\n'
@@ -680,19 +680,12 @@ def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
     results = bench.results_db(cfg.results_dir)
     run_id = tune.start(results, spec, cfg.cloud, cfg.region)
 
-    def interrupt_mid_replicate() -> None:
-        deadline = time.monotonic() + 120
-        while len(local_control.status(cfg)["instances"]) < 2:  # type: ignore[index]
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        time.sleep(3.0)  # staged, and into the first replicate (each takes ~3.5 s)
-        os.kill(os.getpid(), signal.SIGINT)
+    def both_up() -> bool:
+        return len(local_control.status(cfg)["instances"]) >= 2  # type: ignore[index]
 
-    timer = threading.Thread(target=interrupt_mid_replicate)
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
+    # Staged, and into the first replicate (each takes ~3.5 s), when Ctrl-C comes.
+    with ctrl_c_when(both_up, delay_s=3.0), pytest.raises(KeyboardInterrupt):
         tune.search(spec, tune.evaluator(spec, cfg), results, run_id)
-    timer.join()
     journal = Journal(cfg.results_dir / "journal.sqlite")
     runs = [d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"]
     assert len(runs) == 2
@@ -705,7 +698,7 @@ def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
 
 
 def test_a_sigkilled_search_resumes_after_removing_what_its_trial_left(
-    cloud: Cloud, local_dir: Path, tmp_path: Path
+    cloud: Cloud, local_dir: Path, tmp_path: Path, host_family: str
 ) -> None:
     """A controller SIGKILLed mid-trial leaves that trial's instance running: `--resume`
     removes it first, then finishes the search with no trial lost or run twice."""
@@ -713,7 +706,7 @@ def test_a_sigkilled_search_resumes_after_removing_what_its_trial_left(
 
     path = tmp_path / "t.toml"
     path.write_text(
-        'recipe = "kernels"\ntypes = ["c5a.large"]\nalgorithm = "grid"\ntrials = 2\n'
+        f'recipe = "kernels"\ntypes = ["{host_family}.large"]\nalgorithm = "grid"\ntrials = 2\n'
         "replicates = 3\n"
         '[params.threads]\nkind = "int"\nlow = 1\nhigh = 2\nstage = "run"\n'
     )
