@@ -5,19 +5,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Debian packages: sshd for the local cloud's sandboxes, sudo and passwd for its cloud-init
-# emulation, curl for IMDS calls inside sandboxes, shellcheck for rendered scripts,
-# binutils (objdump) for the ISA scan, xz for artifacts, and an arm64 cross compiler because
-# every local-cloud instance runs on this machine's CPU, Graviton families included.
-# python3-psutil is the system python3 fleet's monitor runs under on an instance, and chromium
-# renders fleet's HTML report in its test.
-APT_PACKAGES := openssh-server sudo passwd curl shellcheck binutils xz-utils util-linux python3-psutil chromium \
-	gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+# emulation, curl for IMDS calls inside sandboxes, shellcheck for rendered scripts, xz for
+# artifacts. Every local-cloud instance runs on this machine's CPU, whatever its family: a
+# cross compiler builds the other architecture's families (arm64's on an x86_64 machine, and
+# the other way round) and QEMU's user-mode emulator runs what they built (and what this CPU
+# lacks the instructions for). python3-psutil is the system python3 fleet's monitor runs under
+# on an instance, and chromium renders fleet's HTML report in its test.
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
+CROSS_PACKAGES := $(if $(filter arm64,$(DEB_ARCH)),gcc-x86-64-linux-gnu libc6-dev-amd64-cross,gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+APT_PACKAGES := openssh-server sudo passwd curl shellcheck xz-utils util-linux python3-psutil chromium \
+	qemu-user-static $(CROSS_PACKAGES)
 
 .PHONY: install system-packages zstd-source prices test lint demo bench ci clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@$(MAKE) --no-print-directory system-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -66,19 +69,28 @@ lint: install
 	$(BIN)/mypy
 
 # The main job on the local cloud: show the plan, build the kernels recipe for c7i (AVX-512),
-# c5a (this machine's zen2, so its smoke test runs) and c7g (Graviton3, cross-compiled), bake
-# them into one AMI per architecture with a boot test, register Batch on them, tear Batch
-# down, rank the tuned and generic kernels builds on two c5a sizes with fleet (report and
-# plan), and prove nothing temporary is left.
+# this machine's best family (HOST_FAMILY: asked at run time, so its smoke test runs natively,
+# whichever CPU this is) and a family of the other architecture (cross-compiled, its smoke test
+# run under QEMU), bake them into one AMI per architecture with a boot test, register Batch on
+# them, tear Batch down, rank the tuned and generic kernels builds on two sizes of this
+# machine's family with fleet (report and plan), and prove nothing temporary is left.
+HOST_FAMILY = $(shell $(BIN)/amibake families --host --first)
+OTHER_FAMILY = $(if $(filter arm64,$(DEB_ARCH)),c7i,c7g)
+DEMO_FAMILIES = $(subst $(space),$(comma),$(sort c7i $(HOST_FAMILY) $(OTHER_FAMILY)))
+space := $(subst ,, )
+comma := ,
+
 demo: install
+	@test -n "$(HOST_FAMILY)" || { echo "make demo: no family's build runs on this machine (amibake families --host)" >&2; exit 2; }
 	$(BIN)/amibake families --compiler gcc@12.2
+	$(BIN)/amibake families --host
 	$(BIN)/amibake build --cloud local --family c7i --recipe kernels --dry-run
-	$(BIN)/amibake build --cloud local --family c7i,c5a,c7g --recipe kernels
-	$(BIN)/amibake bake --cloud local --family c7i,c5a,c7g
+	$(BIN)/amibake build --cloud local --family $(DEMO_FAMILIES) --recipe kernels
+	$(BIN)/amibake bake --cloud local --family $(DEMO_FAMILIES)
 	$(BIN)/amibake batch up --cloud local --from-bake
 	$(BIN)/amibake batch status --cloud local
 	$(BIN)/amibake batch down --cloud local
-	$(BIN)/fleet bench --cloud local --types c5a.large,c5a.xlarge --recipe kernels \
+	$(BIN)/fleet bench --cloud local --types $(HOST_FAMILY).large,$(HOST_FAMILY).xlarge --recipe kernels \
 	  --builds tuned,generic --replicates 3 --warmups 1 --args "--size 2"
 	$(BIN)/fleet report last
 	$(BIN)/fleet plan last --work 1e6 --deadline 1h --budget 1

@@ -1,7 +1,9 @@
 """Run every benchmark, print a table, and write results/bench/<name>.json.
 
 Each benchmark module has ``run(cloud) -> dict`` returning its figures, with a ``goal`` and a
-``met`` entry where the issue sets a goal. Nothing here fails a build: figures are reported.
+``met`` entry where the issue sets a goal. Nothing here fails a build: figures are reported. A
+benchmark that fails is reported as failed with its reason, and the others still run (the exit
+status is then 1).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import os
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 from amibake import config
@@ -50,18 +53,26 @@ def main(argv: list[str]) -> int:
         )
         cfg = config.load()
         cloud = connect(cfg)
+        failed = []
         try:
             for name in selected:
-                module = importlib.import_module(name)
-                figures = module.run(cloud)
                 short = name.rsplit(".", 1)[1]
+                try:
+                    figures = importlib.import_module(name).run(cloud)
+                except Exception as exc:  # one benchmark's failure is its own, not the run's
+                    reason = f"{type(exc).__name__}: {exc}"
+                    traceback.print_exc()
+                    figures = {"failed": reason}
+                    failed.append(f"{short} ({reason})")
                 (out / f"{short}.json").write_text(json.dumps(figures, indent=2))
                 print(f"== {short}")
                 for key, value in figures.items():
                     print(f"  {key}: {value}")
         finally:
             control.down(cfg)
-    return 0
+    if failed:
+        print(f"failed: {'; '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

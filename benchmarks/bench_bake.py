@@ -11,6 +11,7 @@ from typing import Any
 from amibake import pipelines
 from amibake.cloud import Cloud
 from amibake.remote import Remote
+from benchmarks import host_family
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "recipes"
 BAKES = 3
@@ -93,14 +94,14 @@ class Waits:
 
 
 def run(cloud: Cloud) -> dict[str, Any]:
-    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    request = pipelines.BuildRequest([host_family()], "trivial", "large", recipes_dir=FIXTURES)
     assert pipelines.build(cloud, request)[0].ok
     walls, shares, phases = [], [], []
     for _ in range(BAKES):
         waits = Waits(cloud)
         started = time.perf_counter()
         try:
-            outcome = pipelines.bake(cloud, pipelines.BakeRequest(families=["c5a"]))[0]
+            outcome = pipelines.bake(cloud, pipelines.BakeRequest(families=[host_family()]))[0]
         finally:
             waits.close()
         wall = time.perf_counter() - started

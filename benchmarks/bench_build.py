@@ -14,26 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import archspec.cpu
 import psutil
 
 from amibake import catalog, flags, pipelines, recipes
 from amibake.cloud import Cloud
 from amibake.remote import Remote
+from benchmarks import host_family
 
 KERNEL_LINE = re.compile(r"kernel=(\w+) checksum=(\S+) seconds=\S+ throughput=([0-9.]+)")
 PAIRS = 5
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "recipes"
 EIGHT = ["c5", "c5a", "c6i", "c6a", "c7i", "c7a", "m5", "m7i"]
-
-
-def host_family() -> catalog.Family | None:
-    """A family whose target this machine runs natively (its own generation, ideally)."""
-    host = archspec.cpu.host()
-    for family in catalog.families().values():
-        if flags.family_target(family).name == host.name:
-            return family
-    return None
 
 
 def _run_kernels(binary: Path) -> dict[str, tuple[str, float]]:
@@ -42,23 +33,20 @@ def _run_kernels(binary: Path) -> dict[str, tuple[str, float]]:
 
 
 def tuned_vs_generic() -> dict[str, Any]:
-    family = host_family()
+    family = catalog.family(host_family())
     compiler = flags.Compiler(
         "gcc",
         subprocess.run(["gcc", "-dumpfullversion"], capture_output=True, text=True).stdout.strip(),
     )
     recipe = recipes.load("kernels")
-    if family is not None:
-        tuned = flags.for_family(family, compiler).cflags
-        label = f"family {family.name} ({flags.family_target(family).name})"
-    else:  # no family shares this CPU: use archspec's flags for the host itself
-        tuned = archspec.cpu.host().optimization_flags("gcc", compiler.series)
-        label = f"host {archspec.cpu.host().name}"
+    tuned = flags.for_family(family, compiler).cflags
+    generic = flags.for_build(family, compiler, generic=True).cflags
+    label = f"family {family.name} ({flags.family_target(family).name})"
     source = recipe.source_path
     assert source is not None
     with tempfile.TemporaryDirectory() as tmp:
         builds = {}
-        for name, cflags in (("generic", "-O2 -march=x86-64"), ("tuned", f"-O3 {tuned}")):
+        for name, cflags in (("generic", f"-O2 {generic}"), ("tuned", f"-O3 {tuned}")):
             binary = Path(tmp) / name
             command = (
                 f"gcc {cflags} -ffp-contract=off -fopenmp -o {binary} {source / 'kernels.c'} -lm"
@@ -82,7 +70,7 @@ def tuned_vs_generic() -> dict[str, Any]:
     return {
         "tuned_for": label,
         "tuned_flags": f"-O3 {tuned}",
-        "generic_flags": "-O2 -march=x86-64",
+        "generic_flags": f"-O2 {generic}",
         "per_kernel_speedup": ratios,
         "geomean_speedup": round(geomean, 3),
         "goal": 1.4,
@@ -124,7 +112,9 @@ def build_overhead(cloud: Cloud) -> dict[str, Any]:
             for stale in artifacts.glob("trivial_*"):
                 stale.unlink()
             counts.update(api=0, ssh=0)
-            request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+            request = pipelines.BuildRequest(
+                [host_family()], "trivial", "large", recipes_dir=FIXTURES
+            )
             started = time.perf_counter()
             outcome = pipelines.build(cloud, request)[0]
             wall = time.perf_counter() - started
@@ -145,7 +135,7 @@ def build_overhead(cloud: Cloud) -> dict[str, Any]:
         try:
             # Three pairs, the ratio's median: one pair ranged 1.58-1.88 between runs here.
             pairs = [
-                (_timed_build(cloud, ["c5a"], waiting), _timed_build(cloud, EIGHT, waiting))
+                (_timed_build(cloud, [host_family()], waiting), _timed_build(cloud, EIGHT, waiting))
                 for _ in range(3)
             ]
             one_run, eight_run = sorted(pairs, key=lambda p: p[1].wall / p[0].wall)[1]
@@ -154,7 +144,7 @@ def build_overhead(cloud: Cloud) -> dict[str, Any]:
             shutil.rmtree(waiting, ignore_errors=True)
         for stale in artifacts.glob("trivial_*"):
             stale.unlink()
-        request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+        request = pipelines.BuildRequest([host_family()], "trivial", "large", recipes_dir=FIXTURES)
         pipelines.build(cloud, request)
         hit_start = time.perf_counter()
         hit = pipelines.build(cloud, request)[0]
