@@ -454,8 +454,13 @@ def _gc(args: argparse.Namespace) -> int:
     logs.to_terminal()
     cloud = connect(cfg)
     journal = Journal(cfg.results_dir / "journal.sqlite")
+    if not args.dry_run:
+        journal.close_dead_runs()  # a SIGKILLed run says so, and what it left is found below
     leftovers = gc.find(cloud, journal, run_id=args.run_id, older_than=older)
     failures = [] if args.dry_run else gc.delete(cloud, journal, leftovers)
+    if not args.dry_run:
+        for run_id in {x.run_id for x in leftovers if x.run_id}:
+            journal.cleaned_up(run_id)
     elsewhere = gc.other_regions(cloud, journal, args.run_id)
     result = {
         "dry_run": args.dry_run,

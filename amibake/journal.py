@@ -7,6 +7,8 @@ recorded once a describe call confirms the resource is gone.
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -18,7 +20,8 @@ from amibake.errors import UserError
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, command TEXT NOT NULL, cloud TEXT NOT NULL, region TEXT NOT NULL,
-    started REAL NOT NULL, finished REAL, state TEXT NOT NULL DEFAULT 'running', detail TEXT
+    started REAL NOT NULL, finished REAL, state TEXT NOT NULL DEFAULT 'running', detail TEXT,
+    pid INTEGER, host TEXT
 );
 CREATE TABLE IF NOT EXISTS resources (
     run_id TEXT NOT NULL, kind TEXT NOT NULL, resource_id TEXT NOT NULL, region TEXT NOT NULL,
@@ -26,6 +29,16 @@ CREATE TABLE IF NOT EXISTS resources (
     PRIMARY KEY (kind, resource_id)
 );
 """
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,7 @@ def open_database(path: Path, schema: str) -> sqlite3.Connection:
                 time.sleep(0.02)
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(schema)
+        _add_missing_columns(db, schema)
     except sqlite3.DatabaseError as exc:
         db.close()
         if "locked" in str(exc):
@@ -71,6 +85,36 @@ def open_database(path: Path, schema: str) -> sqlite3.Connection:
             "start a new record"
         ) from None
     return db
+
+
+def _add_missing_columns(db: sqlite3.Connection, schema: str) -> None:
+    """A file written by an older amibake lacks columns added since: add them (NULL for the
+    rows it already holds), as CREATE TABLE IF NOT EXISTS leaves an existing table alone."""
+    for table, columns in _declared_columns(schema).items():
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, declaration in columns.items():
+            if name not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+
+
+def _declared_columns(schema: str) -> dict[str, dict[str, str]]:
+    """Each table's plain columns (name -> type) from CREATE TABLE statements; constraints and
+    columns with NOT NULL or a key are left out (ALTER TABLE cannot add those)."""
+    tables: dict[str, dict[str, str]] = {}
+    for statement in schema.split(";"):
+        head, _, body = statement.partition("(")
+        words = head.split()
+        if len(words) < 3 or words[:2] != ["CREATE", "TABLE"]:
+            continue
+        columns = {}
+        for part in body.rsplit(")", 1)[0].split(","):
+            name, _, declaration = part.strip().partition(" ")
+            if name.isidentifier() and name.upper() != "PRIMARY":
+                plain = "NOT NULL" not in declaration and "KEY" not in declaration
+                if plain:
+                    columns[name] = declaration.strip()
+        tables[words[-1]] = columns
+    return tables
 
 
 class Journal:
@@ -85,8 +129,9 @@ class Journal:
 
     def start_run(self, run_id: str, command: str, cloud: str, region: str) -> None:
         self._exec(
-            "INSERT INTO runs (run_id, command, cloud, region, started) VALUES (?, ?, ?, ?, ?)",
-            (run_id, command, cloud, region, time.time()),
+            "INSERT INTO runs (run_id, command, cloud, region, started, pid, host) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (run_id, command, cloud, region, time.time(), os.getpid(), socket.gethostname()),
         )
 
     def finish_run(self, run_id: str, state: str, detail: str = "") -> None:
@@ -98,6 +143,38 @@ class Journal:
     def run_state(self, run_id: str) -> str | None:
         rows = self._exec("SELECT state FROM runs WHERE run_id = ?", (run_id,))
         return str(rows[0][0]) if rows else None
+
+    def run_detail(self, run_id: str) -> str | None:
+        rows = self._exec("SELECT detail FROM runs WHERE run_id = ?", (run_id,))
+        return str(rows[0][0] or "") if rows else None
+
+    def close_dead_runs(self) -> list[str]:
+        """Runs still 'running' whose process is gone (SIGKILL, a lost machine): closed as
+        killed, with what they left (gc removes it). A run of another machine, or whose
+        process lives, is left alone. Returns the runs closed."""
+        closed = []
+        here = socket.gethostname()
+        for run_id, pid, host in self._exec(
+            "SELECT run_id, pid, host FROM runs WHERE state = 'running'"
+        ):
+            if host != here or not isinstance(pid, int) or _alive(pid):
+                continue
+            left = self.alive(str(run_id))
+            detail = f"its process ended without closing it; {len(left)} resources left"
+            self.finish_run(str(run_id), "killed", detail)
+            closed.append(str(run_id))
+        return closed
+
+    def cleaned_up(self, run_id: str) -> None:
+        """gc removed the last of what the run left: its record says so."""
+        if self.alive(run_id):
+            return
+        self._exec(
+            "UPDATE runs SET detail = COALESCE(detail, '') || '; cleaned up by gc' "
+            "WHERE run_id = ? AND state != 'running' AND COALESCE(detail, '') "
+            "NOT LIKE '%cleaned up by gc'",
+            (run_id,),
+        )
 
     def last_run_id(self) -> str | None:
         rows = self._exec("SELECT run_id FROM runs ORDER BY started DESC LIMIT 1")

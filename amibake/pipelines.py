@@ -128,14 +128,19 @@ def open_run(cloud: Cloud, command: str) -> Iterator[RunContext]:
         runner.opened(context)
         try:
             yield context
-            state = "succeeded"
+            # A run that returns is not a success: each of its builds or types may have failed.
+            state = "failed" if context.failed else "succeeded"
         except (KeyboardInterrupt, Interrupted):
             state = "interrupted"
             raise
         finally:
             runner.closed(context)
             left = journal.alive(run_id)
-            detail = f"{len(left)} resources left" if left else "nothing left"
+            parts = [f"{', '.join(context.failed)} failed"] if context.failed else []
+            parts.append(f"{len(left)} resources left" if left else "nothing left")
+            if left and state == "succeeded":
+                state = "left-resources"  # what it made is not all gone: not a clean success
+            detail = "; ".join(parts)
             journal.finish_run(run_id, state, detail)
             log.info("[%s] %s; %s", run_id, state, detail)
             journal.close()
@@ -295,6 +300,7 @@ def run_each(
                 raise
             return Outcome(state.family.name, True, state)
         except (AmibakeError, botocore.exceptions.ClientError) as exc:
+            context.failed.append(state.label)
             if isinstance(exc, UserError) and len(states) == 1:
                 raise
             return Outcome(state.family.name, False, state, error=str(exc))

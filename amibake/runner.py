@@ -73,6 +73,7 @@ class RunContext:
     log_dir: Path
     cancel: threading.Event = field(default_factory=threading.Event)
     keep_on_error: bool = False
+    failed: list[str] = field(default_factory=list)  # labels whose run ended in an error
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
     _shared_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

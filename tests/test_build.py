@@ -171,6 +171,25 @@ def test_a_build_this_machine_cannot_run_is_kept_and_its_smoke_test_says_why(
         assert "(it uses amx_tile: tilerelease)" in outcome.state.smoke  # the instruction
 
 
+def test_a_run_whose_build_failed_is_recorded_as_failed(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    # One family's build fails, the other's succeeds: the run returns, and is a failure.
+    root = tmp_path / "recipes"
+    shutil.copytree(FIXTURES / "trivial", root / "trivial")
+    template = root / "trivial" / "build.sh.j2"
+    template.write_text(
+        template.read_text()
+        + '{% if family == "c6a" %}echo "broken on purpose"; exit 1{% endif %}\n'
+    )
+    outcomes = pipelines.build(cloud, request(families=["c5a", "c6a"], recipes_dir=root))
+    assert [o.ok for o in outcomes] == [True, False]
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None and journal(cloud).run_state(run_id) == "failed"
+    assert journal(cloud).run_detail(run_id) == "trivial_c6a failed; nothing left"
+    assert_nothing_left(cloud, run_id, local_dir)
+
+
 def test_several_families_build_concurrently(cloud: Cloud, local_dir: Path) -> None:
     calls: list[str] = []
 
@@ -255,6 +274,7 @@ def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_
     leftovers = gc.find(cloud, journal(cloud), run_id=run_id)
     assert {x.kind for x in leftovers} >= {"instance", "key-pair", "security-group"}
     assert gc.delete(cloud, journal(cloud), leftovers) == []
+    assert not key_file.exists()  # it opened nothing once its key pair was gone
     assert_nothing_left(cloud, run_id, local_dir)
 
 

@@ -266,11 +266,18 @@ def test_sigkill_mid_build_then_gc_leaves_nothing(
         build.kill()
         build.wait()
     run_id = _last_run(cloud)
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
     assert tagged_alive(cloud, run_id), "the killed build should have left its resources"
+    assert journal.run_state(run_id) == "running"  # nothing could close it
     assert main(["gc"]) == 0
     assert "deleted instance" in capsys.readouterr().out
     assert tagged_alive(cloud, run_id) == []
-    assert Journal(cloud.config.results_dir / "journal.sqlite").alive(run_id) == []
+    assert journal.alive(run_id) == []
+    # gc closed the record: the run was killed, and what it left is gone.
+    assert journal.run_state(run_id) == "killed"
+    detail = journal.run_detail(run_id) or ""
+    assert detail.startswith("its process ended without closing it; ")
+    assert detail.endswith("resources left; cleaned up by gc"), detail
     assert wait_until_clean(local_dir) == []
 
 
@@ -288,8 +295,12 @@ def test_gc_dry_run_lists_without_deleting(
     listed = capsys.readouterr().out
     assert "would delete instance" in listed and "would delete key-pair" in listed
     assert tagged_alive(cloud, run_id)
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    assert journal.run_state(run_id) == "failed"  # kept on error: failed, and says it left
+    assert "resources left" in (journal.run_detail(run_id) or "")
     assert main(["gc", "--run-id", run_id]) == 0
     assert tagged_alive(cloud, run_id) == []
+    assert (journal.run_detail(run_id) or "").endswith("resources left; cleaned up by gc")
 
 
 def test_unknown_older_than_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
