@@ -198,6 +198,16 @@ def other_regions(cloud: Cloud, journal: Journal, run_id: str | None = None) -> 
     )
 
 
+def _forget_private_keys(cloud: Cloud, journal: Journal, run_id: str) -> None:
+    """A run kept on error wrote its instances' private keys beside its log (to debug them):
+    once its last key pair is gone they open nothing, and are removed with it."""
+    if any(r.kind == "key-pair" for r in journal.alive(run_id)):
+        return
+    for key_file in (cloud.config.results_dir / "logs" / run_id).glob("*.pem"):
+        key_file.unlink(missing_ok=True)
+        log.info("removed %s: its key pair is deleted", key_file)
+
+
 def delete(cloud: Cloud, journal: Journal, leftovers: list[Leftover]) -> list[str]:
     """Delete in dependency order; return one line per failure (with the command to finish)."""
     ec2 = cloud.ec2
@@ -230,6 +240,8 @@ def delete(cloud: Cloud, journal: Journal, leftovers: list[Leftover]) -> list[st
                 )
             journal.deleted(item.kind, item.resource_id)
             log.info("deleted %s", item.describe())
+            if item.kind == "key-pair" and item.run_id:
+                _forget_private_keys(cloud, journal, item.run_id)
         except botocore.exceptions.ClientError as exc:
             failures.append(f"{item.describe()}: {exc}")
     return failures

@@ -45,6 +45,7 @@ class Replicate:
     build: str
     index: int
     warmup: bool
+    again: bool = False  # a warm-up repeated on a new instance: outside the plan
 
     @property
     def tag(self) -> str:
@@ -192,6 +193,7 @@ class Measure:
         imds = self.context.cloud.imds_endpoint
         command = state.spec.command_line()
         timeout = state.spec.timeout_s
+        state.pending[0:0] = warmups_again(state)
         while state.pending:
             self.context.check_cancel()
             replicate = state.pending[0]
@@ -218,11 +220,26 @@ class Measure:
             if row.state == "interrupted":
                 raise Rerun(f"spot interruption notice on {state.instance_id}")
             state.pending.pop(0)
-            state.done += 1
-            state.on_event(state, "replicate done")
+            if not replicate.again:
+                state.done += 1
+                state.on_event(state, "replicate done")
 
     def cleanup(self, state: BenchState) -> None:
         pass  # each replicate is recorded as it ends; nothing is left to undo
+
+
+def warmups_again(state: BenchState) -> list[Replicate]:
+    """A new instance (a rerun after a spot notice, a resumed run) is as cold as the first
+    was: the run's warm-ups run again on it before its first measured replicate, recorded as
+    warm-ups (never scored) and outside the plan's count."""
+    if not state.spec.warmups or not state.pending or state.pending[0].warmup:
+        return []
+    builds = list(dict.fromkeys(r.build for r in state.pending))
+    return [
+        Replicate(state.label, build, index, True, again=True)
+        for index in range(state.spec.warmups)
+        for build in builds
+    ]
 
 
 def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str) -> None:

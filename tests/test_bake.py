@@ -196,6 +196,11 @@ def test_bake_boot_test_and_security_invariants(
     assert not [f for f in (root / "var/lib/ecs/data").glob("*") if f.is_file()]
     assert not (root / "var/cache/dnf").exists()  # what the bake's installs fetched
     assert (root / "etc/machine-id").read_text() == ""
+    assert (root / "etc/hostname").read_text() == ""  # the build host's name is not the image's
+    logs = [f for f in (root / "var/log").rglob("*") if f.is_file()]
+    assert logs and all(f.stat().st_size == 0 for f in logs), [str(f) for f in logs]
+    assert not [f for f in root.glob("*/.ssh/known_hosts") if f.is_file()]
+    assert not [f for f in root.glob("home/*/.ssh/known_hosts") if f.is_file()]
     record = json.loads((cloud.config.results_dir / "amis.json").read_text())[-1]
     assert record["image_id"] == image_id and "trivial_c5a.tar.xz" in record["artifacts"]
     # The product is kept; everything temporary is gone, and gc leaves the image alone.

@@ -103,7 +103,7 @@ class Install:
         pass  # it all lives on the bake instance, which dies with its own step
 
 
-HYGIENE = """
+HYGIENE = r"""
 if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
   systemctl stop ecs || true
 fi
@@ -115,13 +115,20 @@ rm -f /etc/ssh/ssh_host_*
 rm -f /home/*/.ssh/authorized_keys /root/.ssh/authorized_keys
 rm -rf /var/lib/cloud/instances/* /var/lib/cloud/instance /var/lib/cloud/data/*
 truncate -s 0 /etc/machine-id 2>/dev/null || true
-rm -f /root/.bash_history /home/*/.bash_history
+# The build host's name, logs and the hosts it reached are not the image's: every instance
+# gets its own name at boot (cloud-init) and writes its own logs.
+truncate -s 0 /etc/hostname 2>/dev/null || true
+find /var/log -type f \( -name '*.gz' -o -name '*.[0-9]' -o -name '*.old' \) -delete
+find /var/log -type f -exec truncate -s 0 {} +
+rm -rf /var/log/journal/*
+rm -f /root/.bash_history /home/*/.bash_history /root/.ssh/known_hosts /home/*/.ssh/known_hosts
 sync
 """
 
 
 class Hygiene:
-    """What must not be in an image: agent state, host keys, our key, instance identity, history."""
+    """What must not be in an image: agent state, host keys, our key, instance identity, the
+    build host's name and logs, history."""
 
     name = "hygiene"
 

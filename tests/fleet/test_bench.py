@@ -138,17 +138,20 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     assert "NO" in planned and "yes" in planned  # a one-minute deadline needs several instances
 
 
-def test_a_spot_notice_mid_replicate_reruns_it_on_a_new_instance(
+def test_a_spot_notice_mid_replicate_reruns_it_on_a_new_instance_after_a_warm_up(
     cloud: Cloud, local_dir: Path
 ) -> None:
     run_id = new_run(
-        cloud, command="sleep 2; echo value=7", metric={"kind": "regex", "pattern": "value=(\\d+)"}
+        cloud,
+        command="sleep 2; echo value=7",
+        metric={"kind": "regex", "pattern": "value=(\\d+)"},
+        warmups=1,
     )
     results = results_of(cloud)
     interrupted: list[str] = []
 
     def interrupt_second(state: BenchState, replicate: Replicate) -> None:
-        if replicate.index == 1 and not interrupted:
+        if replicate.index == 1 and not replicate.warmup and not interrupted:
             interrupted.append(state.instance_id)
             timer = threading.Timer(0.5, local_control.interrupt, (cloud.config, state.instance_id))
             timer.start()
@@ -157,14 +160,18 @@ def test_a_spot_notice_mid_replicate_reruns_it_on_a_new_instance(
     assert summary["types"][ANY_TYPE]["ok"], summary
     assert summary["types"][ANY_TYPE]["instances"] == 2
     rows = results.replicates(run_id)
-    assert list(rows.state) == ["ok", "interrupted", "ok", "ok"]
-    assert rows.instance_id[1] == interrupted[0] != rows.instance_id[2]
-    assert sorted(rows[rows.state == "ok"].replicate) == [0, 1, 2]
-    assert (rows[rows.state == "ok"].metric == 7).all()
+    assert list(rows.state) == ["ok", "ok", "interrupted", "ok", "ok", "ok"]
+    # The new instance is as cold as the first was: it warms up before measuring again.
+    assert list(rows.warmup) == [1, 0, 0, 1, 0, 0]
+    assert rows.instance_id[2] == interrupted[0] != rows.instance_id[3]
+    assert len(set(rows.instance_id[3:])) == 1
+    measured = rows[(rows.state == "ok") & (rows.warmup == 0)]
+    assert sorted(measured.replicate) == [0, 1, 2]
+    assert (measured.metric == 7).all()
     # The monitor, ready before each 2 s workload started, sampled it (1 Hz) all along.
-    assert (rows[rows.state == "ok"].monitor_samples >= 1).all(), rows.monitor_samples
+    assert (measured.monitor_samples >= 1).all(), rows.monitor_samples
     made = report.make(results, run_id, cloud.config.results_dir / "reports", html_page=False)
-    assert int(made.summary.n[0]) == 3  # the interrupted attempt is never scored
+    assert int(made.summary.n[0]) == 3  # the interrupted attempt and warm-ups are never scored
     assert_nothing_left(cloud, results, run_id, local_dir)
 
 
