@@ -40,13 +40,13 @@ def tuned_vs_generic() -> dict[str, Any]:
     )
     recipe = recipes.load("kernels")
     tuned = flags.for_family(family, compiler).cflags
-    generic = flags.for_build(family, compiler, generic=True).cflags
+    baseline = flags.for_build(family, compiler, generic=True).cflags
     label = f"family {family.name} ({flags.family_target(family).name})"
     source = recipe.source_path
     assert source is not None
     with tempfile.TemporaryDirectory() as tmp:
         builds = {}
-        for name, cflags in (("generic", f"-O2 {generic}"), ("tuned", f"-O3 {tuned}")):
+        for name, cflags in (("generic", f"-O2 {baseline}"), ("tuned", f"-O3 {tuned}")):
             binary = Path(tmp) / name
             command = (
                 f"gcc {cflags} -ffp-contract=off -fopenmp -o {binary} {source / 'kernels.c'} -lm"
@@ -70,7 +70,7 @@ def tuned_vs_generic() -> dict[str, Any]:
     return {
         "tuned_for": label,
         "tuned_flags": f"-O3 {tuned}",
-        "generic_flags": f"-O2 {generic}",
+        "generic_flags": f"-O2 {baseline}",
         "per_kernel_speedup": ratios,
         "geomean_speedup": round(geomean, 3),
         "goal": 1.4,
