@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,13 @@ from amibake.errors import CloudError, UserError
 
 log = logging.getLogger("amibake")
 TAG = "amibake:batch"
+# amibake's roles live under their own IAM path, so a policy can let amibake pass exactly these
+# (arn:aws:iam::ACCOUNT:role/amibake/*) and no other role in the account.
+ROLE_PATH = "/amibake/"
 INSTANCE_ROLE = "amibake-batch-instance"
+# What a job runs as: it reads its payload and writes its results in the job bucket with this
+# role's own short-lived credentials (no URL or key travels in the job's environment).
+JOB_ROLE = "amibake-batch-job"
 SECURITY_GROUP = "amibake-batch"
 ECS_INSTANCE_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role"
 CONTAINER_IMAGE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
@@ -85,28 +92,10 @@ def _ensure_iam(cloud: Cloud) -> tuple[str, str]:
         if found
         else iam.create_service_linked_role(AWSServiceName="batch.amazonaws.com")["Role"]
     )
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": "ec2.amazonaws.com"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-    try:
-        iam.create_role(
-            RoleName=INSTANCE_ROLE,
-            AssumeRolePolicyDocument=json.dumps(trust),
-            Tags=[{"Key": TAG, "Value": "true"}],
-        )
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) != "EntityAlreadyExists":
-            raise
+    _ensure_role(iam, INSTANCE_ROLE, "ec2.amazonaws.com")
     iam.attach_role_policy(RoleName=INSTANCE_ROLE, PolicyArn=ECS_INSTANCE_POLICY)  # idempotent
     try:
-        iam.create_instance_profile(InstanceProfileName=INSTANCE_ROLE)
+        iam.create_instance_profile(InstanceProfileName=INSTANCE_ROLE, Path=ROLE_PATH)
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) != "EntityAlreadyExists":
             raise
@@ -114,6 +103,55 @@ def _ensure_iam(cloud: Cloud) -> tuple[str, str]:
     if not any(r["RoleName"] == INSTANCE_ROLE for r in profile.get("Roles", [])):
         iam.add_role_to_instance_profile(InstanceProfileName=INSTANCE_ROLE, RoleName=INSTANCE_ROLE)
     return str(service["Arn"]), str(profile["Arn"])
+
+
+def _ensure_role(iam: Any, name: str, service: str) -> str:
+    """A role under amibake's path that `service` may assume; its ARN. One of that name
+    elsewhere (made by an older amibake, or by someone else) is refused, not taken over."""
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
+        ],
+    }
+    try:
+        role = iam.create_role(
+            RoleName=name,
+            Path=ROLE_PATH,
+            AssumeRolePolicyDocument=json.dumps(trust),
+            Tags=[{"Key": TAG, "Value": "true"}],
+        )["Role"]
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) != "EntityAlreadyExists":
+            raise
+        role = iam.get_role(RoleName=name)["Role"]
+    if role.get("Path") != ROLE_PATH:
+        raise UserError(
+            f"IAM role {name} exists outside amibake's path {ROLE_PATH} (made by an older "
+            f"amibake?): delete it (aws iam delete-role --role-name {name}, after detaching its "
+            "policies), and `amibake batch up` makes it again"
+        )
+    return str(role["Arn"])
+
+
+def _ensure_job_role(cloud: Cloud, bucket: str) -> str:
+    """The role jobs run as: read and write the run files in the job bucket, nothing else."""
+    iam = cloud.client("iam")
+    arn = _ensure_role(iam, JOB_ROLE, "ecs-tasks.amazonaws.com")
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject"],
+                "Resource": f"arn:aws:s3:::{bucket}/fleet/*",
+            }
+        ],
+    }
+    iam.put_role_policy(
+        RoleName=JOB_ROLE, PolicyName="job-bucket", PolicyDocument=json.dumps(policy)
+    )
+    return arn
 
 
 def _network(cloud: Cloud) -> tuple[list[str], str]:
@@ -143,22 +181,52 @@ def _network(cloud: Cloud) -> tuple[list[str], str]:
     return subnets, str(created["GroupId"])
 
 
-def bucket_name(cloud: Cloud) -> str:
-    """The bucket jobs exchange files through (fleet's payloads and monitor CSVs): one per
-    account and region, named so it is globally unique."""
-    account = cloud.client("sts").get_caller_identity()["Account"]
-    return f"amibake-batch-{account}-{cloud.config.region}"
+# Where the job bucket's name is recorded in the account and region: its name has a random
+# part (a predictable one, such as amibake-batch-ACCOUNT-REGION, can be created first by
+# another account), so it must be found, not derived.
+BUCKET_PARAMETER = "/amibake/batch/bucket"
+NOT_FOUND = ("404", "NoSuchBucket", "NotFound")
+
+
+def job_bucket(cloud: Cloud) -> str | None:
+    """The job bucket (fleet's payloads and monitor CSVs) recorded for this account and region,
+    or None when `amibake batch up` has not made one."""
+    try:
+        found = cloud.ssm.get_parameter(Name=BUCKET_PARAMETER)["Parameter"]["Value"]
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) == "ParameterNotFound":
+            return None
+        raise
+    return str(found)
+
+
+def check_owned(cloud: Cloud, name: str) -> bool:
+    """True when the bucket exists and is this account's; False when it does not exist. A
+    bucket of that name held by another account is an error naming it: nothing is sent to
+    it, and nothing read from it."""
+    try:
+        cloud.client("s3").head_bucket(Bucket=name)  # ExpectedBucketOwner: this account
+        return True
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in NOT_FOUND:
+            return False
+        if error_code(exc) in ("403", "AccessDenied"):
+            # S3 answers 403 alike for both: say both, the likelier first.
+            raise UserError(
+                f"the job bucket {name} (recorded in SSM {BUCKET_PARAMETER}) is not this "
+                f"account's ({cloud.account}), or this identity is not authorized to perform: "
+                "s3:ListBucket (see amibake iam-policy); if it is someone else's, delete the "
+                "parameter and `amibake batch up` makes a new bucket"
+            ) from None
+        raise
 
 
 def _ensure_bucket(cloud: Cloud) -> str:
     s3 = cloud.client("s3")
-    name = bucket_name(cloud)
-    try:
-        s3.head_bucket(Bucket=name)
+    name = job_bucket(cloud)
+    if name is not None and check_owned(cloud, name):
         return name
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
-            raise
+    name = f"amibake-batch-{cloud.config.region}-{secrets.token_hex(8)}"
     where = cloud.config.region
     s3.create_bucket(
         Bucket=name,
@@ -167,6 +235,9 @@ def _ensure_bucket(cloud: Cloud) -> str:
             if where == "us-east-1"
             else {"CreateBucketConfiguration": {"LocationConstraint": where}}
         ),
+    )
+    cloud.ssm.put_parameter(
+        Name=BUCKET_PARAMETER, Value=name, Type="String", Overwrite=True, Tier="Standard"
     )
     s3.put_public_access_block(
         Bucket=name,
@@ -214,16 +285,16 @@ def delete_prefix(cloud: Cloud, bucket: str, prefix: str) -> int:
 
 
 def _delete_bucket(cloud: Cloud) -> list[str]:
-    name = bucket_name(cloud)
-    try:
-        cloud.client("s3").head_bucket(Bucket=name)
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
-            return []
-        raise
-    delete_prefix(cloud, name, "")
-    cloud.client("s3").delete_bucket(Bucket=name)
-    return [f"deleted bucket {name}"]
+    name = job_bucket(cloud)
+    if name is None:
+        return []
+    done = []
+    if check_owned(cloud, name):
+        delete_prefix(cloud, name, "")
+        cloud.client("s3").delete_bucket(Bucket=name)
+        done.append(f"deleted bucket {name}")
+    cloud.ssm.delete_parameter(Name=BUCKET_PARAMETER)
+    return done
 
 
 def names(image: Image) -> tuple[str, str]:
@@ -235,11 +306,13 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
     batch = cloud.client("batch")
     subnets, group = _network(cloud)  # first: an account without a default VPC stops here
     service_role, profile = _ensure_iam(cloud)
+    bucket = _ensure_bucket(cloud)
+    job_role = _ensure_job_role(cloud, bucket)
     result: dict[str, Any] = {
         "queues": {},
         "job_definitions": [],
         "retired": [],
-        "bucket": _ensure_bucket(cloud),
+        "bucket": bucket,
     }
     for image in images:
         env_name, queue_name = names(image)
@@ -285,7 +358,9 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
         result["retired"] += _swap_into_queue(batch, queue_name, env_arn)
         result["queues"][queue_name] = env_name
         for app in image.apps:
-            result["job_definitions"].append(_job_definition(batch, app, image.architecture))
+            result["job_definitions"].append(
+                _job_definition(batch, app, image.architecture, job_role)
+            )
     return result
 
 
@@ -351,10 +426,11 @@ def _retire(batch: Any, queue: str, environment: str) -> None:
     batch.delete_compute_environment(computeEnvironment=environment)
 
 
-def _job_definition(batch: Any, app: str, architecture: str) -> str:
+def _job_definition(batch: Any, app: str, architecture: str, job_role: str) -> str:
     name = f"amibake-{app}-{architecture}"
     container = {
         "image": CONTAINER_IMAGE,
+        "jobRoleArn": job_role,
         "command": ["/bin/sh", "-c", f"ls /shared/{app} && cat /shared/{app}/manifest.json"],
         "resourceRequirements": [
             {"type": "VCPU", "value": "2"},

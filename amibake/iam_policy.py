@@ -73,8 +73,14 @@ ACTIONS: dict[str, list[str]] = {
         "iam:CreateRole",
         "iam:CreateServiceLinkedRole",
         "iam:GetInstanceProfile",
+        "iam:GetRole",
         "iam:ListRoles",
         "iam:PassRole",
+        "iam:PutRolePolicy",
+        # The job bucket's name (random, so nobody can take it first) is recorded here.
+        "ssm:DeleteParameter",
+        "ssm:GetParameter",
+        "ssm:PutParameter",
         # The job bucket: created, locked down and emptied with the environments.
         "s3:CreateBucket",
         "s3:DeleteBucket",

@@ -5,9 +5,9 @@ To measure *that* type, the run gives it a compute environment of its own (a cop
 architecture's registered one: same baked image, role, subnets and security group, but only this
 instance type, at most one instance) and a queue over it; both are tagged with the run and torn
 down at its end. Builds, the agent and the job wrapper travel as one payload through the bucket
-of `amibake batch up`; each child PUTs its monitor CSV back through a presigned URL. The results
-come from the job's CloudWatch Logs stream (the replicate's output and its FLEET-RESULT line)
-and from S3 (the monitor CSV).
+of `amibake batch up`, which each child reads, and puts its monitor CSV back, with its job
+role's own credentials (agent/s3.py). The results come from the job's CloudWatch Logs stream
+(the replicate's output and its FLEET-RESULT line) and from S3 (the monitor CSV).
 
 A child that failed with Batch's "Host EC2 (instance ...) terminated." reason, or whose wrapper
 saw the spot interruption notice, is recorded as interrupted and its replicate goes into the
@@ -50,21 +50,15 @@ from fleet.results import ReplicateRow
 log = logging.getLogger("amibake")
 LOG_GROUP = "/aws/batch/job"
 HOST_GONE = "Host EC2"  # how Batch's status reason starts when the instance went away
-URL_TTL_S = 12 * 3600
 POLL_S = 1.0
 # The job's own side: fetch the payload, unpack it, hand over to job.py (standard library only).
 # What replicate.sh runs that the amazonlinux:2023 container image lacks (it has bash,
 # coreutils, curl and python3, and not util-linux's setsid). The local cloud runs jobs on the
 # host's filesystem and cannot show this: it is asserted on the request.
 CONTAINER_TOOLS = ("util-linux",)
-BOOTSTRAP = (
-    "import io,os,subprocess,sys,tarfile,urllib.request\n"
-    "d='/tmp/fleet-'+os.environ['AWS_BATCH_JOB_ID'].replace(':','-')\n"
-    "os.makedirs(d,exist_ok=True)\n"
-    "r=urllib.request.urlopen(os.environ['FLEET_PAYLOAD_URL'],timeout=600)\n"
-    "tarfile.open(fileobj=io.BytesIO(r.read())).extractall(d)\n"
-    "sys.exit(subprocess.call([sys.executable,d+'/job.py']))\n"
-)
+# The job's own side: fetch the payload with the job role's credentials, unpack it, hand over
+# to job.py (agent/s3.py, standard library only, run as the container's command).
+BOOTSTRAP = (AGENT / "s3.py").read_text()
 
 
 @dataclass(kw_only=True)
@@ -124,15 +118,13 @@ def registered(cloud: Any, state: JobsState) -> None:
             "--from-bake` (after `amibake bake`)"
         )
     state.job_definition = str(chosen[0]["jobDefinitionArn"])
-    state.bucket = amibake_batch.bucket_name(cloud)
-    try:
-        cloud.client("s3").head_bucket(Bucket=state.bucket)
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
-            raise UserError(
-                f"the job bucket {state.bucket} does not exist: run `amibake batch up --from-bake`"
-            ) from None
-        raise
+    bucket = amibake_batch.job_bucket(cloud)
+    if bucket is None or not amibake_batch.check_owned(cloud, bucket):
+        raise UserError(
+            f"no job bucket {bucket or ''} for Batch in {cloud.config.region}: run "
+            "`amibake batch up --from-bake`"
+        )
+    state.bucket = bucket
 
 
 class Environment:
@@ -222,7 +214,7 @@ class Payload:
     def run(self, state: JobsState) -> None:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
-            for name in ("job.py", "replicate.sh", "monitor.py"):
+            for name in ("job.py", "s3.py", "replicate.sh", "monitor.py"):
                 tar.add(AGENT / name, arcname=name)
             for build in state.artifacts.values():
                 tar.add(build.path, arcname=f"builds/{build.name}.tar.xz")
@@ -266,26 +258,17 @@ class Jobs:
 
     def _submit(self, state: JobsState) -> None:
         cloud = self.context.cloud
-        s3 = cloud.client("s3")
         vcpus, memory = _size(cloud, state.label)
         plan = [[r.build if state.artifacts else "run", r.tag] for r in state.pending]
-        uploads = [
-            s3.generate_presigned_url(
-                "put_object",
-                Params={"Bucket": state.bucket, "Key": f"{state.prefix}{state.round}-{tag}.csv"},
-                ExpiresIn=URL_TTL_S,
-            )
-            for _, tag in plan
-        ]
-        payload = s3.generate_presigned_url(
-            "get_object",
-            Params={"Bucket": state.bucket, "Key": state.prefix + "payload.tar"},
-            ExpiresIn=URL_TTL_S,
-        )
+        # Where the run's files are, not how to reach them: the job reads and writes them with
+        # its job role's own credentials, so no URL or key is in what DescribeJobs shows.
         environment = {
-            "FLEET_PAYLOAD_URL": payload,
+            "FLEET_BUCKET": state.bucket,
+            "FLEET_PREFIX": state.prefix,
+            "FLEET_OWNER": cloud.account,
+            "FLEET_REGION": cloud.config.region,
+            "FLEET_ROUND": str(state.round),
             "FLEET_PLAN": json.dumps(plan),
-            "FLEET_UPLOAD_URLS": json.dumps(uploads),
             "FLEET_COMMAND": state.spec.command_line(),
             "FLEET_TIMEOUT": f"{state.spec.timeout_s:.0f}",
             "FLEET_MONITOR": "1" if state.spec.monitor else "0",
@@ -295,6 +278,8 @@ class Jobs:
             "FLEET_SETUP": host_setup(state, CONTAINER_TOOLS),
             "FLEET_EMULATE": json.dumps(emulation(cloud, state)),
         }
+        if cloud.endpoint_url:  # the local cloud's one endpoint; AWS's S3 is found by region
+            environment["FLEET_S3_ENDPOINT"] = cloud.endpoint_url
         request: dict[str, Any] = {
             "jobName": state.queue,
             "jobQueue": state.queue,

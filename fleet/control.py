@@ -205,7 +205,9 @@ def _sweep_bucket(cloud: Cloud, results: Results, run_id: str) -> list[str]:
     record = results.require(run_id)
     if record["kind"] != "bench" or BenchSpec.from_json(record["spec"]).executor != "batch":
         return []
-    bucket = batch.bucket_name(cloud)
+    bucket = batch.job_bucket(cloud)
+    if bucket is None or not batch.check_owned(cloud, bucket):
+        return []
     try:
         count = batch.delete_prefix(cloud, bucket, f"fleet/{run_id}/")
     except botocore.exceptions.ClientError as exc:

@@ -49,6 +49,7 @@ class Cloud:
     endpoint_url: str | None
     _clients: dict[str, Any] = field(default_factory=dict)
     _building: threading.Lock = field(default_factory=threading.Lock)
+    _account: str = ""
 
     def client(self, service: str) -> Any:
         # Clients are thread-safe and costly to build (~50 ms), so each is built once. Building
@@ -74,7 +75,24 @@ class Cloud:
                 ),
             )
             self._clients[service].meta.events.register("after-call.*.*", name_denied_action)
+            if service == "s3":
+                # Every S3 call names the account that must own the bucket: a bucket of the
+                # same name held by someone else is refused (403), never written to or read.
+                self._clients[service].meta.events.register(
+                    "provide-client-params.s3.*", self._expect_own_bucket
+                )
             return self._clients[service]
+
+    @property
+    def account(self) -> str:
+        """The caller's account id (asked once)."""
+        if not self._account:
+            self._account = str(self.client("sts").get_caller_identity()["Account"])
+        return self._account
+
+    def _expect_own_bucket(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        if "ExpectedBucketOwner" in model.input_shape.members:
+            params.setdefault("ExpectedBucketOwner", self.account)
 
     # Clients are typed Any on purpose: the SDK's stubs type instance types and filters as vast
     # Literal unions that only add casts to code that builds requests from data.

@@ -82,6 +82,8 @@ class Gateway:
         scope = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
         if scope is not None and scope.group(3) in UNSERVED:
             return self._unserved(UNSERVED[scope.group(3)], start_response)
+        if scope is not None and scope.group(3) == "s3" and not self._owner_expected(environ):
+            return _s3_error(start_response, "403 Forbidden", "AccessDenied", "Access Denied")
         if scope is None or scope.group(3) != "ec2":
             return self._moto(environ, start_response)
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -124,6 +126,20 @@ class Gateway:
             [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(body)))],
         )
         return [body]
+
+    @staticmethod
+    def _owner_expected(environ: dict[str, Any]) -> bool:
+        """S3's ExpectedBucketOwner, which moto ignores: a request naming an owner for a bucket
+        another account holds is refused with 403 AccessDenied, as S3 does."""
+        expected = environ.get("HTTP_X_AMZ_EXPECTED_BUCKET_OWNER")
+        bucket = environ.get("PATH_INFO", "").lstrip("/").split("/", 1)[0]
+        if not expected or not bucket:
+            return True
+        from moto.s3.models import s3_backends
+
+        with BACKENDS:
+            held = s3_backends.bucket_accounts.get(bucket)  # (partition, account)
+        return held is None or held[1] == expected
 
     def _moto(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """moto answers the request, one request at a time (BACKENDS), its body read whole
@@ -261,3 +277,14 @@ class Gateway:
             code, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
         )
         return [data]
+
+
+def _s3_error(start_response: StartResponse, status: str, code: str, message: str) -> list[bytes]:
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    ).encode()
+    start_response(
+        status, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))]
+    )
+    return [body]

@@ -32,6 +32,10 @@ class InstanceMetadata:
     architecture: str = "x86_64"
     spot_action: dict[str, str] | None = None
     tokens: dict[str, float] = field(default_factory=dict)
+    # ECS's task-role endpoint (/v2/credentials/<unguessable id>) for the Batch jobs this
+    # instance runs, as the ECS agent serves it on 169.254.170.2: no IMDS token, the path is
+    # the secret.
+    task_credentials: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def interrupt(self, action: str = "terminate", after_s: int = 120) -> None:
         when = datetime.now(UTC) + timedelta(seconds=after_s)
@@ -99,6 +103,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, token)
 
     def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        if path.startswith("/v2/credentials/"):
+            found = self.server.metadata.task_credentials.get(path)
+            self._send(200, json.dumps(found)) if found else self._send(404, "Not Found")
+            return
         token = self.headers.get(TOKEN_HEADER, "")
         expiry = self.server.metadata.tokens.get(token)
         if expiry is None or expiry < time.monotonic():

@@ -172,7 +172,8 @@ class Host:
         job.job_started_at = _now()
         job._start_attempt()
         job.latest_attempt["container"]["containerInstanceArn"] = instance_id
-        process = sandbox.container(self._command(job), self._environment(job))
+        environment = {**self._environment(job), **self._task_role(job, instance_id)}
+        process = sandbox.container(self._command(job), environment)
         job.status = "RUNNING"
         lines: list[dict[str, Any]] = []
         reader = threading.Thread(target=_read, args=(process, lines), daemon=True)
@@ -216,6 +217,36 @@ class Host:
         if "index" in job.array_properties:
             env["AWS_BATCH_JOB_ARRAY_INDEX"] = str(job.array_properties["index"])
         return env
+
+    def _task_role(self, job: Any, instance_id: str) -> dict[str, str]:
+        """The job role's credentials, as ECS gives a container its task role: STS credentials
+        for the job definition's jobRoleArn on an endpoint of the host, named in the
+        container's environment only (never in the job's record, which DescribeJobs shows)."""
+        role = (job.job_definition.container_properties or {}).get("jobRoleArn")
+        metadata = self.runner.cloud.metadata.get(instance_id)
+        if not role or metadata is None:
+            return {}
+        from moto.sts.models import sts_backends
+
+        with BACKENDS:
+            assumed = sts_backends[self.backend.account_id]["global"].assume_role(
+                region_name=self.backend.region_name,
+                role_session_name=f"batch-job-{job.job_id[:40]}".replace(":", "-"),
+                role_arn=role,
+                policy="",
+                duration=3600,
+                external_id="",
+            )
+        path = f"/v2/credentials/{uuid.uuid4()}"
+        metadata.task_credentials[path] = {
+            "RoleArn": role,
+            "AccessKeyId": assumed.access_key_id,
+            "SecretAccessKey": assumed.secret_access_key,
+            "Token": assumed.session_token,
+            "Expiration": assumed.expiration.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        port = self.runner.cloud.settings.imds_port
+        return {"AWS_CONTAINER_CREDENTIALS_FULL_URI": f"http://{metadata.address}:{port}{path}"}
 
     @staticmethod
     def _logs(job: Any, lines: list[dict[str, Any]]) -> None:

@@ -4,10 +4,11 @@ Started by the job's bootstrap in the unpacked payload directory, with standard 
 (a job's image need not have more than python3). The job's array index picks its replicate from
 FLEET_PLAN. It prints one ``FLEET-HOST`` line (where it runs: instance, type, zone, CPU, from
 IMDSv2 and /proc), unpacks its build, runs ``replicate.sh`` (whose output and ``FLEET-RESULT``
-line go to the job's log), and PUTs the monitor CSV to its presigned S3 URL.
+line go to the job's log), and puts the monitor CSV in the job bucket with the job role's
+credentials (s3.py).
 
 Environment: FLEET_PLAN (JSON list of [directory, tag]), FLEET_COMMAND, FLEET_TIMEOUT,
-FLEET_MONITOR (0|1), FLEET_IMDS, FLEET_UPLOAD_URLS (JSON list, one per index), FLEET_SETUP
+FLEET_MONITOR (0|1), FLEET_IMDS, FLEET_ROUND (the monitor CSVs' key prefix), FLEET_SETUP
 (shell that installs what the replicates need: setsid, the builds' runtime packages, psutil),
 FLEET_EMULATE (JSON: build directory -> shell putting its programs behind QEMU).
 """
@@ -25,6 +26,8 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import s3  # type: ignore[import-not-found]  # noqa: E402 - the payload's module, beside it
 
 
 def imds(base: str) -> dict[str, str]:
@@ -130,11 +133,9 @@ def main() -> int:
         ]
     )
     csv = work / f"{tag}.csv"
-    url = json.loads(os.environ.get("FLEET_UPLOAD_URLS", "[]"))[index]
-    if monitor == "1" and csv.exists() and url:
-        request = urllib.request.Request(url, data=csv.read_bytes(), method="PUT")
+    if monitor == "1" and csv.exists():
         try:
-            urllib.request.urlopen(request, timeout=60).close()
+            s3.put(f"{os.environ['FLEET_ROUND']}-{tag}.csv", csv.read_bytes())
         except OSError as exc:
             print(f"fleet: monitor CSV upload failed: {exc}", file=sys.stderr)
     return code

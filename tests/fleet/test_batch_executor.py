@@ -5,15 +5,21 @@ nothing, and a missing registration refused before anything is created."""
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
+import botocore.config
+import botocore.exceptions
 import pytest
 
 from amibake import batch, config, pipelines
+from amibake.cli import main as main_amibake
 from amibake.cloud import Cloud
 from amibake.local import control as local_control
 from amibake.runner import Interrupted
@@ -41,7 +47,7 @@ def registered(cloud: Cloud, built: None) -> Iterator[None]:  # noqa: F811
 
 def bucket_files(cloud: Cloud, run_id: str) -> list[str]:
     listed = cloud.client("s3").list_objects_v2(
-        Bucket=batch.bucket_name(cloud), Prefix=f"fleet/{run_id}/"
+        Bucket=batch.job_bucket(cloud), Prefix=f"fleet/{run_id}/"
     )
     return [o["Key"] for o in listed.get("Contents", [])]
 
@@ -118,6 +124,117 @@ def test_two_builds_measured_as_array_jobs(cloud: Cloud, registered: None, local
     measured = rows[~rows.warmup.astype(bool)]
     assert measured.monitor_csv.map(lambda p: bool(p) and Path(p).is_file()).all()
     batch_left(cloud, run_id, local_dir)
+    # The jobs read and wrote the bucket with their job role's own credentials: no URL, key
+    # or token is in what the run logged, what DescribeJobs and the job definitions show, or
+    # what the local cloud logged.
+    client = cloud.client("batch")
+    jobs = client.describe_jobs(jobs=[j for j in _submitted_jobs(client, run_id)])["jobs"]
+    definitions = client.describe_job_definitions(status="ACTIVE")["jobDefinitions"]
+    assert all(d["containerProperties"].get("jobRoleArn") for d in definitions)
+    texts = {
+        "submitted": json.dumps(submitted, default=str),
+        "describe_jobs": json.dumps(jobs, default=str),
+        "job definitions": json.dumps(definitions, default=str),
+        "results/logs": "".join(
+            p.read_text(errors="replace")
+            for p in (cloud.config.results_dir / "logs").rglob("*")
+            if p.is_file() and p.suffix in (".log", ".json")
+        ),
+        "daemon.log": (local_dir / "daemon.log").read_text(errors="replace"),
+    }
+    for where, text in texts.items():
+        found = SECRETS.findall(text)
+        assert not found, f"{where} holds {found[:3]}"
+
+
+# What a presigned URL, an access key, an STS session or a task-role endpoint carries (values,
+# not names: the job's own code names the variables it reads).
+SECRETS = re.compile(
+    r"X-Amz-(?:Signature|Credential|Security-Token)=|(?:AKIA|ASIA)[A-Z0-9]{16}|"
+    r"(?:SecretAccessKey|aws_secret_access_key)[\"']?\s*[:=]\s*[\"']?[A-Za-z0-9/+]{20,}|"
+    r"/v2/credentials/[0-9a-f-]{36}",
+    re.IGNORECASE,
+)
+
+
+def _submitted_jobs(client: Any, run_id: str) -> list[str]:
+    ids = []
+    for queue in client.describe_job_queues()["jobQueues"]:
+        if queue["jobQueueName"].startswith(f"fleet-{run_id}-"):
+            for status in ("SUCCEEDED", "FAILED"):
+                ids += [
+                    j["jobId"]
+                    for j in client.list_jobs(jobQueue=queue["jobQueueName"], jobStatus=status)[
+                        "jobSummaryList"
+                    ]
+                ]
+    return ids
+
+
+def test_the_job_bucket_is_random_recorded_and_every_s3_call_names_its_owner(
+    cloud: Cloud, registered: None
+) -> None:
+    name = batch.job_bucket(cloud)
+    assert name is not None
+    assert re.fullmatch(rf"amibake-batch-{cloud.config.region}-[0-9a-f]{{16}}", name)
+    headers: list[tuple[str, dict[str, Any]]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        headers.append((model.name, dict(params.get("headers", {}))))
+
+    s3 = cloud.client("s3")
+    s3.meta.events.register("before-call.s3.*", record)
+    try:
+        batch.up(cloud, batch.images_from_bake(cloud.config.results_dir / "amis.json"))
+    finally:
+        s3.meta.events.unregister("before-call.s3.*", record)
+    assert batch.job_bucket(cloud) == name  # found again, not made anew
+    assert headers, "batch up made no S3 call: the recording is broken"
+    for operation, sent in headers:
+        assert sent.get("x-amz-expected-bucket-owner") == cloud.account, operation
+
+
+def test_a_recorded_bucket_another_account_holds_is_refused_untouched(
+    cloud: Cloud, registered: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Someone else's account holds a bucket, and the account's record names it (as a
+    # predictable name once could): batch up refuses it, names it, and writes nothing there.
+    sts = cloud.client("sts")
+    other = sts.assume_role(
+        RoleArn="arn:aws:iam::111111111111:role/someone-else", RoleSessionName="squatter"
+    )["Credentials"]
+    theirs = boto3.client(
+        "s3",
+        endpoint_url=cloud.endpoint_url,
+        region_name=cloud.config.region,
+        aws_access_key_id=other["AccessKeyId"],
+        aws_secret_access_key=other["SecretAccessKey"],
+        aws_session_token=other["SessionToken"],
+        config=botocore.config.Config(s3={"addressing_style": "path"}),
+    )
+    squatted = f"amibake-batch-{cloud.config.region}-0123456789abcdef"
+    theirs.create_bucket(Bucket=squatted)
+    ours = batch.job_bucket(cloud)
+    cloud.ssm.put_parameter(
+        Name=batch.BUCKET_PARAMETER, Value=squatted, Overwrite=True, Type="String"
+    )
+    try:
+        assert main_amibake(["batch", "up", "--from-bake"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"the job bucket {squatted} (recorded in SSM {batch.BUCKET_PARAMETER}) is not this account's"
+            in err
+        )
+        assert "\n" not in err.strip()
+        assert theirs.list_objects_v2(Bucket=squatted).get("KeyCount", 0) == 0
+        assert theirs.get_bucket_tagging  # still theirs: never configured by us
+        with pytest.raises(botocore.exceptions.ClientError):
+            theirs.get_public_access_block(Bucket=squatted)  # we set none on it
+    finally:
+        cloud.ssm.put_parameter(
+            Name=batch.BUCKET_PARAMETER, Value=str(ours), Overwrite=True, Type="String"
+        )
+        theirs.delete_bucket(Bucket=squatted)
 
 
 @pytest.mark.parametrize("how", ["terminated", "notice"])

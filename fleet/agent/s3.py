@@ -1,0 +1,125 @@
+"""A Batch job's own access to the job bucket, with its job role's credentials (standard library
+only: the job's image need not have more than python3).
+
+ECS gives a job its role's short-lived credentials on an endpoint named in its environment
+(AWS_CONTAINER_CREDENTIALS_RELATIVE_URI on 169.254.170.2, or a FULL_URI); requests are signed
+with Signature Version 4 and name the account that must own the bucket, so no URL or key ever
+travels in the job's definition, environment or logs.
+
+Run as ``python3 -c "<this file>"`` it is the job's bootstrap: it fetches the payload (this
+file, job.py and the builds), unpacks it and hands over to job.py, which imports it again.
+
+Environment: FLEET_BUCKET, FLEET_PREFIX (the run's files), FLEET_OWNER (the bucket's account),
+FLEET_REGION, and FLEET_S3_ENDPOINT where S3 is not AWS's own (the local cloud).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import urllib.parse
+import urllib.request
+
+ECS_CREDENTIALS_HOST = "http://169.254.170.2"
+UNSIGNED = "UNSIGNED-PAYLOAD"  # S3 takes it; the body is not hashed twice
+
+
+def credentials() -> dict[str, str]:
+    """The job role's credentials, from the endpoint ECS names in the environment."""
+    relative = os.environ.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+    url = (
+        ECS_CREDENTIALS_HOST + relative
+        if relative
+        else os.environ.get("AWS_CONTAINER_CREDENTIALS_FULL_URI", "")
+    )
+    if not url:
+        raise RuntimeError("no job role credentials: the job definition has no jobRoleArn")
+    request = urllib.request.Request(url)
+    token = os.environ.get("AWS_CONTAINER_AUTHORIZATION_TOKEN")
+    if token:
+        request.add_header("Authorization", token)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        found: dict[str, str] = json.loads(response.read())
+    return found
+
+
+def _sign(key: bytes, text: str) -> bytes:
+    return hmac.new(key, text.encode(), hashlib.sha256).digest()
+
+
+def request(method: str, key: str, body: bytes | None = None) -> bytes:
+    """One S3 request on the job bucket's `key`, signed with the job role's credentials."""
+    bucket = os.environ["FLEET_BUCKET"]
+    region = os.environ["FLEET_REGION"]
+    endpoint = os.environ.get("FLEET_S3_ENDPOINT")
+    quoted = urllib.parse.quote(key, safe="/-_.~")
+    if endpoint:  # path-style, as the local cloud's one endpoint serves every bucket
+        parsed = urllib.parse.urlsplit(endpoint)
+        host, path = parsed.netloc, f"/{bucket}/{quoted}"
+        url = f"{parsed.scheme}://{host}{path}"
+    else:
+        host, path = f"{bucket}.s3.{region}.amazonaws.com", f"/{quoted}"
+        url = f"https://{host}{path}"
+    creds = credentials()
+    now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017 - python3.9 in the image
+    stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    headers = {
+        "host": host,
+        "x-amz-content-sha256": UNSIGNED,
+        "x-amz-date": stamp,
+        "x-amz-expected-bucket-owner": os.environ["FLEET_OWNER"],
+    }
+    if creds.get("Token"):
+        headers["x-amz-security-token"] = creds["Token"]
+    names = sorted(headers)
+    canonical = "\n".join(
+        [method, path, "", *(f"{n}:{headers[n]}" for n in names), "", ";".join(names), UNSIGNED]
+    )
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    signing = _sign(("AWS4" + creds["SecretAccessKey"]).encode(), day)
+    for part in (region, "s3", "aws4_request"):
+        signing = _sign(signing, part)
+    signature = hmac.new(signing, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={creds['AccessKeyId']}/{scope}, "
+        f"SignedHeaders={';'.join(names)}, Signature={signature}"
+    )
+    del headers["host"]  # urllib sets it from the URL
+    sent = urllib.request.Request(url, data=body, method=method, headers=headers)
+    with urllib.request.urlopen(sent, timeout=600) as response:
+        data: bytes = response.read()
+    return data
+
+
+def get(key: str) -> bytes:
+    return request("GET", os.environ["FLEET_PREFIX"] + key)
+
+
+def put(key: str, body: bytes) -> None:
+    request("PUT", os.environ["FLEET_PREFIX"] + key, body)
+
+
+def bootstrap() -> int:
+    """Fetch and unpack the payload, then run job.py from it."""
+    directory = "/tmp/fleet-" + os.environ["AWS_BATCH_JOB_ID"].replace(":", "-")
+    os.makedirs(directory, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(get("payload.tar"))) as tar:
+        try:
+            tar.extractall(directory, filter="data")
+        except TypeError:  # a Python without extraction filters (before 3.9.17)
+            tar.extractall(directory)
+    return subprocess.call([sys.executable, os.path.join(directory, "job.py")])
+
+
+if __name__ == "__main__":
+    sys.exit(bootstrap())
