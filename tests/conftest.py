@@ -22,7 +22,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -31,7 +31,7 @@ def _free_port() -> int:
 # The session's own daemon port and loopback range, not fixed ones: a fixed port made a suite
 # fail every local-cloud test (89 errors, "port 5178 is already in use") while a suite in
 # another checkout was running. The range follows the port, away from the default 127.77.
-TEST_PORT = _free_port()
+TEST_PORT = free_port()
 TEST_SUBNET = f"127.{80 + TEST_PORT % 100}.0.0/16"
 
 

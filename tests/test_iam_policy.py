@@ -21,6 +21,7 @@ from amibake.cloud import Cloud, connect
 from amibake.cloud.session import name_denied_action
 from amibake.journal import Journal
 from amibake.local import control
+from tests.conftest import free_port
 from tests.test_build import FIXTURES
 
 SERVICES = ("ec2", "ssm", "sts", "iam", "batch", "s3")
@@ -105,8 +106,10 @@ def enforcing_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     """A local cloud of its own, with an IAM user holding exactly the build+bake policy."""
     monkeypatch.setenv("AMIBAKE_CLOUD", "local")  # never AWS, whatever else is set
     monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(tmp_path / "cloud"))
-    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", "5184")
-    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", "127.84.0.0/16")
+    # A free port, not a fixed one: a suite running in another checkout holds a fixed one.
+    port = free_port()
+    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
+    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{180 + port % 50}.0.0/16")
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
     admin = connect(config.load())
     iam = admin.client("iam")

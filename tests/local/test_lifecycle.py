@@ -16,6 +16,7 @@ from amibake import config
 from amibake.cli import main
 from amibake.cloud import connect
 from amibake.local import control, sandbox
+from tests.conftest import free_port
 from tests.helpers import launch_and_reach, leftovers
 
 
@@ -25,8 +26,9 @@ def own_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     directory = tmp_path / "cloud"
     monkeypatch.setenv("AMIBAKE_CLOUD", "local")
     monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(directory))
-    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", "5179")
-    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", "127.79.0.0/16")
+    port = free_port()  # not a fixed one: a suite in another checkout may hold it
+    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
+    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{230 + port % 25}.0.0/16")
     yield directory
     control.down(config.load())
 
@@ -113,14 +115,15 @@ def test_control_port_in_use_is_a_one_line_error(
 def test_sandbox_ssh_port_in_use_is_a_one_line_error(
     own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    first = os.environ["AMIBAKE_LOCAL_SUBNET"].replace("0.0/16", "0.1")  # the first sandbox's
     with socket.socket() as squatter:
-        squatter.bind(("127.79.0.1", 0))
+        squatter.bind((first, 0))
         squatter.listen()
         port = squatter.getsockname()[1]
         monkeypatch.setenv("AMIBAKE_LOCAL_SSH_PORT", str(port))
         assert main(["local", "up"]) == 2
     err = _one_line_error(capsys)
-    assert f"ssh port {port} on 127.79.0.1 is already in use" in err
+    assert f"ssh port {port} on {first} is already in use" in err
     assert "AMIBAKE_LOCAL_SSH_PORT" in err
 
 
