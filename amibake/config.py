@@ -54,6 +54,10 @@ class Config:
     local_imds_port: int = 80
     # "KEY_ID:SECRET" to call the local cloud as a given IAM user (default: any, unchecked).
     local_credentials: str | None = None
+    # How the local cloud behaves: "none" (moto as it is), "aws" (as AWS documents: eventual
+    # consistency, pages, errors; amibake.local.faults), or some of its behaviours by name.
+    local_faults: str = "none"
+    local_faults_seed: int = 0
 
     @property
     def is_local(self) -> bool:

@@ -19,6 +19,7 @@ import botocore.exceptions
 from amibake import batch
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, ignore_missing, retry_on, wait_until
+from amibake.cloud.ec2 import SNAPSHOT_RELEASED_S, delete_image
 from amibake.cloud.tags import EXPIRES, KEPT, RUN_ID, parse_expires
 from amibake.journal import Journal
 from amibake.steps.launch import delete_fleet
@@ -219,8 +220,14 @@ def delete(cloud: Cloud, journal: Journal, leftovers: list[Leftover]) -> list[st
         "fleet": lambda i: delete_fleet(ec2, i),
         "instance": lambda i: ec2.terminate_instances(InstanceIds=[i]),
         "launch-template": lambda i: ec2.delete_launch_template(LaunchTemplateId=i),
-        "image": lambda i: ec2.deregister_image(ImageId=i),
-        "snapshot": lambda i: ec2.delete_snapshot(SnapshotId=i),
+        # With its snapshots (DeleteAssociatedSnapshots): a snapshot deleted right after its
+        # image may still be in use (InvalidSnapshot.InUse), and was left, billed.
+        "image": lambda i: delete_image(ec2, i, []),
+        "snapshot": lambda i: retry_on(
+            {"InvalidSnapshot.InUse"},
+            lambda: ec2.delete_snapshot(SnapshotId=i),
+            within_s=SNAPSHOT_RELEASED_S,
+        ),
         "volume": lambda i: ec2.delete_volume(VolumeId=i),
         "security-group": lambda i: retry_on(
             {"DependencyViolation"}, lambda: ec2.delete_security_group(GroupId=i), attempts=12

@@ -20,23 +20,35 @@ def error_code(exc: BaseException) -> str:
 
 
 def retry_on(
-    codes: set[str], call: Callable[[], T], *, attempts: int = 8, first_delay_s: float = 0.2
+    codes: set[str],
+    call: Callable[[], T],
+    *,
+    attempts: int = 8,
+    first_delay_s: float = 0.2,
+    within_s: float | None = None,
 ) -> T:
-    """Retry a call while it fails with one of the codes (eventual consistency, dependencies).
+    """Retry a call while it fails with one of the codes (eventual consistency, dependencies):
+    `attempts` times, or for as long as `within_s` seconds when given (AWS states some waits
+    in time: a new AMI may be NotFound for up to 2.5 minutes).
 
     Throttling is retried by botocore itself (standard/adaptive mode); this is for the codes it
     does not retry because they are not transient in general, only right after a create.
     """
     delay = first_delay_s
-    for attempt in range(attempts):
+    deadline = None if within_s is None else time.monotonic() + within_s
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return call()
         except botocore.exceptions.ClientError as exc:
-            if error_code(exc) not in codes or attempt == attempts - 1:
+            over = (
+                time.monotonic() + delay > deadline if deadline is not None else attempt >= attempts
+            )
+            if error_code(exc) not in codes or over:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
 
 
 def ignore_missing(call: Callable[[], object], *missing: str) -> bool:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from amibake.config import Config
-from amibake.errors import AmibakeError, EnvironmentProblem, LocalCloudError
+from amibake.errors import AmibakeError, EnvironmentProblem, LocalCloudError, UserError
+from amibake.local import faults
 from amibake.local.daemon import ERROR_FILE, INFO_FILE
 from amibake.local.engine import LocalSettings
 from amibake.local.images import LAUNCHER_NS_ENV
@@ -36,6 +37,8 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 class Daemon:
     pid: int
     endpoint: str
+    faults: tuple[str, ...] = ()
+    faults_seed: int = 0
 
 
 def settings_for(config: Config) -> LocalSettings:
@@ -45,6 +48,8 @@ def settings_for(config: Config) -> LocalSettings:
         subnet=config.local_subnet,
         ssh_port=config.local_ssh_port,
         imds_port=config.local_imds_port,
+        faults=config.local_faults,
+        faults_seed=config.local_faults_seed,
     )
 
 
@@ -71,7 +76,12 @@ def find(config: Config) -> Daemon | None:
             f"cannot read {info_path}: permission denied; set AMIBAKE_LOCAL_DIR to a directory "
             "you own"
         ) from None
-    daemon = Daemon(pid=int(info["pid"]), endpoint=str(info["endpoint"]))
+    daemon = Daemon(
+        pid=int(info["pid"]),
+        endpoint=str(info["endpoint"]),
+        faults=tuple(info.get("faults", ())),
+        faults_seed=int(info.get("faults_seed", 0)),
+    )
     if not process_alive(daemon.pid):
         return None
     try:
@@ -83,11 +93,18 @@ def find(config: Config) -> Daemon | None:
 
 def up(config: Config) -> Daemon:
     """Start the daemon unless it is already running; wait until it answers."""
+    settings = settings_for(config)
+    wanted = faults.parse(settings.faults, settings.faults_seed)  # a wrong name stops here
     running = find(config)
     if running is not None:
+        if (running.faults, running.faults_seed) != (tuple(wanted.names), wanted.seed):
+            now = ",".join(running.faults) or "none"
+            raise UserError(
+                f"the local cloud runs with faults {now} (seed {running.faults_seed}), not "
+                f"{settings.faults} (seed {settings.faults_seed}): `amibake local down` first"
+            )
         return running
     check_host()
-    settings = settings_for(config)
     try:
         settings.directory.mkdir(parents=True, exist_ok=True)
     except PermissionError:

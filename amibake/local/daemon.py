@@ -91,7 +91,7 @@ def serve(settings: LocalSettings) -> None:
     )
     from werkzeug.serving import make_server
 
-    from amibake.local import jobs, moto_gaps
+    from amibake.local import faults, jobs, moto_gaps
     from amibake.local.gateway import Gateway
 
     moto_gaps.apply()
@@ -102,7 +102,8 @@ def serve(settings: LocalSettings) -> None:
     for image in _base_images():
         cloud.images.seed_ecs_base(image["ami_id"])
     stop = threading.Event()
-    gateway = Gateway(DomainDispatcherApplication(create_backend_app), cloud, stop)
+    behaviour = faults.parse(settings.faults, settings.faults_seed)
+    gateway = Gateway(DomainDispatcherApplication(create_backend_app), cloud, stop, behaviour)
     jobs.install(jobs.JobRunner(cloud, gateway.start_sandbox))
     try:
         server = make_server(
@@ -118,9 +119,14 @@ def serve(settings: LocalSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, name="gateway", daemon=True).start()
-    info = {"pid": os.getpid(), "endpoint": f"http://127.0.0.1:{settings.port}"}
+    info = {
+        "pid": os.getpid(),
+        "endpoint": f"http://127.0.0.1:{settings.port}",
+        "faults": behaviour.names,
+        "faults_seed": settings.faults_seed,
+    }
     (settings.directory / INFO_FILE).write_text(json.dumps(info))
-    logging.info("local cloud up at %s", info["endpoint"])
+    logging.info("local cloud up at %s; faults: %s", info["endpoint"], behaviour.names or "none")
     while not stop.wait(1.0):
         try:
             gateway.reconcile()

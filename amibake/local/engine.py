@@ -29,6 +29,8 @@ class LocalSettings:
     subnet: str
     ssh_port: int
     imds_port: int
+    faults: str = "none"
+    faults_seed: int = 0
 
     @property
     def sandboxes_dir(self) -> Path:

@@ -23,10 +23,10 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import parse_qs
 
 from amibake.cloud.session import LOCAL_SSH_TAG
 from amibake.errors import AmibakeError
+from amibake.local import faults
 from amibake.local.engine import Launch, LocalCloud
 from amibake.local.moto_gaps import BACKENDS
 
@@ -66,11 +66,16 @@ def _decode_user_data(value: Any) -> bytes | None:
 
 class Gateway:
     def __init__(
-        self, app: Callable[..., Iterable[bytes]], cloud: LocalCloud, stop: threading.Event
+        self,
+        app: Callable[..., Iterable[bytes]],
+        cloud: LocalCloud,
+        stop: threading.Event,
+        behaviour: faults.Faults | None = None,
     ) -> None:
         self.app = app
         self.cloud = cloud
         self.stop = stop
+        self.faults = behaviour or faults.Faults()
         self._where: dict[str, tuple[str, str]] = {}  # instance id -> (account, region)
 
     # --- WSGI -------------------------------------------------------------------------------
@@ -84,14 +89,19 @@ class Gateway:
             return self._unserved(UNSERVED[scope.group(3)], start_response)
         if scope is not None and scope.group(3) == "s3" and not self._owner_expected(environ):
             return _s3_error(start_response, "403 Forbidden", "AccessDenied", "Access Denied")
-        if scope is None or scope.group(3) != "ec2":
-            return self._moto(environ, start_response)
+        faulty = bool(self.faults.enabled) and scope is not None
+        if scope is None or (scope.group(3) != "ec2" and not faulty):
+            return self._moto(environ, start_response)  # the fast path: moto as it is
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
-        params = {k: v[0] for k, v in parse_qs(body.decode(errors="replace")).items()}
-        action = params.get("Action", "")
         environ["wsgi.input"] = io.BytesIO(body)
-        if action not in WATCHED:
+        service, account, region = scope.group(3), self._account(scope.group(1)), scope.group(2)
+        request = faults.request_of(service, environ, body, account, region)
+        if faulty:
+            answer = self.faults.before(request)
+            if answer is not None:
+                return _send(answer, start_response)
+        elif request.action not in WATCHED:
             return self._moto(environ, start_response)
 
         captured: dict[str, Any] = {}
@@ -100,18 +110,18 @@ class Gateway:
             captured["status"], captured["headers"] = status, headers
             return lambda data: None
 
-        response = b"".join(self._moto(environ, capture))
-        if captured["status"].startswith("200"):
-            account = self._account(scope.group(1))
-            region = scope.group(2)
+        data = b"".join(self._moto(environ, capture))
+        reply = faults.Reply(int(captured["status"].split()[0]), captured["headers"], data)
+        if service == "ec2" and reply.ok and request.action in WATCHED:
             try:
-                response = self._after(action, params, response, account, region)
+                reply.body = self._after(
+                    request.action, request.params, reply.body, account, region
+                )
             except AmibakeError as exc:
-                log.error("%s: %s", action, exc)
-        headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
-        headers.append(("Content-Length", str(len(response))))
-        start_response(captured["status"], headers)
-        return [response]
+                log.error("%s: %s", request.action, exc)
+        if faulty:
+            reply = self.faults.after(request, reply)
+        return _send(reply, start_response)
 
     @staticmethod
     def _unserved(service: str, start_response: StartResponse) -> list[bytes]:
@@ -262,7 +272,7 @@ class Gateway:
         code, body = "200 OK", {}
         try:
             if path == "/_amibake/status":
-                body = {"ok": True, **self.cloud.status()}
+                body = {"ok": True, **self.cloud.status(), "faults": self.faults.counts()}
             elif path == "/_amibake/interrupt":
                 body = {"instance-action": self.cloud.interrupt(payload["instance_id"])}
             elif path == "/_amibake/shutdown":
@@ -288,3 +298,12 @@ def _s3_error(start_response: StartResponse, status: str, code: str, message: st
         status, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))]
     )
     return [body]
+
+
+def _send(reply: faults.Reply, start_response: StartResponse) -> list[bytes]:
+    from http import HTTPStatus
+
+    headers = [(k, v) for k, v in reply.headers if k.lower() != "content-length"]
+    headers.append(("Content-Length", str(len(reply.body))))
+    start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}", headers)
+    return [reply.body]

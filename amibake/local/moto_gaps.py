@@ -18,6 +18,7 @@ BACKENDS = threading.RLock()
 def apply() -> None:
     _tags_of_one_resource()
     _create_image_snapshot_tags()
+    _deregister_image_with_snapshots()
     _batch_action_names()
     _s3_action_names()
 
@@ -83,6 +84,27 @@ def _create_image_snapshot_tags() -> None:
 
     create_image._amibake = True  # type: ignore[attr-defined]
     AmiBackend.create_image = create_image  # type: ignore[method-assign]
+
+
+def _deregister_image_with_snapshots() -> None:
+    """DeregisterImage's DeleteAssociatedSnapshots (EC2, 2025) deletes the image's snapshots
+    with it; moto ignores the parameter and leaves them. Done here after moto deregisters."""
+    from moto.ec2.responses.amis import AmisResponse
+
+    original = AmisResponse.deregister_image
+    if getattr(original, "_amibake", False):
+        return
+
+    def deregister_image(self: Any) -> Any:
+        image = self.ec2_backend.amis.get(self._get_param("ImageId"))
+        snapshot = getattr(image, "ebs_snapshot", None)
+        result = original(self)
+        if snapshot is not None and self._get_bool_param("DeleteAssociatedSnapshots", False):
+            self.ec2_backend.snapshots.pop(snapshot.id, None)
+        return result
+
+    deregister_image._amibake = True  # type: ignore[attr-defined]
+    AmisResponse.deregister_image = deregister_image  # type: ignore[method-assign]
 
 
 def _batch_action_names() -> None:

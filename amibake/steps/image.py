@@ -20,7 +20,14 @@ from typing import Any
 from amibake import bake, packages
 from amibake import cpu as cpu_module
 from amibake.cloud import tags
-from amibake.cloud.calls import ignore_missing, wait_until
+from amibake.cloud.calls import retry_on, wait_until
+from amibake.cloud.ec2 import (
+    IMAGE_NOT_FOUND,
+    NEW_IMAGE_VISIBLE_S,
+    delete_image,
+    describe_new_image,
+    snapshots_of,
+)
 from amibake.cloud.reach import reach
 from amibake.errors import CloudError, RemoteError
 from amibake.runner import RunContext
@@ -28,6 +35,7 @@ from amibake.steps.launch import terminate_launched
 from amibake.steps.state import InstanceState
 
 log = logging.getLogger("amibake")
+IMAGE_ATTEMPTS = 2  # an image that ends failed is made once more before the bake gives up
 
 
 @dataclass(kw_only=True)
@@ -162,43 +170,62 @@ class CreateImage:
                 tags.specification("snapshot", self.context.tags),
             ],
         }
-        state.image_id = ec2.create_image(**state.image_request)["ImageId"]
-        self.context.created("image", state.image_id)
-        # IMDSv2 only, for every instance of the image (moto accepts and ignores this).
-        ec2.modify_image_attribute(ImageId=state.image_id, ImdsSupport={"Value": "v2.0"})
-
-        def available() -> bool:
-            image = ec2.describe_images(ImageIds=[state.image_id])["Images"][0]
-            if image["State"] == "failed":
-                raise CloudError(f"image {state.image_id} failed: {image.get('StateReason')}")
-            return bool(image["State"] == "available")
-
-        wait_until(f"image {state.image_id} to become available", available, timeout_s=3600)
-        image = ec2.describe_images(ImageIds=[state.image_id])["Images"][0]
-        state.snapshot_ids = [
-            m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", []) if "Ebs" in m
-        ]
+        for attempt in range(IMAGE_ATTEMPTS):
+            if attempt:
+                state.image_request["Name"] += f"-{attempt + 1}"
+            state.image_id = ec2.create_image(**state.image_request)["ImageId"]
+            self.context.created("image", state.image_id)
+            failed = self._wait(state)
+            if not failed:
+                break
+            log.warning(
+                "image %s failed (%s): deleting it and making another", state.image_id, failed
+            )
+            self._delete(state)
+        else:
+            raise CloudError(f"image {state.image_id} failed {IMAGE_ATTEMPTS} times: {failed}")
         for snapshot_id in state.snapshot_ids:
             self.context.created("snapshot", snapshot_id)
         state.phases["snapshot"] = time.monotonic() - started
 
+    def _wait(self, state: BakeState) -> str:
+        """Until the image is available: '' then, or why it failed."""
+        ec2 = self.context.cloud.ec2
+        # IMDSv2 only, for every instance of the image (moto accepts and ignores this). A new
+        # image may not be found yet (EC2 is eventually consistent): retried, as is every call
+        # on it until it shows.
+        retry_on(
+            IMAGE_NOT_FOUND,
+            lambda: ec2.modify_image_attribute(
+                ImageId=state.image_id, ImdsSupport={"Value": "v2.0"}
+            ),
+            within_s=NEW_IMAGE_VISIBLE_S,
+        )
+        reason = ""
+
+        def available() -> bool:
+            nonlocal reason
+            image = describe_new_image(ec2, state.image_id)
+            state.snapshot_ids = snapshots_of(image)
+            if image["State"] == "failed":
+                reason = str(image.get("StateReason", {}).get("Message") or "no reason given")
+                return True
+            return bool(image["State"] == "available")
+
+        wait_until(f"image {state.image_id} to become available", available, timeout_s=3600)
+        return reason
+
+    def _delete(self, state: BakeState) -> None:
+        ec2 = self.context.cloud.ec2
+        for snapshot_id in delete_image(ec2, state.image_id, state.snapshot_ids, just_created=True):
+            self.context.deleted("snapshot", snapshot_id)
+        self.context.deleted("image", state.image_id)
+        state.snapshot_ids = []
+
     def cleanup(self, state: BakeState) -> None:
         if not state.image_id or state.keep_image:
             return
-        ec2 = self.context.cloud.ec2
-        if not state.snapshot_ids:
-            images = ec2.describe_images(ImageIds=[state.image_id]).get("Images", [])
-            state.snapshot_ids = [
-                m["Ebs"]["SnapshotId"]
-                for i in images
-                for m in i.get("BlockDeviceMappings", [])
-                if "Ebs" in m
-            ]
-        ignore_missing(lambda: ec2.deregister_image(ImageId=state.image_id))
-        self.context.deleted("image", state.image_id)
-        for snapshot_id in state.snapshot_ids:
-            ignore_missing(lambda s=snapshot_id: ec2.delete_snapshot(SnapshotId=s))  # type: ignore[misc]
-            self.context.deleted("snapshot", snapshot_id)
+        self._delete(state)
 
 
 _SIZE = re.compile(r"size_mb=(\d+) available_mb=(\d+) vcpus=(\d+) reserve_mb_per_vcpu=(\d+)")

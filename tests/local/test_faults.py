@@ -1,0 +1,110 @@
+"""The local cloud's AWS behaviour layer (`--faults`), and the product surviving each behaviour
+with nothing left behind. Each test runs a local cloud of its own with one behaviour on, at a
+seed chosen (by the same hash the layer uses) so the behaviour is certain to be met, and checks
+the layer's own count that it was: a pass then means the product survived it, not missed it."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amibake import config, pipelines
+from amibake.cloud import Cloud, connect
+from amibake.errors import UserError
+from amibake.local import control, faults
+from tests.conftest import free_port
+from tests.helpers import tagged_alive, tagged_images_alive, wait_until_clean
+from tests.test_build import FIXTURES
+
+
+def seed_where(condition: Callable[[faults.Faults], bool]) -> int:
+    """The first seed whose draws meet `condition` (the layer's own hash: reproducible)."""
+    return next(seed for seed in range(1000) if condition(faults.Faults(seed=seed)))
+
+
+@pytest.fixture
+def faulty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str, int], Cloud]]:
+    """A local cloud of the test's own, with the behaviours asked for."""
+    started: list[config.Config] = []
+
+    def start(spec: str, seed: int) -> Cloud:
+        port = free_port()
+        monkeypatch.setenv("AMIBAKE_CLOUD", "local")
+        monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(tmp_path / "cloud"))
+        monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
+        monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{200 + port % 50}.0.0/16")
+        monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+        monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS", spec)
+        monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS_SEED", str(seed))
+        cfg = config.load()
+        started.append(cfg)
+        return connect(cfg)
+
+    yield start
+    for cfg in started:
+        control.down(cfg)
+    assert wait_until_clean(tmp_path / "cloud") == []
+
+
+def met(cloud: Cloud) -> dict[str, dict[str, int]]:
+    """What the layer did, by behaviour, from the local cloud's status."""
+    assert cloud.endpoint_url is not None
+    with urllib.request.urlopen(f"{cloud.endpoint_url}/_amibake/status", timeout=10) as answer:
+        status: dict[str, Any] = json.loads(answer.read())
+    found: dict[str, dict[str, int]] = status["faults"]
+    return found
+
+
+def test_behaviours_are_chosen_by_name_and_a_wrong_name_is_refused() -> None:
+    every = faults.available()
+    assert "image-consistency" in every
+    assert faults.parse("none").names == []
+    assert faults.parse("aws").names == list(every)
+    assert "image-consistency" not in faults.parse("aws,-image-consistency").names
+    assert faults.parse("image-consistency", 7).names == ["image-consistency"]
+    with pytest.raises(UserError, match=r"no behaviour 'imgae-consistency'; use none, aws"):
+        faults.parse("imgae-consistency")
+    for behaviour in every.values():  # each says where AWS is documented to behave so
+        assert behaviour.source and (behaviour.before or behaviour.after)
+
+
+def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_in_use(
+    faulty: Callable[[str, int], Cloud],
+) -> None:
+    from amibake.local.faults import images
+
+    # A seed whose first image ends failed and whose second does not: the bake must delete
+    # the failed one (its snapshot briefly in use) and make another.
+    seed = seed_where(
+        lambda f: (
+            f.chance(images.FAILED, "image", 1, "failed")
+            and not f.chance(images.FAILED, "image", 2, "failed")
+        )
+    )
+    cloud = faulty("image-consistency", seed)
+    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    assert pipelines.build(cloud, request)[0].ok
+    outcome = pipelines.bake(cloud, pipelines.BakeRequest(families=["c5a"]))[0]
+    assert outcome.ok, outcome.error
+    done = met(cloud)["image-consistency"]
+    assert done["image not found yet"] > 0 and done["image pending"] > 0
+    assert done["image failed"] > 0 and done["snapshot in use"] > 0
+    state: Any = outcome.state
+    run_id = state.run_id if hasattr(state, "run_id") else None
+    kept = state.image_id
+    from amibake.journal import Journal
+
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    run_id = run_id or journal.last_run_id()
+    assert tagged_alive(cloud, run_id) == []
+    # Only the image that passed is left, with its snapshot: the failed one went, whole.
+    left = tagged_images_alive(cloud, run_id)
+    assert [x for x in left if x.startswith("image")] == [f"image {kept}"]
+    assert len([x for x in left if x.startswith("snapshot")]) == 1
