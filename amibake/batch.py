@@ -135,22 +135,23 @@ def _ensure_role(iam: Any, name: str, service: str) -> str:
 
 
 def _ensure_job_role(cloud: Cloud, bucket: str) -> str:
-    """The role jobs run as: read and write the run files in the job bucket, nothing else."""
-    iam = cloud.client("iam")
-    arn = _ensure_role(iam, JOB_ROLE, "ecs-tasks.amazonaws.com")
+    """The role jobs run as, and the bucket policy that lets it read and write the run files
+    there, nothing else. The grant is the bucket's, not the role's: a role amibake passes must
+    not carry policies amibake writes (whoever may write them could give it anything)."""
+    arn = _ensure_role(cloud.client("iam"), JOB_ROLE, "ecs-tasks.amazonaws.com")
     policy = {
         "Version": "2012-10-17",
         "Statement": [
             {
+                "Sid": "AmibakeJobs",
                 "Effect": "Allow",
+                "Principal": {"AWS": arn},
                 "Action": ["s3:GetObject", "s3:PutObject"],
                 "Resource": f"arn:aws:s3:::{bucket}/fleet/*",
             }
         ],
     }
-    iam.put_role_policy(
-        RoleName=JOB_ROLE, PolicyName="job-bucket", PolicyDocument=json.dumps(policy)
-    )
+    cloud.client("s3").put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
     return arn
 
 

@@ -1,14 +1,22 @@
-"""``amibake iam-policy``: the least-privilege IAM policy amibake needs, one statement a command.
+"""``amibake iam-policy``: the least-privilege IAM policy amibake needs, by command.
 
 Every action here is one amibake calls, or one AWS checks on its behalf: ``ec2:CreateTags`` for
 tags applied at creation, ``ec2:RunInstances`` for what an EC2 Fleet launches, ``iam:PassRole``
-for the Batch instance role, ``batch:TagResource`` for tags on Batch resources. A test runs the
-real commands and checks every call they make is listed here.
+for the roles Batch is given, ``batch:TagResource`` for tags on Batch resources. A test runs the
+real commands and checks every call they make is listed here (ACTIONS).
+
+Each action acts only where SCOPES says: on resources amibake tags at creation
+(``aws:RequestTag/amibake:run-id``) and later only on resources bearing that tag
+(``ec2:ResourceTag/amibake:run-id``); on Batch resources and roles by amibake's names and IAM
+path; passing only amibake's roles, and only to the services that use them; attaching only the
+managed policy ECS needs. Actions AWS cannot scope (describes, lists) are on "*". The statements
+are grouped by command (build, bake, batch, fleet, gc), so a user grants what they run.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from amibake.errors import UserError
@@ -76,7 +84,6 @@ ACTIONS: dict[str, list[str]] = {
         "iam:GetRole",
         "iam:ListRoles",
         "iam:PassRole",
-        "iam:PutRolePolicy",
         # The job bucket's name (random, so nobody can take it first) is recorded here.
         "ssm:DeleteParameter",
         "ssm:GetParameter",
@@ -86,10 +93,47 @@ ACTIONS: dict[str, list[str]] = {
         "s3:DeleteBucket",
         "s3:DeleteObject",
         "s3:ListBucket",
+        # The job role reads and writes the run files by the bucket's own policy, so no role
+        # amibake may pass needs a policy amibake writes (iam:PutRolePolicy would let its
+        # holder give that role anything, then pass it).
+        "s3:PutBucketPolicy",
+        # Not called by batch, but whoever may write the bucket's policy could grant them to
+        # itself there: granted outright, nothing is gained by rewriting it (parliament's
+        # resource-policy escalation check).
+        "s3:GetObject",
+        "s3:PutObject",
         "s3:PutBucketPublicAccessBlock",
         "s3:PutBucketTagging",
         "s3:PutEncryptionConfiguration",
         "s3:PutLifecycleConfiguration",
+    ],
+    # fleet bench and tune: builds (amibake build's), instances per type (the same launch),
+    # prices, and with executor = "batch" a run's own environment, queue and array jobs.
+    "fleet": [
+        *_LAUNCH,
+        "ec2:DescribeAvailabilityZones",
+        "ec2:DescribeSpotPriceHistory",
+        "pricing:GetProducts",
+        "batch:CreateComputeEnvironment",
+        "batch:CreateJobQueue",
+        "batch:DeleteComputeEnvironment",
+        "batch:DeleteJobQueue",
+        "batch:DescribeComputeEnvironments",
+        "batch:DescribeJobDefinitions",
+        "batch:DescribeJobQueues",
+        "batch:DescribeJobs",
+        "batch:ListJobs",
+        "batch:SubmitJob",
+        "batch:TagResource",
+        "batch:TerminateJob",
+        "batch:UpdateComputeEnvironment",
+        "batch:UpdateJobQueue",
+        "iam:PassRole",
+        "logs:GetLogEvents",
+        "s3:DeleteObject",
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
     ],
     "gc": [
         "batch:DeleteComputeEnvironment",
@@ -137,6 +181,253 @@ def action_of(service: str, operation: str) -> str:
     return f"{service}:{operation}"
 
 
+@dataclass(frozen=True)
+class Scope:
+    resources: tuple[str, ...]
+    condition: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # (operator, key, values)
+
+    def as_json(self) -> dict[str, dict[str, str | list[str]]]:
+        out: dict[str, dict[str, str | list[str]]] = {}
+        for operator, key, values in self.condition:
+            out.setdefault(operator, {})[key] = values[0] if len(values) == 1 else list(values)
+        return out
+
+
+RUN_TAG = "amibake:run-id"
+EC2 = "arn:aws:ec2:*:*:"
+
+
+def _ec2(*kinds: str) -> tuple[str, ...]:
+    """EC2 ARN patterns; images and snapshots have no account in their ARNs."""
+    return tuple(f"arn:aws:ec2:*:{'' if k in ('image', 'snapshot') else '*'}:{k}/*" for k in kinds)
+
+
+ANYWHERE = Scope(("*",))  # actions AWS cannot scope to a resource (describes, lists)
+# Made by amibake: the create call carries its run-id tag.
+CREATED = (("Null", f"aws:RequestTag/{RUN_TAG}", ("false",)),)
+# amibake's own: the resource bears its run-id tag.
+OURS = (("Null", f"ec2:ResourceTag/{RUN_TAG}", ("false",)),)
+TAGGED_AT_CREATION = (
+    (
+        "StringEquals",
+        "ec2:CreateAction",
+        (
+            "CreateFleet",
+            "CreateImage",
+            "CreateKeyPair",
+            "CreateLaunchTemplate",
+            "CreateSecurityGroup",
+            "RunInstances",
+        ),
+    ),
+)
+ROLES = ("arn:aws:iam::*:role/amibake/*",)
+PROFILES = ("arn:aws:iam::*:instance-profile/amibake/*",)
+BATCH_SERVICE_ROLE = "arn:aws:iam::*:role/aws-service-role/batch.amazonaws.com/*"
+BUCKETS = ("arn:aws:s3:::amibake-batch-*",)
+# Batch resources by amibake's names: `amibake batch up`'s (amibake-*) and fleet runs' (fleet-*).
+BATCH_NAMES = tuple(
+    f"arn:aws:batch:*:*:{kind}/{prefix}-*"
+    for kind in ("compute-environment", "job-queue")
+    for prefix in ("amibake", "fleet")
+)
+JOB_DEFINITIONS = ("arn:aws:batch:*:*:job-definition/amibake-*",)
+
+SCOPES: dict[str, tuple[Scope, ...]] = {
+    **{
+        a: (ANYWHERE,)
+        for a in (
+            "ec2:DescribeAvailabilityZones",
+            "ec2:DescribeFleets",
+            "ec2:DescribeImages",
+            "ec2:DescribeInstanceTypeOfferings",
+            "ec2:DescribeInstanceTypes",
+            "ec2:DescribeInstances",
+            "ec2:DescribeKeyPairs",
+            "ec2:DescribeLaunchTemplates",
+            "ec2:DescribeSecurityGroups",
+            "ec2:DescribeSnapshots",
+            "ec2:DescribeSpotPriceHistory",
+            "ec2:DescribeSubnets",
+            "ec2:DescribeVolumes",
+            "ec2:DescribeVpcs",
+            "batch:DescribeComputeEnvironments",
+            "batch:DescribeJobDefinitions",
+            "batch:DescribeJobQueues",
+            "batch:DescribeJobs",
+            "batch:ListJobs",
+            "iam:ListRoles",
+            "pricing:GetProducts",
+        )
+    },
+    # AWS's public parameters (the base AMIs) have no account in their ARNs: "*" matches none.
+    "ssm:GetParameter": (
+        Scope(("arn:aws:ssm:*:*:parameter/aws/service/*", "arn:aws:ssm:*:*:parameter/amibake/*")),
+    ),
+    "ssm:GetParameters": (Scope(("arn:aws:ssm:*:*:parameter/aws/service/*",)),),
+    "ssm:PutParameter": (Scope(("arn:aws:ssm:*:*:parameter/amibake/*",)),),
+    "ssm:DeleteParameter": (Scope(("arn:aws:ssm:*:*:parameter/amibake/*",)),),
+    # What a launch makes, tagged at creation; and what it launches from.
+    "ec2:CreateKeyPair": (Scope(_ec2("key-pair"), CREATED),),
+    "ec2:CreateLaunchTemplate": (Scope(_ec2("launch-template"), CREATED),),
+    "ec2:CreateSecurityGroup": (
+        Scope(_ec2("security-group"), CREATED),
+        Scope(_ec2("security-group"), (("Null", "aws:RequestTag/amibake:batch", ("false",)),)),
+        Scope(_ec2("vpc")),
+    ),
+    # An instant EC2 Fleet is authorized for its fleet and, as RunInstances is, for what it
+    # launches: created resources must carry the run's tag, what it launches from must be ours
+    # (the AMI, subnet and network interface are not amibake's to tag).
+    "ec2:CreateFleet": (
+        Scope(_ec2("fleet", "instance", "volume"), CREATED),
+        Scope(_ec2("security-group", "key-pair", "launch-template"), OURS),
+        Scope(_ec2("image", "subnet", "network-interface")),
+    ),
+    "ec2:RunInstances": (
+        Scope(_ec2("instance", "volume"), CREATED),
+        Scope(_ec2("security-group", "key-pair", "launch-template"), OURS),
+        Scope(_ec2("image", "subnet", "network-interface")),
+    ),
+    "ec2:CreateTags": (
+        Scope(
+            _ec2(
+                "fleet",
+                "image",
+                "instance",
+                "key-pair",
+                "launch-template",
+                "security-group",
+                "snapshot",
+                "volume",
+            ),
+            TAGGED_AT_CREATION,
+        ),
+        # After creation, only amibake:kept (a baked image is a product, not a leftover), and
+        # only on what is amibake's: tagging someone else's resource with amibake's run id
+        # would put it in reach of every action scoped to that tag.
+        Scope(
+            _ec2("image", "snapshot"),
+            (*OURS, ("ForAllValues:StringEquals", "aws:TagKeys", ("amibake:kept",))),
+        ),
+    ),
+    "ec2:CreateImage": (
+        Scope(_ec2("image", "snapshot"), CREATED),
+        Scope(_ec2("instance"), OURS),
+    ),
+    **{
+        a: (Scope(_ec2(*kinds), OURS),)
+        for a, kinds in {
+            "ec2:AuthorizeSecurityGroupIngress": ("security-group",),
+            "ec2:DeleteSecurityGroup": ("security-group",),
+            "ec2:DeleteKeyPair": ("key-pair",),
+            "ec2:DeleteLaunchTemplate": ("launch-template",),
+            "ec2:DeleteFleets": ("fleet",),
+            "ec2:TerminateInstances": ("instance",),
+            "ec2:GetConsoleOutput": ("instance",),
+            "ec2:DeregisterImage": ("image",),
+            "ec2:ModifyImageAttribute": ("image",),
+            "ec2:DeleteSnapshot": ("snapshot",),
+            "ec2:DeleteVolume": ("volume",),
+        }.items()
+    },
+    # Batch: amibake's names only; its roles, passed only to the services that use them.
+    **{
+        a: (Scope(BATCH_NAMES),)
+        for a in (
+            "batch:CreateComputeEnvironment",
+            "batch:UpdateComputeEnvironment",
+            "batch:DeleteComputeEnvironment",
+            "batch:CreateJobQueue",
+            "batch:UpdateJobQueue",
+            "batch:DeleteJobQueue",
+        )
+    },
+    "batch:RegisterJobDefinition": (Scope(JOB_DEFINITIONS),),
+    "batch:DeregisterJobDefinition": (Scope(JOB_DEFINITIONS),),
+    "batch:TagResource": (Scope(BATCH_NAMES + JOB_DEFINITIONS),),
+    "batch:SubmitJob": (Scope((*BATCH_NAMES, *JOB_DEFINITIONS, "arn:aws:batch:*:*:job/*")),),
+    "batch:TerminateJob": (Scope(("arn:aws:batch:*:*:job/*",)),),
+    "iam:CreateRole": (Scope(ROLES),),
+    "iam:GetRole": (Scope(ROLES),),
+    "iam:AttachRolePolicy": (
+        Scope(
+            ROLES,
+            (
+                (
+                    "ArnEquals",
+                    "iam:PolicyARN",
+                    ("arn:aws:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role",),
+                ),
+            ),
+        ),
+    ),
+    "iam:CreateInstanceProfile": (Scope(PROFILES),),
+    "iam:GetInstanceProfile": (Scope(PROFILES),),
+    "iam:AddRoleToInstanceProfile": (Scope(PROFILES),),
+    "iam:PassRole": (
+        Scope(
+            ROLES,
+            (
+                (
+                    "StringEquals",
+                    "iam:PassedToService",
+                    ("batch.amazonaws.com", "ec2.amazonaws.com", "ecs-tasks.amazonaws.com"),
+                ),
+            ),
+        ),
+        Scope(
+            (BATCH_SERVICE_ROLE,),
+            (("StringEquals", "iam:PassedToService", ("batch.amazonaws.com",)),),
+        ),
+    ),
+    "iam:CreateServiceLinkedRole": (
+        Scope(
+            (BATCH_SERVICE_ROLE,),
+            (("StringEquals", "iam:AWSServiceName", ("batch.amazonaws.com",)),),
+        ),
+    ),
+    # The job bucket, by amibake's name; its objects.
+    **{
+        a: (Scope(BUCKETS),)
+        for a in (
+            "s3:CreateBucket",
+            "s3:DeleteBucket",
+            "s3:ListBucket",
+            "s3:PutBucketPolicy",
+            "s3:PutBucketPublicAccessBlock",
+            "s3:PutBucketTagging",
+            "s3:PutEncryptionConfiguration",
+            "s3:PutLifecycleConfiguration",
+        )
+    },
+    **{
+        a: (Scope(tuple(f"{b}/*" for b in BUCKETS)),)
+        for a in ("s3:DeleteObject", "s3:GetObject", "s3:PutObject")
+    },
+    "logs:GetLogEvents": (Scope(("arn:aws:logs:*:*:log-group:/aws/batch/job:*",)),),
+}
+
+
+def statements(command: str) -> list[dict[str, Any]]:
+    """The command's statements: its actions grouped by where they may act."""
+    grouped: dict[Scope, list[str]] = {}
+    for action in sorted(set(ACTIONS[command])):
+        for scope in SCOPES.get(action, ()):
+            grouped.setdefault(scope, []).append(action)
+    out = []
+    for n, (scope, acts) in enumerate(grouped.items(), start=1):
+        statement: dict[str, Any] = {
+            "Sid": f"Amibake{command.capitalize()}{n}",
+            "Effect": "Allow",
+            "Action": acts,
+            "Resource": list(scope.resources) if len(scope.resources) > 1 else scope.resources[0],
+        }
+        if scope.condition:
+            statement["Condition"] = scope.as_json()
+        out.append(statement)
+    return out
+
+
 def document(commands: list[str] | None = None) -> dict[str, Any]:
     """The policy document for the commands (all by default)."""
     chosen = commands or list(ACTIONS)
@@ -147,20 +438,18 @@ def document(commands: list[str] | None = None) -> dict[str, Any]:
         )
     return {
         "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": f"Amibake{command.capitalize()}",
-                "Effect": "Allow",
-                "Action": sorted(set(ACTIONS[command])),
-                "Resource": "*",
-            }
-            for command in chosen
-        ],
+        "Statement": [s for command in chosen for s in statements(command)],
     }
 
 
 def actions(commands: list[str] | None = None) -> set[str]:
-    return {a for s in document(commands)["Statement"] for a in s["Action"]}
+    return {a for c in (commands or list(ACTIONS)) for a in ACTIONS[c]}
+
+
+def unscoped() -> list[str]:
+    """Actions listed for a command with no scope saying where they may act (a test keeps this
+    empty: an action without one would not be in the policy at all)."""
+    return sorted({a for acts in ACTIONS.values() for a in acts} - set(SCOPES))
 
 
 def render(commands: list[str] | None = None) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
 import botocore.session
 import pytest
 
@@ -24,7 +25,7 @@ from amibake.local import control
 from tests.conftest import free_port
 from tests.test_build import FIXTURES
 
-SERVICES = ("ec2", "ssm", "sts", "iam", "batch", "s3")
+SERVICES = ("ec2", "ssm", "sts", "iam", "batch", "s3", "logs")
 
 
 class Recorder:
@@ -93,6 +94,13 @@ def test_every_call_each_command_makes_is_in_its_statement(cloud: Cloud) -> None
         journal = Journal(cloud.config.results_dir / "journal.sqlite")
         gc.delete(cloud, journal, gc.find(cloud, journal))
         used["gc"] = recorder.take()
+        from fleet import bench, spec
+
+        results = bench.results_db(cloud.config.results_dir)
+        plan = {"types": ["c5a.large"], "command": "echo value=1", "replicates": 1, "warmups": 0}
+        run_id = bench.create(cloud, spec.load(None, plan), results)
+        bench.execute(cloud, run_id, results)
+        used["fleet"] = recorder.take()
     finally:
         recorder.close()
     for command, calls in used.items():
@@ -118,9 +126,7 @@ def enforcing_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     endpoint = admin.endpoint_url
     assert endpoint is not None
 
-    def allow(actions: set[str]) -> None:
-        statement = {"Effect": "Allow", "Action": sorted(actions), "Resource": "*"}
-        document = {"Version": "2012-10-17", "Statement": [statement]}
+    def allow(document: dict[str, Any]) -> None:
         # Enforcement off while the policy changes (the admin has no IAM identity).
         _auth(endpoint, "inf")
         iam.put_user_policy(
@@ -131,7 +137,7 @@ def enforcing_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     monkeypatch.setenv(
         "AMIBAKE_LOCAL_CREDENTIALS", f"{key['AccessKeyId']}:{key['SecretAccessKey']}"
     )
-    yield {"allow": allow, "user": lambda: connect(config.load())}
+    yield {"allow": allow, "user": lambda: connect(config.load()), "admin": admin}
     _auth(endpoint, "inf")
     control.down(config.load())
 
@@ -161,10 +167,22 @@ def _build_and_bake(user: Cloud) -> str:
         return str(exc)
 
 
+def without(document: dict[str, Any], action: str) -> dict[str, Any]:
+    """The policy with one action taken out of every statement."""
+    statements = []
+    for statement in document["Statement"]:
+        kept = [a for a in statement["Action"] if a != action]
+        if kept:
+            statements.append({**statement, "Action": kept})
+    return {**document, "Statement": statements}
+
+
 def test_build_and_bake_under_enforcement_need_exactly_the_policy(
     enforcing_cloud: dict[str, Any],
 ) -> None:
-    policy = iam_policy.actions(["build", "bake"])
+    # The generated policy itself, scoped by ARN and tag: the local cloud authorizes as AWS
+    # does (by resource and condition), so a scope that does not fit a call fails here.
+    policy = iam_policy.document(["build", "bake"])
     enforcing_cloud["allow"](policy)
     user = enforcing_cloud["user"]()
     recorder = Recorder(user)
@@ -175,7 +193,7 @@ def test_build_and_bake_under_enforcement_need_exactly_the_policy(
         recorder.close()
     # Every action the run called, removed alone, must break it with an error naming it.
     for action in sorted(called - iam_policy.NEEDS_NO_PERMISSION):
-        enforcing_cloud["allow"](policy - {action})
+        enforcing_cloud["allow"](without(policy, action))
         error = _build_and_bake(enforcing_cloud["user"]())
         assert f"not authorized to perform: {action}" in error, (action, error)
 
@@ -194,7 +212,7 @@ def _batch_cycle(user: Cloud, images: Any) -> str:
 def test_batch_under_enforcement_needs_exactly_the_policy(
     enforcing_cloud: dict[str, Any],
 ) -> None:
-    policy = iam_policy.actions(["build", "bake", "batch"])
+    policy = iam_policy.document(["build", "bake", "batch"])
     enforcing_cloud["allow"](policy)
     user = enforcing_cloud["user"]()
     assert _build_and_bake(user) == ""
@@ -211,8 +229,170 @@ def test_batch_under_enforcement_needs_exactly_the_policy(
         recorder.close()
     assert any(action.startswith("batch:Create") for action in called), called
     for action in sorted(called - iam_policy.NEEDS_NO_PERMISSION):
-        enforcing_cloud["allow"](policy - {action})
+        enforcing_cloud["allow"](without(policy, action))
         error = _batch_cycle(enforcing_cloud["user"](), images)
         assert f"not authorized to perform: {action}" in error, (action, error)
         enforcing_cloud["allow"](policy)
         assert _batch_cycle(enforcing_cloud["user"](), images) == ""  # nothing left half up
+
+
+def test_each_command_works_holding_only_its_own_statements(
+    enforcing_cloud: dict[str, Any],
+) -> None:
+    """A user grants what they run: build, bake, batch and gc each pass holding only the
+    statements `amibake iam-policy --for COMMAND` prints."""
+    allow, user_of = enforcing_cloud["allow"], enforcing_cloud["user"]
+    allow(iam_policy.document(["build"]))
+    user = user_of()
+    _fresh(user)
+    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    assert pipelines.build(user, request)[0].ok
+    allow(iam_policy.document(["bake"]))
+    baked = pipelines.bake(user_of(), pipelines.BakeRequest())[0]
+    assert baked.ok, baked.error
+    allow(iam_policy.document(["batch"]))
+    images = batch.images_from_bake(user.config.results_dir / "amis.json")
+    assert _batch_cycle(user_of(), images) == ""
+    allow(iam_policy.document(["gc"]))
+    journal = Journal(user.config.results_dir / "journal.sqlite")
+    cleaner = user_of()
+    assert gc.delete(cleaner, journal, gc.find(cleaner, journal)) == []
+
+
+def test_the_policy_denies_the_escalation_and_everything_not_amibakes(
+    enforcing_cloud: dict[str, Any],
+) -> None:
+    """A user holding the whole policy cannot become admin (create a role, attach
+    AdministratorAccess, wrap it in an instance profile, pass it to an instance), nor touch
+    what amibake did not make."""
+    admin = connect(
+        config.load().__class__(**{**config.load().__dict__, "local_credentials": None})
+    )
+    iam, ec2, s3 = admin.client("iam"), admin.ec2, admin.client("s3")
+    trust = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": "ec2.amazonaws.com"},
+                    "Action": "sts:AssumeRole",
+                }
+            ],
+        }
+    )
+    # Someone else's things, made by the admin: an instance, an image, a bucket, a role.
+    base = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    theirs = ec2.run_instances(ImageId=base, InstanceType="c7i.large", MinCount=1, MaxCount=1)
+    instance = theirs["Instances"][0]["InstanceId"]
+    image = ec2.create_image(InstanceId=instance, Name="someone-elses")["ImageId"]
+    s3.create_bucket(Bucket="someone-elses-bucket")
+    iam.create_role(RoleName="admin-role", AssumeRolePolicyDocument=trust)
+    iam.create_instance_profile(InstanceProfileName="admin-profile")
+    iam.add_role_to_instance_profile(InstanceProfileName="admin-profile", RoleName="admin-role")
+    enforcing_cloud["allow"](iam_policy.document())
+    user = enforcing_cloud["user"]()
+    uiam, uec2, us3 = user.client("iam"), user.ec2, user.client("s3")
+
+    def denied(action: str, call: Any) -> None:
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            call()
+        assert f"not authorized to perform: {action}" in str(refused.value), refused.value
+
+    # The escalation: a role outside amibake's path, AdministratorAccess, an inline policy.
+    denied(
+        "iam:CreateRole",
+        lambda: uiam.create_role(RoleName="escalate", AssumeRolePolicyDocument=trust),
+    )
+    uiam.create_role(RoleName="escalate", Path="/amibake/", AssumeRolePolicyDocument=trust)
+    admin_policy = "arn:aws:iam::aws:policy/AdministratorAccess"
+    denied(
+        "iam:AttachRolePolicy",
+        lambda: uiam.attach_role_policy(RoleName="escalate", PolicyArn=admin_policy),
+    )
+    denied(
+        "iam:PutRolePolicy",
+        lambda: uiam.put_role_policy(
+            RoleName="escalate",
+            PolicyName="all",
+            PolicyDocument=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+                }
+            ),
+        ),
+    )
+    denied("iam:CreateUser", lambda: uiam.create_user(UserName="another"))
+    # Passing someone else's role to an instance, even a tagged one.
+    run_tag = [
+        {"ResourceType": k, "Tags": [{"Key": "amibake:run-id", "Value": "ab-x"}]}
+        for k in ("instance", "volume")
+    ]
+    denied(
+        "iam:PassRole",
+        lambda: uec2.run_instances(
+            ImageId=base,
+            InstanceType="c7i.large",
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=run_tag,
+            IamInstanceProfile={"Name": "admin-profile"},
+        ),
+    )
+    # What amibake did not make: publish or delete an image, stop an instance, claim it by
+    # tagging it with a run id, empty a bucket.
+    denied(
+        "ec2:ModifyImageAttribute",
+        lambda: uec2.modify_image_attribute(
+            ImageId=image, LaunchPermission={"Add": [{"Group": "all"}]}
+        ),
+    )
+    denied("ec2:DeregisterImage", lambda: uec2.deregister_image(ImageId=image))
+    denied("ec2:TerminateInstances", lambda: uec2.terminate_instances(InstanceIds=[instance]))
+    denied(
+        "ec2:CreateTags",
+        lambda: uec2.create_tags(
+            Resources=[instance], Tags=[{"Key": "amibake:run-id", "Value": "ab-x"}]
+        ),
+    )
+    denied("s3:DeleteBucket", lambda: us3.delete_bucket(Bucket="someone-elses-bucket"))
+    enforcing_cloud["allow"](
+        {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+        }
+    )
+    enforcing_cloud["user"]().ec2.terminate_instances(InstanceIds=[instance])
+
+
+def test_iam_analysers_find_no_escalation_or_exposure() -> None:
+    from cloudsplaining.scan.policy_document import PolicyDocument
+    from parliament import analyze_policy_string
+
+    for commands in [[c] for c in iam_policy.ACTIONS] + [list(iam_policy.ACTIONS)]:
+        document = iam_policy.document(commands)
+        scanned = PolicyDocument(document)
+        assert scanned.allows_privilege_escalation == [], commands
+        assert scanned.permissions_management_without_constraints == [], commands
+        assert scanned.credentials_exposure == [], commands
+        assert scanned.allows_data_exfiltration_actions == [], commands
+        assert scanned.write_actions_without_constraints == [], commands
+        findings = analyze_policy_string(json.dumps(document)).findings
+        # parliament wants every resource type an action requires in each statement naming it;
+        # these actions are split across statements by condition on purpose (created resources
+        # must carry the run's tag, what they launch from must be amibake's, the AMI and subnet
+        # are nobody's to tag), as AWS's own examples for tag-on-create policies are.
+        split = {
+            "ec2:RunInstances",
+            "ec2:CreateFleet",
+            "ec2:CreateImage",
+            "ec2:CreateSecurityGroup",
+        }
+        others = [
+            f
+            for f in findings
+            if f.issue != "RESOURCE_MISMATCH" or {d["action"] for d in f.detail} - split
+        ]
+        assert others == [], [(f.issue, f.detail) for f in others]
+    assert iam_policy.unscoped() == []  # every action listed says where it may act

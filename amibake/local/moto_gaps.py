@@ -16,6 +16,7 @@ BACKENDS = threading.RLock()
 
 
 def apply() -> None:
+    _authorization_by_resource()
     _tags_of_one_resource()
     _create_image_snapshot_tags()
     _deregister_image_with_snapshots()
@@ -161,3 +162,47 @@ def _s3_action_names() -> None:
         },
     }.items():
         bucket[method].update(names)
+
+
+def _authorization_by_resource() -> None:
+    """Under IAM enforcement, decide as AWS does: by resource ARN and condition, for the
+    authorization requests AWS makes for the call (amibake.local.authorization), where moto
+    checks the action alone and denies whatever has a Condition."""
+    import json
+
+    from moto.iam.access_control import IAMRequestBase, S3IAMRequest
+
+    from amibake.local import authorization, iam
+
+    original = IAMRequestBase.check_action_permitted
+    if getattr(original, "_amibake", False):
+        return
+
+    def check_action_permitted(self: Any, resource: str) -> None:
+        if self._action == "sts:GetCallerIdentity":  # AWS checks no permission for it
+            return
+        service, _, action = self._action.partition(":")
+        principal = self._access_key.arn
+        body = self._body.decode(errors="replace") if isinstance(self._body, bytes) else ""
+        if body.lstrip().startswith("{"):
+            params = json.loads(body)
+        else:
+            params = {k: v[0] if isinstance(v, list) and v else v for k, v in self._data.items()}
+        if isinstance(self, S3IAMRequest):
+            checks = [iam.Check(self._action, resource, {"aws:PrincipalArn": principal})]
+        else:
+            calls = authorization.Calls(self.account_id, self._region, principal)
+            checks = calls.checks(service, action, params)
+        policies = list(iam.documents(self._access_key.collect_policies()))
+        for one in checks:
+            verdict = iam.decide(policies, one)
+            if verdict == "implicit" and isinstance(self, S3IAMRequest):
+                bucket = resource.split(":::", 1)[-1].split("/", 1)[0]
+                held = authorization.bucket_policy(bucket)
+                verdict = iam.decide([held], one) if held else verdict
+            if verdict != "allow":
+                self._action = one.action  # the denial names what was missing
+                self._raise_access_denied()
+
+    check_action_permitted._amibake = True  # type: ignore[attr-defined]
+    IAMRequestBase.check_action_permitted = check_action_permitted  # type: ignore[method-assign]

@@ -14,6 +14,7 @@ import botocore.exceptions
 
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, no_default_vpc, wait_until
+from amibake.cloud.tags import RUN_ID
 from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
 from amibake.runner import RunContext
@@ -108,8 +109,19 @@ def preflight_instance(
     if not lookups.offered & set(types):
         raise UserError(f"none of {', '.join(types)} is offered in {cloud.config.region}")
     try:
+        # Tagged as the real launch is: a policy that requires the run's tag on what amibake
+        # creates (amibake iam-policy) refuses an untagged launch, dry or not.
+        tagged = [
+            {"ResourceType": kind, "Tags": [{"Key": RUN_ID, "Value": "preflight"}]}
+            for kind in ("instance", "volume")
+        ]
         cloud.ec2.run_instances(
-            DryRun=True, ImageId=state.base_ami, InstanceType=types[0], MinCount=1, MaxCount=1
+            DryRun=True,
+            ImageId=state.base_ami,
+            InstanceType=types[0],
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=tagged,
         )
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) == "VPCIdNotSpecified":
