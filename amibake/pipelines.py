@@ -269,6 +269,22 @@ def build(
         return run_each(context, states, build_steps, on_boundary)
 
 
+SPOT_TERMINATION = "Server.SpotInstanceTermination"
+
+
+def _spot_reclaimed(context: RunContext, instance_id: str) -> bool:
+    """Whether spot took the instance back (its state reason says so)."""
+    try:
+        reservations = context.cloud.ec2.describe_instances(InstanceIds=[instance_id])
+    except botocore.exceptions.ClientError:
+        return False
+    for reservation in reservations.get("Reservations", []):
+        for instance in reservation.get("Instances", []):
+            if instance.get("StateReason", {}).get("Code") == SPOT_TERMINATION:
+                return True
+    return False
+
+
 def run_each(
     context: RunContext,
     states: Sequence[InstanceState],
@@ -281,9 +297,18 @@ def run_each(
 
     def attempts(state: InstanceState) -> None:
         while True:
+            instance_id = ""
             try:
-                Runner(context, make_steps(context), on_boundary, state.label).run(state)
-                return
+                try:
+                    Runner(context, make_steps(context), on_boundary, state.label).run(state)
+                    return
+                except (AmibakeError, botocore.exceptions.ClientError) as exc:
+                    # Spot may reclaim the instance at any stage (connecting, staging,
+                    # installing), not only mid-replicate: that is a rerun, not a failure.
+                    instance_id = instance_id or state.instance_id
+                    if instance_id and _spot_reclaimed(context, instance_id):
+                        raise Rerun(f"spot reclaimed {instance_id} ({exc})") from exc
+                    raise
             except Rerun as exc:
                 if state.attempt + 1 >= MAX_ATTEMPTS:
                     raise CloudError(f"{exc}; gave up after {MAX_ATTEMPTS} instances") from exc

@@ -103,6 +103,7 @@ def serve(settings: LocalSettings) -> None:
         cloud.images.seed_ecs_base(image["ami_id"])
     stop = threading.Event()
     behaviour = faults.parse(settings.faults, settings.faults_seed)
+    cloud.faults = behaviour
     gateway = Gateway(DomainDispatcherApplication(create_backend_app), cloud, stop, behaviour)
     jobs.install(jobs.JobRunner(cloud, gateway.start_sandbox))
     try:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from amibake.errors import EnvironmentProblem, LocalCloudError
-from amibake.local import boot
+from amibake.local import boot, faults
+from amibake.local.faults import imds as imds_fault
 from amibake.local.images import ImageStore
 from amibake.local.imds import IMDSServer, InstanceMetadata
 from amibake.local.sandbox import Sandbox, SandboxSpec, SpawnFn, port_free, remove_tree
@@ -58,6 +60,7 @@ class Launch:
 class LocalCloud:
     def __init__(self, settings: LocalSettings) -> None:
         self.settings = settings
+        self.faults = faults.Faults()  # the daemon sets the behaviours it runs with
         settings.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         self.images = ImageStore(settings.images_dir)
         self.sandboxes: dict[str, Sandbox] = {}
@@ -132,6 +135,9 @@ class LocalCloud:
                 architecture=request.architecture,
             )
             self.metadata[request.instance_id] = metadata
+            metadata.unready_until = time.monotonic() + imds_fault.unready_for(
+                self.faults, request.instance_id
+            )
             try:
                 self._imds[request.instance_id] = IMDSServer(metadata, self.settings.imds_port)
             except OSError as exc:
@@ -179,11 +185,12 @@ class LocalCloud:
             return self._last_console.get(instance_id)
         return sandbox.console_output()
 
-    def interrupt(self, instance_id: str) -> dict[str, str]:
+    def interrupt(self, instance_id: str, after_s: int = 120) -> dict[str, str]:
+        """Raise the spot interruption notice on the instance's IMDS, for `after_s` ahead."""
         metadata = self.metadata.get(instance_id)
         if metadata is None:
             raise LocalCloudError(f"{instance_id} is not a running local-cloud instance")
-        metadata.interrupt()
+        metadata.interrupt(after_s=after_s)
         assert metadata.spot_action is not None
         return metadata.spot_action
 

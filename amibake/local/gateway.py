@@ -46,6 +46,10 @@ _FLEET_INSTANCE = re.compile(r"<item>(i-[0-9a-f]+)</item>")
 _IMAGE_ID = re.compile(r"<imageId>(ami-[0-9a-f]+)</imageId>")
 _OUTPUT = re.compile(r"<output>.*?</output>", re.S)
 GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
+# Spot terminates an instance two minutes after its notice; locally five seconds, in the same
+# order of events.
+RECLAIM_AFTER_S = 5.0
+SPOT_TERMINATION = "Server.SpotInstanceTermination"
 # Services moto does not serve. It answered them with a 500 and an HTML page, which boto retried
 # and then quoted whole ("the Pricing API said: <!doctype html> ..."): a service the local
 # cloud lacks is refused at once, in the service's JSON protocol, saying so.
@@ -76,6 +80,7 @@ class Gateway:
         self.cloud = cloud
         self.stop = stop
         self.faults = behaviour or faults.Faults()
+        self.faults.hooks["reclaim"] = self.reclaim
         self._where: dict[str, tuple[str, str]] = {}  # instance id -> (account, region)
 
     # --- WSGI -------------------------------------------------------------------------------
@@ -250,6 +255,31 @@ class Gateway:
             user_data=_decode_user_data(user_data),
         )
 
+    def reclaim(self, instance_id: str, after_s: float = RECLAIM_AFTER_S) -> dict[str, str]:
+        """Spot's reclaim, in its order: the interruption notice on IMDS, then, `after_s` later
+        (two minutes on AWS, shortened here), the instance terminated by the service with
+        Server.SpotInstanceTermination, however far the product had got with it."""
+        notice = self.cloud.interrupt(instance_id, after_s=max(1, round(after_s)))
+
+        def terminate() -> None:
+            account, region = self._where.get(instance_id, ("", ""))
+            try:
+                with BACKENDS:
+                    backend = self._backend(account, region)
+                    backend.terminate_instances([instance_id])
+                    instance = backend.get_instance(instance_id)
+                    instance.state_reason.code = SPOT_TERMINATION
+                    instance.state_reason.message = f"{SPOT_TERMINATION}: Spot instance termination"
+            except Exception as exc:  # already gone: nothing to reclaim
+                log.info("reclaim of %s: %s", instance_id, exc)
+            self.cloud.terminate(instance_id)
+            log.info("reclaimed spot instance %s", instance_id)
+
+        timer = threading.Timer(after_s, terminate)
+        timer.daemon = True
+        timer.start()
+        return notice
+
     def reconcile(self) -> None:
         """Destroy sandboxes whose instance died by any path (DeleteFleets, StopInstances...)."""
         for instance_id in list(self.cloud.sandboxes):
@@ -274,7 +304,7 @@ class Gateway:
             if path == "/_amibake/status":
                 body = {"ok": True, **self.cloud.status(), "faults": self.faults.counts()}
             elif path == "/_amibake/interrupt":
-                body = {"instance-action": self.cloud.interrupt(payload["instance_id"])}
+                body = {"instance-action": self.reclaim(payload["instance_id"])}
             elif path == "/_amibake/shutdown":
                 self.stop.set()
                 body = {"ok": True}

@@ -36,6 +36,7 @@ class InstanceMetadata:
     # instance runs, as the ECS agent serves it on 169.254.170.2: no IMDS token, the path is
     # the secret.
     task_credentials: dict[str, dict[str, str]] = field(default_factory=dict)
+    unready_until: float = 0.0  # time.monotonic() before which it answers 503 (booting)
 
     def interrupt(self, action: str = "terminate", after_s: int = 120) -> None:
         when = datetime.now(UTC) + timedelta(seconds=after_s)
@@ -86,7 +87,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _unready(self) -> bool:
+        if time.monotonic() < self.server.metadata.unready_until:
+            self._send(503, "Service Unavailable")
+            return True
+        return False
+
     def do_PUT(self) -> None:
+        if self._unready():
+            return
         if self.path != "/latest/api/token":
             self._send(404, "Not Found")
             return
@@ -103,6 +112,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, token)
 
     def do_GET(self) -> None:
+        if self._unready():
+            return
         path = self.path.split("?")[0]
         if path.startswith("/v2/credentials/"):
             found = self.server.metadata.task_credentials.get(path)

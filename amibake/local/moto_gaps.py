@@ -4,6 +4,7 @@ would no longer match its signature, which moto checks once IAM enforcement is o
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -20,6 +21,7 @@ def apply() -> None:
     _tags_of_one_resource()
     _create_image_snapshot_tags()
     _deregister_image_with_snapshots()
+    _terminate_once()
     _batch_action_names()
     _s3_action_names()
 
@@ -106,6 +108,25 @@ def _deregister_image_with_snapshots() -> None:
 
     deregister_image._amibake = True  # type: ignore[attr-defined]
     AmisResponse.deregister_image = deregister_image  # type: ignore[method-assign]
+
+
+def _terminate_once() -> None:
+    """Terminating a terminated instance changes nothing on EC2: its state reason stays
+    (Server.SpotInstanceTermination after a spot reclaim). moto rewrote it to a user's shutdown,
+    hiding why the instance went."""
+    from moto.ec2.models.instances import Instance
+
+    original = Instance.terminate
+    if getattr(original, "_amibake", False):
+        return
+
+    def terminate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._state.name == "terminated":
+            return copy.copy(self._state)  # what TerminateInstances reports as its previous state
+        return original(self, *args, **kwargs)
+
+    terminate._amibake = True  # type: ignore[attr-defined]
+    Instance.terminate = terminate  # type: ignore[method-assign]
 
 
 def _batch_action_names() -> None:

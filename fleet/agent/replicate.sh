@@ -32,17 +32,27 @@ if [ -n "$mon" ]; then
   echo "$pid" >"$tag.pid.new" && mv "$tag.pid.new" "$tag.pid"
 fi
 
-# The watcher: one IMDSv2 token for the whole replicate, then one notice check a second.
+# The watcher: an IMDSv2 token, then one notice check a second. The token is asked again when
+# IMDS refuses it (401: expired after its 6 hours, or IMDS restarted), never given up on: a
+# watcher that fails silently would let an interruption be scored as a failure.
 (
-  token=$(curl -sf -m 2 -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 21600" \
-    "$imds/latest/api/token" 2>/dev/null) || token=""
+  fresh_token() {
+    token=$(curl -sf -m 2 -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 21600" \
+      "$imds/latest/api/token" 2>/dev/null) || token=""
+  }
+  fresh_token
   deadline=$(( $(date +%s) + ${timeout_s%.*} ))
   while kill -0 "$pid" 2>/dev/null; do
-    if [ -n "$token" ] && curl -sf -m 2 -o /dev/null -H "X-aws-ec2-metadata-token: $token" \
-        "$imds/latest/meta-data/spot/instance-action"; then
-      touch "$tag.interrupted"
-      kill -TERM -- "-$pid" 2>/dev/null
-      exit 0
+    [ -n "$token" ] || fresh_token
+    if [ -n "$token" ]; then
+      code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' -H "X-aws-ec2-metadata-token: $token" \
+        "$imds/latest/meta-data/spot/instance-action" 2>/dev/null) || code=000
+      if [ "$code" = 200 ]; then
+        touch "$tag.interrupted"
+        kill -TERM -- "-$pid" 2>/dev/null
+        exit 0
+      fi
+      [ "$code" = 401 ] && fresh_token
     fi
     if [ "$(date +%s)" -ge "$deadline" ]; then
       touch "$tag.timeout"

@@ -72,7 +72,7 @@ def test_behaviours_are_chosen_by_name_and_a_wrong_name_is_refused() -> None:
     with pytest.raises(UserError, match=r"no behaviour 'imgae-consistency'; use none, aws"):
         faults.parse("imgae-consistency")
     for behaviour in every.values():  # each says where AWS is documented to behave so
-        assert behaviour.source and (behaviour.before or behaviour.after)
+        assert behaviour.source and (behaviour.before or behaviour.after or behaviour.elsewhere)
 
 
 def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_in_use(
@@ -108,3 +108,49 @@ def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_i
     left = tagged_images_alive(cloud, run_id)
     assert [x for x in left if x.startswith("image")] == [f"image {kept}"]
     assert len([x for x in left if x.startswith("snapshot")]) == 1
+
+
+def test_spot_reclaim_mid_build_reruns_it_on_a_new_instance(
+    faulty: Callable[[str, int], Cloud], tmp_path: Path
+) -> None:
+    from amibake.local.faults import spot
+    from tests.test_build_faults import _recipe_variant
+
+    # The first spot instance gets its notice within a second and is taken back five seconds
+    # later, mid-build (the build sleeps 8 s); the second is left alone.
+    seed = seed_where(
+        lambda f: (
+            f.chance(spot.RECLAIMED, "spot", 1, "reclaimed")
+            and f.between(*spot.NOTICE_AFTER_S, "spot", 1, "notice") < 1.0
+            and not f.chance(spot.RECLAIMED, "spot", 2, "reclaimed")
+        )
+    )
+    cloud = faulty("spot-reclaim", seed)
+    root = _recipe_variant(tmp_path, "sleep 8")
+    outcome = pipelines.build(
+        cloud, pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=root)
+    )[0]
+    assert outcome.ok, outcome.error
+    assert outcome.state is not None and outcome.state.attempt == 1  # on a second instance
+    assert met(cloud)["spot-reclaim"]["spot instance reclaimed"] == 1
+    from amibake.journal import Journal
+
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    run_id = journal.last_run_id()
+    assert run_id is not None and journal.run_state(run_id) == "succeeded"
+    assert tagged_alive(cloud, run_id) == [] and journal.alive(run_id) == []
+
+
+def test_a_baked_image_stages_its_build_though_imds_answers_late_at_boot(
+    faulty: Callable[[str, int], Cloud],
+) -> None:
+    # Every instance's IMDS refuses (503) for its first seconds: the image's stage unit asks it
+    # the instance type at boot, and must retry rather than leave /shared empty.
+    cloud = faulty("imds-late", seed_where(lambda f: True))
+    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    assert pipelines.build(cloud, request)[0].ok
+    outcome = pipelines.bake(cloud, pipelines.BakeRequest(families=["c5a"]))[0]
+    assert outcome.ok, outcome.error
+    state: Any = outcome.state
+    assert state.boot_report["apps"]["trivial"]["smoke"] == "passed"
+    assert met(cloud)["imds-late"]["imds unready at boot"] >= 2  # the build host and boot test

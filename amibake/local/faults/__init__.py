@@ -70,6 +70,7 @@ class Behaviour:
     source: str  # where AWS says it behaves so: a documentation page, an issue thread
     before: Before | None = None
     after: After | None = None
+    elsewhere: str = ""  # where it acts when not on requests (an instance's IMDS, say)
 
 
 @dataclass
@@ -81,6 +82,9 @@ class Faults:
     scale: float = 1.0  # local delays are AWS's seconds to minutes shrunk to fit a test
     state: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # What a behaviour may have the cloud do beyond answering a request (the gateway sets
+    # them): "reclaim" (instance id) raises a spot notice and terminates the instance after.
+    hooks: dict[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:

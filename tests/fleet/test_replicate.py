@@ -1,0 +1,76 @@
+"""fleet/agent/replicate.sh on its own, against an IMDS of the test's: the spot notice watcher."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.executor import AGENT
+
+
+class _Imds(BaseHTTPRequestHandler):
+    """IMDSv2 whose tokens die after two uses (as a 6-hour token dies on a long replicate), and
+    which raises the spot notice two seconds after it starts."""
+
+    server: Any
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, code: int, body: str = "") -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_PUT(self) -> None:
+        self.server.issued += 1
+        token = f"token-{self.server.issued}"
+        self.server.uses[token] = 0
+        self._send(200, token)
+
+    def do_GET(self) -> None:
+        token = self.headers.get("X-aws-ec2-metadata-token", "")
+        if token not in self.server.uses or self.server.uses[token] >= 2:
+            self._send(401, "Unauthorized")
+            return
+        self.server.uses[token] += 1
+        if time.monotonic() - self.server.started < 2.0:
+            self._send(404, "Not Found")
+        else:
+            self._send(200, '{"action": "terminate", "time": "2026-11-24T00:00:00Z"}')
+
+
+@pytest.fixture
+def imds() -> Iterator[Any]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Imds)
+    server.issued, server.uses, server.started = 0, {}, time.monotonic()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+def test_the_watcher_asks_a_new_token_when_imds_refuses_its_own(imds: Any, tmp_path: Path) -> None:
+    # Its first token dies after two checks: a watcher that kept it would never see the
+    # notice, and the 30 s workload would run to its end and be scored.
+    endpoint = f"http://127.0.0.1:{imds.server_address[1]}"
+    started = time.monotonic()
+    ran = subprocess.run(
+        ["bash", str(AGENT / "replicate.sh"), str(tmp_path), "r0", endpoint, "0", "60", "sleep 30"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    result = ran.stdout.strip().splitlines()[-1]
+    assert result.startswith("FLEET-RESULT ") and "state=interrupted" in result, ran.stdout
+    assert time.monotonic() - started < 15
+    assert imds.issued >= 2  # it asked again
