@@ -67,6 +67,29 @@ def emulated(results: Results, run_id: str) -> set[tuple[str, str]]:
     }
 
 
+def types_that_failed(
+    results: Results, run_id: str, spec: BenchSpec, rows: pd.DataFrame
+) -> pd.DataFrame:
+    """Types the run asked for that failed before measuring anything (at launch, staging or
+    install): they have no replicate rows, only the reason their run recorded. A report that
+    counted failed replicates alone said "0 failed" and never named them."""
+    errors: dict[str, str] = {}
+    for _, kind, detail in results.events(run_id):
+        if kind in ("failed", "finished"):
+            errors = dict(detail.get("errors") or {})  # the last controller's word
+    measured = set(rows[rows.state == "ok"].instance_type) if not rows.empty else set()
+    missing = [t for t in spec.types if t in errors and t not in measured]
+    return pd.DataFrame(
+        {
+            "instance_type": missing,
+            "build": ["(all)"] * len(missing),
+            "replicate": [None] * len(missing),
+            "error": [errors[t] for t in missing],
+        },
+        columns=["instance_type", "build", "replicate", "error"],
+    )
+
+
 def summarize(
     rows: pd.DataFrame, metric: Metric, emulated: set[tuple[str, str]] | None = None
 ) -> pd.DataFrame:
@@ -324,15 +347,23 @@ def make(
 
         return make_tune(results, record, reports_dir, html_page, prefer)
     record, spec, rows = load_bench(results, run_id)
-    if rows.empty:
+    lost = types_that_failed(results, run_id, spec, rows)
+    if rows.empty and lost.empty:
         raise UserError(f"run {run_id} has no replicates yet; see `fleet status {run_id}`")
     frame = summarize(rows, spec.metric, emulated(results, run_id))
-    failures = rows[rows.state == "failed"][["instance_type", "build", "replicate", "error"]]
-    interrupted = int((rows.state == "interrupted").sum())
+    failed = rows[rows.state == "failed"] if not rows.empty else rows
+    failures = pd.concat(
+        [lost, failed[["instance_type", "build", "replicate", "error"]]], ignore_index=True
+    )
+    interrupted = int((rows.state == "interrupted").sum()) if not rows.empty else 0
     lines = [record["note"]] if record["note"] else []
+    # Failures first: a type that measured nothing is the first thing a reader must see.
+    lines += [f"FAILED: {t.instance_type}: {t.error}" for t in lost.itertuples()]
+    measured = len(rows[(rows.state == "ok") & (rows.warmup == 0)]) if not rows.empty else 0
     lines.append(
-        f"run {run_id}: {len(rows[(rows.state == 'ok') & (rows.warmup == 0)])} measured "
-        f"replicates, {len(failures)} failed, {interrupted} interrupted and rerun"
+        f"run {run_id}: {measured} measured replicates, {len(failed)} failed, "
+        f"{len(lost)} of {len(spec.types)} types failed entirely, {interrupted} interrupted "
+        "and rerun"
     )
     lines.append(_table_text(frame, spec.metric) if not frame.empty else "nothing measured yet")
     noisy = frame[frame.noisy] if not frame.empty else frame
@@ -342,7 +373,7 @@ def make(
             + ", ".join(noisy.type + " " + noisy.build)
             + "; more replicates would tighten the intervals"
         )
-    for _, failure in failures.head(5).iterrows():
+    for _, failure in failed.head(5).iterrows():
         lines.append(
             f"failed: {failure.instance_type} {failure.build} #{failure.replicate}: {failure.error}"
         )

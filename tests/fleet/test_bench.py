@@ -18,6 +18,7 @@ import pytest
 
 from amibake import catalog, cpu, flags
 from amibake.cloud import Cloud
+from amibake.errors import CloudError
 from amibake.journal import Journal
 from amibake.local import control as local_control
 from amibake.runner import Interrupted
@@ -418,3 +419,32 @@ def test_a_type_whose_build_this_machine_cannot_run_is_refused_before_anything_i
     assert main(["tune", str(tune)]) == 2
     assert f"{other}.large cannot run here" in capsys.readouterr().err
     assert results.run_ids() == runs_before
+
+
+def test_a_type_that_failed_entirely_is_named_first_in_the_report(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    # One of two types fails while staging (before any replicate): the report said "0 failed",
+    # its failures.csv was empty and the page never named the type.
+    other = "c5a.xlarge"
+    run_id = new_run(
+        cloud, types=[ANY_TYPE, other], command="echo value=1", metric="value=(\\d+)", replicates=1
+    )
+    results = results_of(cloud)
+    failed_once = threading.Lock()
+
+    def break_one_stage(step: str) -> None:
+        if step == "stage" and failed_once.acquire(blocking=False):
+            raise CloudError("injected: the instance could not be staged")
+
+    summary = bench.execute(cloud, run_id, results, on_boundary=break_one_stage)
+    broken = [t for t, s in summary["types"].items() if not s["ok"]]
+    assert len(broken) == 1
+    made = report.make(results, run_id, cloud.config.results_dir / "reports", html_page=True)
+    assert made.text.splitlines()[1].startswith(f"FAILED: {broken[0]}: ")  # after the note
+    assert "1 of 2 types failed entirely" in made.text
+    assert list(made.failures.instance_type) == broken
+    csv_text = (cloud.config.results_dir / "reports" / run_id / "failures.csv").read_text()
+    assert broken[0] in csv_text and "could not be staged" in csv_text
+    assert broken[0] in (cloud.config.results_dir / "reports" / run_id / "index.html").read_text()
+    assert_nothing_left(cloud, results, run_id, local_dir)
