@@ -41,6 +41,9 @@ _LAUNCH = [
     "ec2:GetConsoleOutput",
     "ec2:RunInstances",
     "ec2:TerminateInstances",
+    # Spot's service-linked role: looked up before a spot launch, made once if missing.
+    "iam:CreateServiceLinkedRole",
+    "iam:ListRoles",
     "ssm:GetParameter",  # bake: the base image of one architecture
     "ssm:GetParameters",  # build: every family's base image at once
 ]

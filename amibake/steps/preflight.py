@@ -42,6 +42,47 @@ def candidate_sizes(state: InstanceState) -> list[str]:
     return sizes[at : at + (1 if state.exact_size else 2)]
 
 
+# Spot needs this service-linked role in the account. The EC2 console makes it on a first spot
+# request; with the API "you must ensure that this role exists" (EC2 user guide, Service-linked
+# role for Spot Instances), or EC2 tries to create it with the caller's credentials, and a caller
+# without iam:CreateServiceLinkedRole gets the launch refused (kops#16475, cdk-github-runners#182).
+SPOT_SERVICE = "spot.amazonaws.com"
+SPOT_ROLE_PATH = f"/aws-service-role/{SPOT_SERVICE}/"
+SPOT_ROLE_ERRORS = {"AuthFailure.ServiceLinkedRoleCreationNotPermitted"}
+DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
+
+
+def spot_role_missing() -> UserError:
+    return UserError(
+        "spot launches need the service-linked role AWSServiceRoleForEC2Spot, which this "
+        "account lacks: create it once with 'aws iam create-service-linked-role "
+        f"--aws-service-name {SPOT_SERVICE}' (or grant iam:CreateServiceLinkedRole for "
+        f"{SPOT_SERVICE}), or launch with --on-demand"
+    )
+
+
+def ensure_spot_role(cloud: Cloud, *, dry_run: bool = False) -> None:
+    """The account has spot's service-linked role (AWSServiceRoleForEC2Spot), made here if
+    missing, as the EC2 console does; if this caller may not make it, one line says how to.
+    Looked up by its path, as clouds spell its name differently. It belongs to the account, not
+    the run: never journaled or deleted (as Batch's own role)."""
+    iam = cloud.client("iam")
+    if iam.list_roles(PathPrefix=SPOT_ROLE_PATH)["Roles"]:
+        return
+    if dry_run:  # creates nothing: says what the launch will do
+        log.warning("the account has no AWSServiceRoleForEC2Spot: the launch will create it")
+        return
+    try:
+        iam.create_service_linked_role(AWSServiceName=SPOT_SERVICE)
+        log.info("created the spot service-linked role (AWSServiceRoleForEC2Spot)")
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in DENIED:
+            raise spot_role_missing() from exc
+        # Another run made it between the lookup and now ("has been taken in this account").
+        if error_code(exc) != "InvalidInput":
+            raise
+
+
 @dataclass
 class Lookups:
     """What the launches of a run look up alike, asked once for all of them: eight families
@@ -58,6 +99,9 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
     its own, so that the error (a CloudError) names the family it concerns."""
     types = sorted({s.family.instance_type(z) for s in states for z in candidate_sizes(s)})
     architectures = sorted({s.family.architecture for s in states if not s.base_ami})
+    if any(s.spot for s in states):
+        # A dry run creates nothing: it only says what the launch would lack.
+        ensure_spot_role(cloud, dry_run=any(getattr(s, "dry_run", False) for s in states))
     try:
         base_amis = {}
         if architectures:
