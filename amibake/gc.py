@@ -2,8 +2,10 @@
 
 Two sources, because either alone can miss something: the ``amibake:run-id`` tag (applied at
 creation, so nothing amibake makes is untagged, even if the journal write never happened) and
-the journal (which knows about resources whose tags a describe call cannot filter, like fleets
-in some APIs). Everything is confirmed alive by describing before it is reported.
+the journal (which knows what a describe cannot list: DescribeFleets without ids never lists an
+instant fleet, so amibake's fleets are found by their journaled ids, their instances by tag).
+Everything is confirmed alive by describing before it is reported, and gone by describing after
+it is deleted: a NotFound for an instance or fleet just created is EC2 not seeing it yet.
 """
 
 from __future__ import annotations
@@ -18,11 +20,17 @@ import botocore.exceptions
 
 from amibake import batch
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code, ignore_missing, retry_on, wait_until
-from amibake.cloud.ec2 import SNAPSHOT_RELEASED_S, delete_image
+from amibake.cloud.calls import error_code, ignore_missing, retry_on
+from amibake.cloud.ec2 import (
+    NEW_INSTANCE_VISIBLE_S,
+    SNAPSHOT_RELEASED_S,
+    delete_fleet,
+    delete_image,
+    terminate_instances,
+)
 from amibake.cloud.tags import EXPIRES, KEPT, RUN_ID, parse_expires
+from amibake.errors import CloudError
 from amibake.journal import Journal
-from amibake.steps.launch import delete_fleet
 
 log = logging.getLogger("amibake")
 TAG_TTL = timedelta(hours=6)  # amibake:expires = creation + this (see cloud.tags.run_tags)
@@ -47,6 +55,14 @@ class Leftover:
     resource_id: str
     run_id: str
     created: datetime | None
+
+    def unseen_for(self) -> float:
+        """How much longer EC2 may answer NotFound for it though it exists (eventual
+        consistency after its creation); 0 when its age is not known."""
+        if self.created is None:
+            return 0.0
+        age = (datetime.now(UTC) - self.created).total_seconds()
+        return max(0.0, NEW_INSTANCE_VISIBLE_S - age)
 
     def describe(self) -> str:
         age = ""
@@ -80,6 +96,8 @@ def _by_tag(cloud: Cloud) -> dict[tuple[str, str], Leftover]:
         for instance in reservation["Instances"]:
             if instance["State"]["Name"] not in ("terminated", "shutting-down"):
                 add("instance", instance["InstanceId"], instance)  # type: ignore[arg-type]
+    # Fleets of type maintain or request only: an instant fleet (amibake's) is never listed
+    # without its id, and is found through the journal.
     for fleet in ec2.describe_fleets()["Fleets"]:
         if fleet.get("FleetState") not in ("deleted", "deleted_running", "deleted_terminating"):
             add("fleet", fleet["FleetId"], fleet)  # type: ignore[arg-type]
@@ -114,13 +132,16 @@ def _by_tag(cloud: Cloud) -> dict[tuple[str, str], Leftover]:
     return found
 
 
-def _still_there(cloud: Cloud, kind: str, resource_id: str) -> bool:
-    """Describe one journal entry: is it really alive? (gone is confirmed, never assumed)"""
+def _still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0.0) -> bool:
+    """Describe one journal entry: is it really alive? (gone is confirmed, never assumed: an
+    instance NotFound within `unseen_for` of its creation may be running)"""
     ec2 = cloud.ec2
     try:
         if kind == "instance":
             found = ec2.describe_instances(InstanceIds=[resource_id])["Reservations"]
             states = [i["State"]["Name"] for r in found for i in r["Instances"]]
+            if not states:
+                return unseen_for > 0
             return any(s not in ("terminated",) for s in states)
         if kind == "fleet":
             fleets = ec2.describe_fleets(FleetIds=[resource_id])["Fleets"]
@@ -149,6 +170,8 @@ def _still_there(cloud: Cloud, kind: str, resource_id: str) -> bool:
             return any(e.get("status") != "DELETED" for e in envs["computeEnvironments"])
     except botocore.exceptions.ClientError as exc:
         code = error_code(exc)
+        if kind == "instance" and code == "InvalidInstanceID.NotFound":
+            return unseen_for > 0
         if "NotFound" in code or code.startswith("InvalidKeyPair") or "Malformed" in code:
             return False
         raise
@@ -169,9 +192,10 @@ def find(
             continue
         if entry.region != cloud.config.region:
             continue
-        if _still_there(cloud, entry.kind, entry.resource_id):
-            created = datetime.fromtimestamp(entry.created, UTC)
-            found[key] = Leftover(entry.kind, entry.resource_id, entry.run_id, created)
+        created = datetime.fromtimestamp(entry.created, UTC)
+        leftover = Leftover(entry.kind, entry.resource_id, entry.run_id, created)
+        if _still_there(cloud, entry.kind, entry.resource_id, leftover.unseen_for()):
+            found[key] = leftover
         else:
             journal.deleted(entry.kind, entry.resource_id)
     leftovers = [
@@ -217,8 +241,7 @@ def delete(cloud: Cloud, journal: Journal, leftovers: list[Leftover]) -> list[st
     actions: dict[str, Callable[[str], object]] = {
         "job-queue": lambda i: batch.delete_queue(batch_client, i),
         "compute-environment": lambda i: batch.delete_environment(batch_client, i),
-        "fleet": lambda i: delete_fleet(ec2, i),
-        "instance": lambda i: ec2.terminate_instances(InstanceIds=[i]),
+        "fleet": lambda i: delete_fleet(ec2, i, unseen_for_s=unseen[i]),
         "launch-template": lambda i: ec2.delete_launch_template(LaunchTemplateId=i),
         # With its snapshots (DeleteAssociatedSnapshots): a snapshot deleted right after its
         # image may still be in use (InvalidSnapshot.InUse), and was left, billed.
@@ -234,21 +257,28 @@ def delete(cloud: Cloud, journal: Journal, leftovers: list[Leftover]) -> list[st
         ),
         "key-pair": lambda i: ec2.delete_key_pair(KeyName=i),
     }
-    instances = [x.resource_id for x in leftovers if x.kind == "instance"]
+    unseen = {x.resource_id: x.unseen_for() for x in leftovers}
+    instances = {x.resource_id: unseen[x.resource_id] for x in leftovers if x.kind == "instance"}
+    ended: str | None = None  # instances: None until terminated together, then "" or the error
     for item in leftovers:
         try:
-            ignore_missing(lambda item=item: actions[item.kind](item.resource_id))  # type: ignore[misc]
-            if item.kind == "instance" and item.resource_id == instances[-1]:
-                # Security groups and volumes stay in use until instances are really gone.
-                wait_until(
-                    "instances to terminate",
-                    lambda: not any(_still_there(cloud, "instance", i) for i in instances),
-                    timeout_s=600,
-                )
+            if item.kind == "instance":
+                if ended is None:
+                    # Security groups and volumes stay in use until instances are really
+                    # gone: confirmed by describing them terminated, never by a NotFound.
+                    try:
+                        terminate_instances(ec2, instances)
+                        ended = ""
+                    except (botocore.exceptions.ClientError, CloudError) as exc:
+                        ended = str(exc)
+                if ended:
+                    raise CloudError(ended)
+            else:
+                ignore_missing(lambda item=item: actions[item.kind](item.resource_id))  # type: ignore[misc]
             journal.deleted(item.kind, item.resource_id)
             log.info("deleted %s", item.describe())
             if item.kind == "key-pair" and item.run_id:
                 _forget_private_keys(cloud, journal, item.run_id)
-        except botocore.exceptions.ClientError as exc:
+        except (botocore.exceptions.ClientError, CloudError) as exc:
             failures.append(f"{item.describe()}: {exc}")
     return failures

@@ -8,11 +8,13 @@ NotFound is retried for as long as AWS says it may last, and "gone" is confirmed
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import botocore.exceptions
 
-from amibake.cloud.calls import error_code, retry_on
+from amibake.cloud.calls import error_code, retry_on, wait_until
+from amibake.errors import CloudError
 
 log = logging.getLogger("amibake")
 # How long a new AMI may be NotFound: AWS support's answer in hashicorp/packer#2033 and #3377.
@@ -77,3 +79,138 @@ def delete_image(
                 raise
         deleted.append(snapshot)
     return deleted
+
+
+# --- instances and fleets -------------------------------------------------------------------
+
+# How long a new instance (or the fleet that launched it) may be NotFound: the EC2 API guide
+# says to back off "starting with a couple of seconds ... up to a few minutes".
+NEW_INSTANCE_VISIBLE_S = 300.0
+INSTANCE_NOT_FOUND = {"InvalidInstanceID.NotFound"}
+TERMINATE_TIMEOUT_S = 600.0
+
+
+def _not_found(instance_id: str, operation: str) -> botocore.exceptions.ClientError:
+    return botocore.exceptions.ClientError(
+        {"Error": {"Code": "InvalidInstanceID.NotFound", "Message": instance_id}}, operation
+    )
+
+
+def describe_instance(
+    ec2: Any, instance_id: str, *, within_s: float = NEW_INSTANCE_VISIBLE_S
+) -> dict[str, Any]:
+    """An instance amibake launched: NotFound (or an empty answer) is retried until it shows."""
+
+    def once() -> dict[str, Any]:
+        found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        instances = [i for r in found for i in r["Instances"]]
+        if not instances:
+            raise _not_found(instance_id, "DescribeInstances")
+        return dict(instances[0])
+
+    return retry_on(INSTANCE_NOT_FOUND, once, within_s=within_s)
+
+
+def terminate_instances(
+    ec2: Any, unseen_for_s: dict[str, float], *, timeout_s: float = TERMINATE_TIMEOUT_S
+) -> None:
+    """Terminate the instances and confirm it by describing them: each is gone once EC2
+    describes it terminated. A NotFound is not "gone" while the instance may be too new to be
+    seen (`unseen_for_s`, by id: the whole NEW_INSTANCE_VISIBLE_S right after the launch, 0 for
+    one known to EC2 for longer): EC2 says such an instance "might still be running". Past that,
+    NotFound means EC2 has forgotten it (it describes a terminated instance for about an hour)."""
+    started = time.monotonic()
+    for instance_id, window in unseen_for_s.items():
+        try:
+            retry_on(
+                INSTANCE_NOT_FOUND,
+                lambda i=instance_id: ec2.terminate_instances(InstanceIds=[i]),  # type: ignore[misc]
+                within_s=window,
+            )
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) not in INSTANCE_NOT_FOUND:
+                raise
+    pending = set(unseen_for_s)
+
+    def all_terminated() -> bool:
+        for instance_id in sorted(pending):
+            state = instance_state(ec2, instance_id)
+            seen_out = time.monotonic() > started + unseen_for_s[instance_id]
+            if state == "terminated" or (state is None and seen_out):
+                pending.discard(instance_id)
+        return not pending
+
+    names = ", ".join(sorted(unseen_for_s))
+    wait_until(f"{names} to terminate", all_terminated, timeout_s=timeout_s)
+
+
+def instance_state(ec2: Any, instance_id: str) -> str | None:
+    """The instance's state as EC2 describes it now; None when EC2 says NotFound (which, for a
+    new instance, does not mean it is not running)."""
+    try:
+        found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in INSTANCE_NOT_FOUND:
+            return None
+        raise
+    states = [i["State"]["Name"] for r in found for i in r["Instances"]]
+    return str(states[0]) if states else None
+
+
+def delete_fleet(ec2: Any, fleet_id: str, *, unseen_for_s: float = NEW_INSTANCE_VISIBLE_S) -> None:
+    """Delete an instant fleet and the instances it launched (the caller confirms those gone).
+
+    DeleteFleets answers 200 and reports a fleet it could not delete in
+    UnsuccessfulFleetDeletions: `fleetIdDoesNotExist` for a fleet too new to be seen is retried
+    for `unseen_for_s`; any other refusal is an error, never taken for done."""
+    deadline = time.monotonic() + unseen_for_s
+    delay = 0.2
+    while True:
+        try:
+            answer = retry_on(
+                {"RequestLimitExceeded"},
+                lambda: ec2.delete_fleets(FleetIds=[fleet_id], TerminateInstances=True),
+            )
+        except botocore.exceptions.ClientError as exc:
+            # moto refuses TerminateInstances=True for a fleet holding no instance any more
+            # (AWS does not: an instant fleet must terminate its instances).
+            if error_code(exc) != "InvalidParameterCombination":
+                raise
+            answer = ec2.delete_fleets(FleetIds=[fleet_id], TerminateInstances=False)
+        refused = [
+            f.get("Error", {})
+            for f in answer.get("UnsuccessfulFleetDeletions", [])
+            if f.get("FleetId") == fleet_id
+        ]
+        if not refused:
+            return
+        code = str(refused[0].get("Code", ""))
+        if code == "fleetIdDoesNotExist":
+            if time.monotonic() + delay > deadline:
+                return  # unknown for longer than a new fleet can be unseen: it is gone
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        if code == "fleetNotInDeletableState" and fleet_deleted(ec2, fleet_id):
+            return
+        raise CloudError(f"DeleteFleets {fleet_id}: {code}: {refused[0].get('Message', '')}")
+
+
+def fleet_deleted(ec2: Any, fleet_id: str) -> bool:
+    """Whether EC2 describes the fleet as deleted (an instant fleet is found only by its id)."""
+    fleets = ec2.describe_fleets(FleetIds=[fleet_id])["Fleets"]
+    return all(str(f.get("FleetState", "")).startswith("deleted") for f in fleets)
+
+
+def zones_offering(ec2: Any, instance_types: list[str]) -> dict[str, set[str]]:
+    """Instance type -> the availability zones that offer it. An EC2 Fleet override naming an
+    AZ without its type fails with InvalidFleetConfiguration (us-east-1e has no c5 sizes)."""
+    zones: dict[str, set[str]] = {t: set() for t in instance_types}
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": instance_types}],
+    )
+    for page in pages:
+        for offering in page["InstanceTypeOfferings"]:
+            zones.setdefault(offering["InstanceType"], set()).add(offering["Location"])
+    return zones

@@ -9,6 +9,7 @@ from typing import IO
 import botocore.exceptions
 
 from amibake.cloud.calls import error_code
+from amibake.cloud.ec2 import describe_instance
 from amibake.cloud.session import Cloud
 from amibake.errors import CloudError, HostKeyMismatch, RemoteError
 from amibake.progress import Progress
@@ -16,17 +17,12 @@ from amibake.remote import Remote, Sink, load_private_key, parse_fingerprints
 
 
 def describe(cloud: Cloud, instance_id: str) -> dict[str, object]:
-    """Describe one instance; a NotFound right after launch is EC2's eventual consistency."""
-    for attempt in range(8):
-        try:
-            found = cloud.ec2.describe_instances(InstanceIds=[instance_id])
-            instance: dict[str, object] = found["Reservations"][0]["Instances"][0]
-            return instance
-        except botocore.exceptions.ClientError as exc:
-            if exc.response["Error"]["Code"] != "InvalidInstanceID.NotFound" or attempt == 7:
-                raise CloudError(f"describe {instance_id}: {exc}") from exc
-            time.sleep(min(0.1 * 2**attempt, 3.0))
-    raise AssertionError("unreachable")
+    """Describe one instance; a NotFound right after launch is EC2's eventual consistency,
+    retried for as long as EC2 may take to see a new instance (minutes)."""
+    try:
+        return describe_instance(cloud.ec2, instance_id)
+    except botocore.exceptions.ClientError as exc:
+        raise CloudError(f"describe {instance_id}: {exc}") from exc
 
 
 def console_output(cloud: Cloud, instance_id: str) -> str:

@@ -7,17 +7,38 @@ import logging
 import time
 from typing import Any
 
-import botocore.exceptions
-
 from amibake.cloud import tags
-from amibake.cloud.calls import error_code, ignore_missing, retry_on, wait_until
+from amibake.cloud.calls import ignore_missing
+from amibake.cloud.ec2 import (
+    NEW_INSTANCE_VISIBLE_S,
+    delete_fleet,
+    terminate_instances,
+    zones_offering,
+)
 from amibake.errors import CloudError
 from amibake.runner import RunContext
-from amibake.steps.preflight import candidate_sizes
+from amibake.steps.preflight import (
+    SPOT_ROLE_ERRORS,
+    candidate_sizes,
+    ensure_spot_role,
+    spot_role_missing,
+)
 from amibake.steps.state import InstanceState
 
 log = logging.getLogger("amibake")
-CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow"}
+# No capacity in the pools asked. UnfulfillableCapacity is what spot usually says (osbuild-composer
+# #4220, #4413), InsufficientInstanceCapacity what on-demand and some spot requests say.
+CAPACITY_ERRORS = {
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "UnfulfillableCapacity",
+    "SpotMaxPriceTooLow",
+}
+# CreateFleet reports throttling inside its Errors with HTTP 200, where botocore's retries never
+# see it (aws-parallelcluster-node#579): retried here, and never called "no capacity".
+THROTTLING_ERRORS = {"RequestLimitExceeded", "Throttling", "ThrottlingException"}
+# EC2's request-rate buckets refill within seconds, a busy account's within minutes.
+THROTTLED_WITHIN_S = 180.0
 # The account's quotas, not the pools' capacity: retrying or another size will not help, and the
 # user's fix is elsewhere (Service Quotas), so the error must not say "no capacity".
 QUOTA_ERRORS = {"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"}
@@ -83,8 +104,14 @@ class LaunchFleet:
 
     def __init__(self, context: RunContext) -> None:
         self.context = context
+        # Every attempt's fleet, with when it was created: EC2 returns a FleetId even when
+        # nothing launched, and each must be deleted, not only the last.
+        self.fleets: list[tuple[str, float]] = []
 
     def _overrides(self, state: InstanceState) -> list[dict[str, Any]]:
+        """Every candidate size in every default subnet whose AZ offers it: an override in an
+        AZ without its type is refused with InvalidFleetConfiguration (us-east-1e has no c5a),
+        and a region offering a type says nothing of each of its AZs."""
         ec2 = self.context.cloud.ec2
         subnets = self.context.shared(
             "default-subnets",
@@ -92,17 +119,29 @@ class LaunchFleet:
                 "Subnets"
             ],
         )
+        types = [state.family.instance_type(size) for size in candidate_sizes(state)]
+        zones = self.context.shared(
+            f"zones-offering:{','.join(types)}", lambda: zones_offering(ec2, types)
+        )
         overrides = []
-        for priority, size in enumerate(candidate_sizes(state)):
+        for priority, instance_type in enumerate(types):
             for subnet in subnets or [{}]:
+                if subnet and subnet["AvailabilityZone"] not in zones.get(instance_type, set()):
+                    continue
                 override: dict[str, Any] = {
-                    "InstanceType": state.family.instance_type(size),
+                    "InstanceType": instance_type,
                     "Priority": float(priority),
                 }
                 if subnet:
                     override["SubnetId"] = subnet["SubnetId"]
                     override["AvailabilityZone"] = subnet["AvailabilityZone"]
                 overrides.append(override)
+        if not overrides:
+            where = ", ".join(sorted(s["AvailabilityZone"] for s in subnets))
+            raise CloudError(
+                f"none of {', '.join(types)} is offered in the availability zones of the "
+                f"default subnets ({where})"
+            )
         return overrides
 
     def _request(self, state: InstanceState, market: str, attempt: int) -> dict[str, Any]:
@@ -134,73 +173,122 @@ class LaunchFleet:
             request["OnDemandOptions"] = {"AllocationStrategy": "prioritized"}
         return request
 
+    def _launch(self, state: InstanceState, market: str, attempt: int) -> list[dict[str, str]]:
+        """One CreateFleet: its fleet and instances journaled before anything can fail; its
+        Errors returned."""
+        response = self.context.cloud.ec2.create_fleet(**self._request(state, market, attempt))
+        fleet_id = response.get("FleetId", "")
+        if fleet_id:
+            self.fleets.append((fleet_id, time.monotonic()))
+            state.fleet_id = fleet_id
+            self.context.created("fleet", fleet_id)
+        for group in response.get("Instances", []):
+            for instance_id in group.get("InstanceIds", []):
+                # Recorded first, before anything can fail: gc must be able to find it.
+                self.context.created("instance", instance_id)
+                if not state.instance_id:
+                    state.instance_id = instance_id
+                    state.instance_type = group.get("InstanceType", "")
+                    state.market = market
+        errors: list[dict[str, str]] = response.get("Errors", [])
+        return errors
+
+    def _pause(self, seconds: float) -> None:
+        """Back off, but stop at once when the run is cancelled."""
+        self.context.cancel.wait(seconds)
+        self.context.check_cancel()
+
     def run(self, state: InstanceState) -> None:
         markets = ["spot"] if state.spot else ["on-demand"]
         if state.spot and state.on_demand_fallback:
             markets.append("on-demand")
-        ec2 = self.context.cloud.ec2
+        if state.spot:  # bake and fleet launch without build's preflight
+            self.context.shared("spot-role", lambda: ensure_spot_role(self.context.cloud))
         errors: list[str] = []
         codes_seen: set[str] = set()
         started = time.monotonic()
+        attempt = 0
         for market in markets:
-            for attempt in range(CAPACITY_ATTEMPTS):
+            capacity_tries = throttled = 0
+            throttled_since = 0.0
+            while True:
                 self.context.check_cancel()
-                response = ec2.create_fleet(**self._request(state, market, attempt))
-                fleet_id = response.get("FleetId", "")
-                if fleet_id:
-                    state.fleet_id = fleet_id
-                    self.context.created("fleet", fleet_id)
-                for group in response.get("Instances", []):
-                    for instance_id in group.get("InstanceIds", []):
-                        # Recorded first, before anything can fail: gc must be able to find it.
-                        self.context.created("instance", instance_id)
-                        if not state.instance_id:
-                            state.instance_id = instance_id
-                            state.instance_type = group.get("InstanceType", "")
-                            state.market = market
+                refused = self._launch(state, market, attempt)
+                attempt += 1
                 if state.instance_id:
                     state.phases["launch"] = time.monotonic() - started
                     log.info("launched %s (%s, %s)", state.instance_id, state.instance_type, market)
+                    for error in refused:  # pools refused beside the one that launched
+                        log.debug("%s: %s", error.get("ErrorCode"), error.get("ErrorMessage"))
                     return
-                codes = {e.get("ErrorCode", "") for e in response.get("Errors", [])}
+                codes = {e.get("ErrorCode", "") for e in refused}
                 codes_seen |= codes
-                errors += [
-                    f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}"
-                    for e in response.get("Errors", [])
-                ]
+                errors += [f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}" for e in refused]
+                if codes & SPOT_ROLE_ERRORS:
+                    raise spot_role_missing()
+                if codes & THROTTLING_ERRORS and not codes & QUOTA_ERRORS:
+                    throttled_since = throttled_since or time.monotonic()
+                    if time.monotonic() - throttled_since < THROTTLED_WITHIN_S:
+                        log.info("CreateFleet throttled (RequestLimitExceeded); retrying")
+                        self._pause(min(CAPACITY_BACKOFF_S * 2**throttled, 10.0))
+                        throttled += 1
+                        continue
                 if not codes & CAPACITY_ERRORS:
                     break
-                if attempt < CAPACITY_ATTEMPTS - 1:
-                    time.sleep(min(CAPACITY_BACKOFF_S * 2**attempt, 5.0))
+                capacity_tries += 1
+                if capacity_tries >= CAPACITY_ATTEMPTS:
+                    break
+                self._pause(min(CAPACITY_BACKOFF_S * 2 ** (capacity_tries - 1), 5.0))
         pools = ", ".join(dict.fromkeys(state.pools_tried))
         hint = (
             ""
             if state.on_demand_fallback or not state.spot
             else ("; allow on-demand with --on-demand-fallback")
         )
-        refused = "; ".join(dict.fromkeys(errors))
+        refused_all = "; ".join(dict.fromkeys(errors))
         if codes_seen & QUOTA_ERRORS:
             raise CloudError(
-                f"{state.family.name}: the account's EC2 quota refused the launch ({refused}): "
-                f"raise the vCPU quota for {' and '.join(markets)} instances in Service Quotas "
-                f"(EC2), or end instances that hold it{hint}"
+                f"{state.family.name}: the account's EC2 quota refused the launch "
+                f"({refused_all}): raise the vCPU quota for {' and '.join(markets)} instances in "
+                f"Service Quotas (EC2), or end instances that hold it{hint}"
+            )
+        if codes_seen and codes_seen <= THROTTLING_ERRORS:
+            raise CloudError(
+                f"{state.family.name}: EC2 throttled every launch for {THROTTLED_WITHIN_S:.0f}s "
+                f"(RequestLimitExceeded): the account's request rate is spent; try again later"
             )
         raise CloudError(
             f"no capacity for {state.family.name} after trying {pools}: "
-            f"{refused or 'no instance returned'}{hint}"
+            f"{refused_all or 'no instance returned'}{hint}"
         )
 
     def cleanup(self, state: InstanceState) -> None:
         ec2 = self.context.cloud.ec2
-        if state.fleet_id:
-            delete_fleet(ec2, state.fleet_id)
-            self.context.deleted("fleet", state.fleet_id)
+        fleets = list(self.fleets)
+        if state.fleet_id and state.fleet_id not in {f for f, _ in fleets}:
+            fleets.append((state.fleet_id, time.monotonic()))
+        failures = []
+        for fleet_id, created in fleets:
+            try:
+                delete_fleet(ec2, fleet_id, unseen_for_s=unseen_for(created))
+                self.context.deleted("fleet", fleet_id)
+            except Exception as exc:  # the others, and the instances, are still to go
+                failures.append(f"fleet {fleet_id}: {exc}")
         known = [state.instance_id] if state.instance_id else []
         terminate_launched(self.context, "launch", state.label, known)
+        if failures:
+            raise CloudError("; ".join(failures))
+
+
+def unseen_for(created: float) -> float:
+    """How much longer a resource created at `created` (time.monotonic()) may be NotFound."""
+    return max(0.0, NEW_INSTANCE_VISIBLE_S - (time.monotonic() - created))
 
 
 def terminate_launched(context: RunContext, step: str, label: str, known: list[str]) -> None:
-    """Terminate what a step launched: the ids it got back, and anything carrying its tags.
+    """Terminate what a step launched: the ids it got back, and anything carrying its tags;
+    journaled as deleted once EC2 describes each terminated (a NotFound right after the launch
+    is EC2 not seeing it yet: the instance may well be running).
 
     The tags cover an instance whose id never reached the step (a failure between the launch
     call returning and the id being stored), so even then nothing outlives the run.
@@ -217,40 +305,11 @@ def terminate_launched(context: RunContext, step: str, label: str, known: list[s
         for r in ec2.describe_instances(Filters=filters)["Reservations"]
         for i in r["Instances"]
     ]
-    ids = sorted(set(known) | set(found))
+    # A known id was launched by this run: NotFound is EC2 not seeing it yet. One found by
+    # describing is seen already.
+    ids = {i: 0.0 for i in found} | {i: NEW_INSTANCE_VISIBLE_S for i in known}
     if not ids:
         return
-    ignore_missing(lambda: ec2.terminate_instances(InstanceIds=ids))
-    for instance_id in ids:
-        wait_until(
-            f"{instance_id} to terminate",
-            lambda i=instance_id: instance_gone(ec2, i),  # type: ignore[misc]
-            timeout_s=600,
-        )
+    terminate_instances(ec2, dict(sorted(ids.items())))
+    for instance_id in sorted(ids):
         context.deleted("instance", instance_id)
-
-
-def instance_gone(ec2: Any, instance_id: str) -> bool:
-    """Confirmed by describing: terminated, or unknown to EC2."""
-    try:
-        found = ec2.describe_instances(InstanceIds=[instance_id])
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) == "InvalidInstanceID.NotFound":
-            return True
-        raise
-    instances = [i for r in found["Reservations"] for i in r["Instances"]]
-    return all(i["State"]["Name"] == "terminated" for i in instances)
-
-
-def delete_fleet(ec2: Any, fleet_id: str) -> None:
-    """Delete a fleet and the instances it launched (the caller confirms they are gone)."""
-    try:
-        retry_on(
-            {"RequestLimitExceeded"},
-            lambda: ec2.delete_fleets(FleetIds=[fleet_id], TerminateInstances=True),
-        )
-    except botocore.exceptions.ClientError as exc:
-        # moto refuses TerminateInstances=True for a fleet holding no instance any more.
-        if error_code(exc) != "InvalidParameterCombination":
-            raise
-        ec2.delete_fleets(FleetIds=[fleet_id], TerminateInstances=False)
