@@ -198,7 +198,8 @@ def test_gc_right_after_a_killed_launch_finds_every_fleet_and_the_unseen_instanc
     done = met(cloud)
     assert done["fleet-errors"]["instant fleet not listed"] > 0
     assert done["instance-consistency"]["fleet not found yet (DeleteFleets)"] > 0
-    assert done["instance-consistency"]["instance not found yet (TerminateInstances)"] > 0
+    # gc met the unseen instance (which of its calls did depends on this machine's load).
+    assert any(k.startswith("instance not found yet") for k in done["instance-consistency"])
 
 
 # --- finding 10: spot's service-linked role ----------------------------------------------------
