@@ -383,10 +383,15 @@ SCOPES: dict[str, tuple[Scope, ...]] = {
             (("StringEquals", "iam:PassedToService", ("batch.amazonaws.com",)),),
         ),
     ),
+    # The roles Batch and spot need once per account (what their consoles make on first use).
     "iam:CreateServiceLinkedRole": (
         Scope(
             (BATCH_SERVICE_ROLE,),
             (("StringEquals", "iam:AWSServiceName", ("batch.amazonaws.com",)),),
+        ),
+        Scope(
+            ("arn:aws:iam::*:role/aws-service-role/spot.amazonaws.com/*",),
+            (("StringEquals", "iam:AWSServiceName", ("spot.amazonaws.com",)),),
         ),
     ),
     # The job bucket, by amibake's name; its objects.

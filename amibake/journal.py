@@ -193,6 +193,15 @@ class Journal:
             (time.time(), kind, resource_id),
         )
 
+    def resources(self, run_id: str) -> list[Resource]:
+        """Everything the run created, deleted or not."""
+        rows = self._exec(
+            "SELECT run_id, kind, resource_id, region, cloud, created FROM resources "
+            "WHERE run_id = ? ORDER BY created",
+            (run_id,),
+        )
+        return [Resource(*row) for row in rows]  # type: ignore[arg-type]
+
     def alive(self, run_id: str | None = None, cloud: str | None = None) -> list[Resource]:
         sql = "SELECT run_id, kind, resource_id, region, cloud, created FROM resources"
         sql += " WHERE deleted IS NULL"

@@ -122,11 +122,23 @@ def tagged_alive(cloud: Cloud, run_id: str) -> list[str]:
         f"launch-template {t['LaunchTemplateId']}"
         for t in ec2.describe_launch_templates(Filters=tag)["LaunchTemplates"]
     ]
+    # DescribeFleets without ids never lists instant fleets (on AWS, and under the local cloud's
+    # fleet-errors): the run's fleets are asked for by the ids its journal holds.
+    from amibake.journal import Journal
+
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    fleet_ids = sorted(
+        {r.resource_id for r in journal.resources(run_id) if r.kind == "fleet"}
+        | {
+            f["FleetId"]
+            for f in ec2.describe_fleets()["Fleets"]
+            if {"Key": "amibake:run-id", "Value": run_id} in f.get("Tags", [])
+        }
+    )
     alive += [
         f"fleet {f['FleetId']} {f['FleetState']}"
-        for f in ec2.describe_fleets()["Fleets"]
-        if {"Key": "amibake:run-id", "Value": run_id} in f.get("Tags", [])
-        and not f["FleetState"].startswith("deleted")
+        for f in (ec2.describe_fleets(FleetIds=fleet_ids)["Fleets"] if fleet_ids else [])
+        if not f["FleetState"].startswith("deleted")
     ]
     alive += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]]
     client = cloud.client("batch")

@@ -42,7 +42,10 @@ THROTTLED_WITHIN_S = 180.0
 # The account's quotas, not the pools' capacity: retrying or another size will not help, and the
 # user's fix is elsewhere (Service Quotas), so the error must not say "no capacity".
 QUOTA_ERRORS = {"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"}
-CAPACITY_ATTEMPTS = 3
+# Spot pools run dry and refill within tens of seconds to minutes: five tries over the next size
+# and every AZ, backing off 0.5, 1, 2, 4 s, before saying "no capacity" (a demo under the local
+# cloud's fleet-errors met three dry tries in a row about once in twenty).
+CAPACITY_ATTEMPTS = 5
 CAPACITY_BACKOFF_S = 0.5
 
 
