@@ -60,8 +60,16 @@ prices: install
 	$(BIN)/python -m fleet.prices build $(PRICE_TABLE) --date 2026-11-22 \
 	  --source "SkyPilot catalog catalogs/v7/aws/vms.csv, skypilot-org/skypilot-catalog at commit 001367d22a0033fac286a8c71aeac7109e431bcb"
 
+# The suite, then its end-to-end runs (build, bake, batch, bench, tune, gc: marked e2e) a second
+# time against the local cloud answering as AWS does (eventual consistency, fleet errors, spot
+# reclaims, ...) at fixed seeds.
+FAULT_SEEDS ?= 11
 test: install zstd-source
 	$(BIN)/python -m pytest -q
+	@for seed in $(FAULT_SEEDS); do \
+	  echo "end-to-end tests under --faults aws, seed $$seed"; \
+	  AMIBAKE_LOCAL_FAULTS=aws AMIBAKE_LOCAL_FAULTS_SEED=$$seed $(BIN)/python -m pytest -q -m e2e \
+	    || exit 1; done
 
 lint: install
 	$(BIN)/ruff check amibake fleet tests benchmarks

@@ -152,6 +152,7 @@ def test_a_baked_image_holds_its_builds_runtime_packages(
     assert report["apps"]["omp"] == {"family": "c5a", "smoke": "passed", "smoke_on": smoke_on}
 
 
+@pytest.mark.e2e
 def test_bake_boot_test_and_security_invariants(
     cloud: Cloud, built: None, local_dir: Path, host: cpu.Cpu
 ) -> None:

@@ -59,6 +59,7 @@ def assert_nothing_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
     assert wait_until_clean(local_dir) == []
 
 
+@pytest.mark.e2e
 def test_kernels_build_for_this_machine_family(
     cloud: Cloud, local_dir: Path, host: cpu.Cpu, host_family: str
 ) -> None:

@@ -248,6 +248,7 @@ def test_ssh_dropping_mid_build_is_a_clear_error(
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
 
+@pytest.mark.e2e
 def test_sigkill_mid_build_then_gc_leaves_nothing(
     cloud: Cloud, local_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -73,6 +73,7 @@ def batch_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
     assert wait_until_clean(local_dir) == []  # each trial's host went with its environment
 
 
+@pytest.mark.e2e
 def test_two_builds_measured_as_array_jobs(cloud: Cloud, registered: None, local_dir: Path) -> None:
     run_id = new_run(
         cloud,

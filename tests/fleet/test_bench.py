@@ -66,6 +66,7 @@ def blue_pixels(png: Path) -> int:
     return int((close & (abs(image[..., 2] - target[2]) < 0.03)).sum())
 
 
+@pytest.mark.e2e
 def test_two_builds_on_two_types_measured_reported_and_rendered(
     cloud: Cloud,
     local_dir: Path,
@@ -86,7 +87,11 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     summary = bench.execute(cloud, run_id, results)
     assert all(t["ok"] for t in summary["types"].values()), summary
     rows = results.replicates(run_id)
-    assert len(rows) == 12 and set(rows.state) == {"ok"}
+    # Every planned replicate measured once; only a spot reclaim (under --faults aws) adds a
+    # row, an interrupted attempt, which is rerun, never scored.
+    assert set(rows.state) <= {"ok", "interrupted"}
+    rows = rows[rows.state == "ok"]
+    assert len(rows) == 12
     assert set(rows.build) == {"tuned", "generic"}
     assert (rows.metric > 0).all() and (rows.price_usd_hour > 0).all()
     # The progress counts the money: both instances' time from launch at their price, at least
@@ -114,7 +119,8 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     reports = cloud.config.results_dir / "reports" / run_id
     summary_csv = (reports / "summary.csv").read_text().splitlines()
     assert len(summary_csv) == 1 + 4 and summary_csv[0].startswith("type,build,n,median")
-    assert len((reports / "replicates.csv").read_text().splitlines()) == 1 + 12
+    everything = len(results.replicates(run_id))  # interrupted attempts too
+    assert len((reports / "replicates.csv").read_text().splitlines()) == 1 + everything
     page = reports / "index.html"
     shot = tmp_path / "report.png"
     subprocess.run(

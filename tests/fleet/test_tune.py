@@ -697,6 +697,7 @@ def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
     assert set(trials.state) == {"asked"}  # neither was scored: a resume runs both again
 
 
+@pytest.mark.e2e
 def test_a_sigkilled_search_resumes_after_removing_what_its_trial_left(
     cloud: Cloud, local_dir: Path, tmp_path: Path, host_family: str
 ) -> None:
