@@ -78,8 +78,9 @@ def ensure_spot_role(cloud: Cloud, *, dry_run: bool = False) -> None:
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) in DENIED:
             raise spot_role_missing() from exc
-        # Another run made it between the lookup and now ("has been taken in this account").
-        if error_code(exc) != "InvalidInput":
+        # Another run (or a trial beside this one) made it between the lookup and now: AWS
+        # says InvalidInput "has been taken in this account", moto EntityAlreadyExists.
+        if error_code(exc) not in ("InvalidInput", "EntityAlreadyExists"):
             raise
 
 
