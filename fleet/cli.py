@@ -328,13 +328,17 @@ def _tune(args: argparse.Namespace) -> int:
     outcome = tune.search(spec, evaluate, results, run_id)
     print_result(
         args,
-        {"run_id": run_id, "trials": outcome.trials, "best": outcome.best},
+        {
+            "run_id": run_id,
+            "trials": outcome.trials,
+            "best": outcome.best,
+            "recommended": outcome.recommended,
+        },
         lambda o: (
-            f"run {o['run_id']}: {o['trials']} trials; best: "
+            f"run {o['run_id']}: {o['trials']} trials; "
             + (
-                tune.in_own_terms(spec.objective, o["best"]["loss"], o["best"]["metric"])
-                + f" with {o['best']['params']}"
-                if o["best"]
+                "recommended: " + tune.recommendation_text(spec.objective, o["recommended"])
+                if o["recommended"]
                 else "none feasible (the report says why each trial failed)"
             )
             + f"\nnext: fleet report {o['run_id']}"
@@ -346,8 +350,10 @@ def _tune(args: argparse.Namespace) -> int:
 def _tune_compare(args: argparse.Namespace) -> int:
     from fleet import replay, tune, tune_report
 
+    if args.replay_runs:
+        return _tune_compare_runs(args)
     if not args.replay:
-        raise UserError("fleet tune compare needs --replay TABLE.csv")
+        raise UserError("fleet tune compare needs --replay TABLE.csv (or --replay-runs RUNS.csv)")
     table = Path(args.replay)
     if args.space:
         changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
@@ -385,6 +391,40 @@ def _tune_compare(args: argparse.Namespace) -> int:
         "files": {name: str(path) for name, path in files.items()},
     }
     print_result(args, summary, lambda _: f"{text}\nreport: {files['index.html']}")
+    return 0
+
+
+def _tune_compare_runs(args: argparse.Namespace) -> int:
+    """`compare` on a table of runs: every evaluation draws one recorded run (noisy replay), and
+    each search is scored by what it recommends."""
+    from fleet import noisy_replay, replay, tune
+
+    table = Path(args.replay_runs)
+    column = args.objective_column or "metric"
+    if args.space:
+        spec = tune.load(
+            Path(args.space), {"replay": str(table.resolve()), "replay_column": column}
+        )
+    else:
+        raw = replay.space_from_table(table, column, exclude=noisy_replay.RUN_COLUMNS)
+        spec = tune.from_dict(raw, str(table))
+    algorithms = _list(args.algorithms) or ["gp", "forest", "tpe", "random"]
+    for name in algorithms:
+        if name not in tune.ALGORITHMS:
+            raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
+    if args.seeds < 1 or args.budget < 1:
+        raise UserError("--seeds and --budget must be at least 1")
+    startup = spec.startup if args.startup_trials is None else args.startup_trials
+    rows = noisy_replay.compare_noisy(
+        table, spec.space, column, algorithms, args.seeds, args.budget, startup
+    )
+    text = noisy_replay.compare_noisy_text(rows, args.budget, args.seeds)
+    summary = {
+        "algorithms": [
+            {"algorithm": r.algorithm, "ratios": r.ratios, "covered": r.covered} for r in rows
+        ]
+    }
+    print_result(args, summary, lambda _: text)
     return 0
 
 
@@ -469,6 +509,11 @@ def build_parser() -> argparse.ArgumentParser:
     common_options(tune)
     tune.add_argument("file", nargs="?", help="tune file (TOML), or `compare`")
     tune.add_argument("--replay", help="evaluate trials from a recorded table (CSV)")
+    tune.add_argument(
+        "--replay-runs",
+        help="compare: draw each evaluation from a table of runs (a run column, several rows "
+        "per configuration) and score what each search recommends",
+    )
     tune.add_argument(
         "--resume", metavar="RUN", help="continue a search (with --trials N: a new budget)"
     )

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from amibake.errors import UserError
+from fleet.search import engines
+from fleet.search.evaluation import Evaluation
 from fleet.tune import (
     MEASURES,
-    Evaluation,
-    Search,
     TuneSpec,
     broken_constraint,
     loss_of,
@@ -164,7 +164,7 @@ class Comparison:
     curves: list[list[float]] = field(default_factory=list)
 
 
-def space_from_table(path: Path, column: str) -> dict[str, Any]:
+def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """With no tune file, `compare` searches the table's own configurations: every column but
     the objective and the other measurements a replay table may hold (MEASURES) is a
     categorical parameter of its distinct values."""
@@ -179,7 +179,7 @@ def space_from_table(path: Path, column: str) -> dict[str, Any]:
         )
     params = {}
     for name in table.columns:
-        if name == column or name in MEASURES:
+        if name == column or name in MEASURES or name in exclude:
             continue
         if table[name].isna().any():
             line = int(table[name].isna().to_numpy().nonzero()[0][0]) + 2  # 1: the header
@@ -206,7 +206,7 @@ def compare(
     for algorithm in algorithms:
         comparison = Comparison(algorithm, [], [], [])
         for seed in range(seeds):
-            engine = Search(spec.space, algorithm, seed, spec.startup)
+            engine = engines.make(algorithm, spec.space, seed, spec.startup, budget)
             best_so_far = math.inf
             curve: list[float] = []
             reached: dict[float, int | None] = {0.02: None, 0.05: None}

@@ -19,9 +19,10 @@ from amibake.pipelines import build as build_pipeline
 from amibake.steps.state import Variant
 from fleet import bench, stats
 from fleet.executor import BenchState, BuildArtifact, Replicate
+from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE
 from fleet.spec import BenchSpec, Metric
-from fleet.tune import Evaluation, TuneSpec, broken_constraint
+from fleet.tune import TuneSpec, broken_constraint
 
 
 class CloudEvaluator:

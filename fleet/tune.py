@@ -13,28 +13,27 @@ import json
 import logging
 import math
 import os
-import random
 import socket
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from amibake import logs
 from amibake.errors import UserError
 from amibake.runner import cancel_all
 from fleet.results import LOCAL_NOTE, Results, new_run_id
+from fleet.search import engines
+from fleet.search.evaluation import Evaluation, Evaluator
+from fleet.search.recommend import recommend
 from fleet.space import TYPE, Space, parse
 from fleet.spec import EXECUTORS, check_type, line_of, read_toml
 
 log = logging.getLogger("amibake")
-ALGORITHMS = ("tpe", "random", "grid")
+ALGORITHMS = tuple(engines.ALGORITHMS)
 OBJECTIVES = ("runtime", "metric", "cost")
 CONSTRAINTS = ("max_seconds", "max_usd_per_unit", "max_rss_mb", "min_rate")
 # What each constraint reads, as the reason names it when a trial lacks it.
@@ -44,36 +43,16 @@ CONSTRAINT_MEASURE = {
     "max_rss_mb": "memory figure (the monitor took no sample: a run under 1 s, or no psutil)",
     "min_rate": "rate",
 }
-# What an infeasible or failed trial tells the search: worse than anything real, so TPE puts it
-# among the bad trials (it ranks losses; the magnitude does not matter) and steers away.
-PENALTY = 1e18
 # A replay table's columns that are measurements, never parameters: the objective's default
 # column, time and price per unit, and what the constraints read (rss_mb, rate).
 MEASURES = ("metric", "seconds", "price_per_hour", "rss_mb", "rate")
-REDRAWS = 50  # suggestions asked for before a configuration already seen is run again
-TPE_REDRAWS = 1  # of them from TPE; the rest are random
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    state: str  # ok | infeasible | failed
-    loss: float | None = None
-    metric: float | None = None
-    seconds: float | None = None  # per unit of work, as cost_per_unit
-    cost_per_unit: float | None = None
-    usd: float = 0.0  # what the trial cost to run
-    reason: str = ""
-    manifest: dict[str, Any] = field(default_factory=dict)
-
-
-Evaluator = Callable[[int, dict[str, Any]], Evaluation]
 
 
 @dataclass
 class TuneSpec:
     space: Space
     objective: str = "runtime"
-    algorithm: str = "tpe"
+    algorithm: str = engines.DEFAULT
     seed: int = 0
     trials: int = 20
     startup_trials: int | None = None
@@ -131,7 +110,7 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
     objective = data.get("objective", "runtime")
     if objective not in OBJECTIVES:
         raise fail("objective", f"{objective!r} is not one of {', '.join(OBJECTIVES)}")
-    algorithm = data.get("algorithm", "tpe")
+    algorithm = data.get("algorithm", engines.DEFAULT)
     if algorithm not in ALGORITHMS:
         raise fail("algorithm", f"{algorithm!r} is not one of {', '.join(ALGORITHMS)}")
     for key, low in (("trials", 1), ("parallel", 1), ("replicates", 1), ("seed", 0)):
@@ -181,84 +160,11 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
     )
 
 
-class Search:
-    """hyperopt's algorithms (or an exhaustive grid), one suggestion at a time."""
-
-    def __init__(self, space: Space, algorithm: str, seed: int, startup: int) -> None:
-        self.space = space
-        self.algorithm = algorithm
-        self.rng = np.random.default_rng(seed)
-        self._count = 0  # trials handed out; the next one's id
-        self._docs: dict[int, dict[str, Any]] = {}
-        if algorithm == "grid":
-            grid = list(space.grid())
-            # Shuffled (seeded): a budget smaller than the grid then samples it evenly.
-            random.Random(seed).shuffle(grid)
-            self._grid: Iterator[dict[str, Any]] = iter(grid)
-            return
-        from hyperopt import Domain, Trials, rand, tpe
-
-        self.hp_space = space.hyperopt()
-        self.domain = Domain(lambda _: 0.0, self.hp_space)
-        self.trials = Trials()
-        self.suggest = (
-            partial(tpe.suggest, n_startup_jobs=startup) if algorithm == "tpe" else rand.suggest
-        )
-        self._random = rand.suggest
-        self._asked: set[str] = set()  # every configuration handed out, as canonical JSON
-        self._distinct: float = math.inf if space.continuous else space.size()
-
-    def ask(self) -> tuple[int, dict[str, Any]] | None:
-        """The next trial's id and parameters; None when a grid is exhausted."""
-        if self.algorithm == "grid":
-            cell = next(self._grid, None)
-            if cell is None:
-                return None
-            self._count += 1
-            return self._count - 1, cell
-        import hyperopt
-        from hyperopt import JOB_STATE_ERROR
-
-        # Once every configuration has run, a repeat is all there is: no redraws.
-        redraws = REDRAWS if len(self._asked) < self._distinct else 1
-        for attempt in range(redraws):
-            # TPE's next pick after a seen one is mostly that one again (it takes the best of 24
-            # candidates from the same density): then hyperopt's random suggestion instead.
-            suggest = self.suggest if attempt < TPE_REDRAWS else self._random
-            ids = self.trials.new_trial_ids(1)
-            docs = suggest(ids, self.domain, self.trials, int(self.rng.integers(2**31 - 1)))
-            self.trials.insert_trial_docs(docs)
-            self.trials.refresh()
-            doc = self.trials._dynamic_trials[-1]
-            values = {k: v[0] for k, v in doc["misc"]["vals"].items() if v}
-            chosen = self.space.active(
-                self.space.from_sample(hyperopt.space_eval(self.hp_space, values))
-            )
-            key = json.dumps(chosen, sort_keys=True, default=str)
-            if key not in self._asked or attempt == redraws - 1:
-                break  # new, or the last try: nearly every configuration seen, run it again
-            # A configuration already run (or running): a trial spent on it would only measure
-            # it again (TPE re-proposes its best point often: 2 of 22 trials on a 220-point
-            # table, 12 of 40 on a 60-point one). The suggestion is dropped (an errored doc,
-            # which hyperopt's algorithms ignore) and another asked for. Replicates are how to
-            # measure a point again.
-            doc["state"] = JOB_STATE_ERROR
-            self.trials.refresh()
-        self._asked.add(key)
-        trial = self._count
-        self._count += 1
-        self._docs[trial] = doc
-        return trial, chosen
-
-    def tell(self, trial: int, loss: float | None) -> None:
-        if self.algorithm == "grid":
-            return
-        from hyperopt import JOB_STATE_DONE, STATUS_OK
-
-        doc = self._docs.pop(trial)
-        doc["state"] = JOB_STATE_DONE
-        doc["result"] = {"loss": PENALTY if loss is None else loss, "status": STATUS_OK}
-        self.trials.refresh()
+def new_engine(
+    space: Space, algorithm: str, seed: int, startup: int, budget: int
+) -> engines.Engine:
+    """The search engine of a run (fleet/search/engines.py names them)."""
+    return engines.make(algorithm, space, seed, startup, budget)
 
 
 def loss_of(spec: TuneSpec, evaluation: Evaluation) -> float | None:
@@ -302,8 +208,9 @@ def broken_constraint(
 @dataclass
 class Outcome:
     run_id: str
-    best: dict[str, Any] | None
+    best: dict[str, Any] | None  # the best single trial, as observed
     trials: int
+    recommended: dict[str, Any] | None = None  # what to use: see recommendation()
 
 
 @dataclass
@@ -359,7 +266,7 @@ def search(
 def _search(
     spec: TuneSpec, evaluate: Evaluator, results: Results, run_id: str, stop_after: int | None
 ) -> Outcome:
-    engine = Search(spec.space, spec.algorithm, spec.seed, spec.startup)
+    engine = new_engine(spec.space, spec.algorithm, spec.seed, spec.startup, spec.trials)
     if hasattr(evaluate, "results"):  # a cloud evaluator records its replicates in the run
         evaluate.run_id, evaluate.results = run_id, results  # type: ignore[attr-defined]
     in_flight = _replay_record(engine, results, run_id)
@@ -412,7 +319,7 @@ def _search(
         results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
         raise
     results.event(run_id, "finished")
-    return Outcome(run_id, best(results, run_id), budget.asked)
+    return Outcome(run_id, best(results, run_id), budget.asked, recommendation(results, run_id))
 
 
 def _record(
@@ -452,7 +359,7 @@ def _searched_hours(results: Results, run_id: str) -> float:
 
 
 def _replay_record(
-    engine: Search, results: Results, run_id: str
+    engine: engines.Engine, results: Results, run_id: str
 ) -> list[tuple[int, dict[str, Any]]]:
     """Bring a fresh search to the recorded state; return the trials asked but never told."""
     recorded = results.trials(run_id)
@@ -485,6 +392,31 @@ def best(results: Results, run_id: str) -> dict[str, Any] | None:
         "params": json.loads(row.params),
         "metric": row.metric,
     }
+
+
+def recommendation(results: Results, run_id: str) -> dict[str, Any] | None:
+    """The configuration to use, estimated through the noise (fleet/search/recommend.py): a
+    trial's replicates and the search's repeats of a configuration count together. With its
+    metric as the user reads it, and an interval where the noise could be measured."""
+    trials = results.trials(run_id)
+    ok = trials[trials.state == "ok"]
+    chosen = recommend((json.loads(row.params), float(row.loss)) for row in ok.itertuples())
+    if chosen is None:
+        return None
+    out = chosen.as_dict()
+    same = ok[ok.params.map(lambda text: json.loads(text) == chosen.params)]
+    metrics = same.metric.dropna()
+    out["metric"] = float(metrics.mean()) if len(metrics) else None
+    return out
+
+
+def recommendation_text(objective: str, chosen: dict[str, Any]) -> str:
+    """A recommendation as `fleet tune` and `fleet report` say it."""
+    loss, metric = chosen["loss"], chosen["metric"]
+    # A rate is searched negated: its estimate is the loss's, read back as the rate.
+    rate = objective == "metric" and metric is not None and loss < 0 < metric
+    described = in_own_terms(objective, loss, -loss if rate else metric, chosen["interval"])
+    return f"{described} with {chosen['params']} ({chosen['basis']})"
 
 
 def is_rate(objective: str, loss: float, metric: Any) -> bool:

@@ -73,6 +73,10 @@ def make_tune(
             spec.get("objective", "runtime"), float(best.loss), best.metric, interval
         )
         lines.append(f"best: {described} at trial {best.trial}: {best.params}")
+        through_noise = tune.recommendation(results, run_id)
+        if through_noise is not None:
+            objective = spec.get("objective", "runtime")
+            lines.append(f"recommended: {tune.recommendation_text(objective, through_noise)}")
         lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
     else:
         lines.append("no feasible trial yet")

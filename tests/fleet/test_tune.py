@@ -325,7 +325,7 @@ def test_conditional_parameters_appear_only_where_they_apply() -> None:
         },
         "inline",
     )
-    engine = tune.Search(spec.space, "random", 0, 3)
+    engine = tune.new_engine(spec.space, "random", 0, 3, spec.trials)
     seen = set()
     for _ in range(30):
         asked = engine.ask()
@@ -824,7 +824,7 @@ def test_a_search_with_no_feasible_trial_exits_1(
     path = tune_file(tmp_path, table(tmp_path / "t.csv", rows), trials=5)
     path.write_text(path.read_text() + "[constraints]\nmax_rss_mb = 500\n")
     assert main(["tune", str(path)]) == 1
-    assert "5 trials; best: none feasible" in capsys.readouterr().out
+    assert "5 trials; none feasible" in capsys.readouterr().out
 
 
 def test_resume_names_a_run_of_the_other_kind(

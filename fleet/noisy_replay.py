@@ -1,0 +1,188 @@
+"""Noisy replay: trials drawn from a table of recorded runs (several per configuration), so that a
+search meets the noise a cloud gives it, and is scored by what it recommends, not by its luckiest
+draw.
+
+A runs table has a `run` (or `round`) column, one column per parameter and the objective's
+column (minimised, as a replay table's: a rate is recorded negated), one row per run. Each
+evaluation of a configuration draws one of its runs at random (seeded). A search's score is its
+recommendation's true mean (the mean over all of that configuration's recorded runs) against the
+best true mean, and whether its interval covers that true mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from amibake.errors import UserError
+from fleet.search import engines
+from fleet.search.evaluation import Evaluation
+from fleet.search.recommend import Recommendation, recommend
+from fleet.space import Space
+
+RUN_COLUMNS = ("run", "round")
+
+
+class RunsReplay:
+    def __init__(self, path: Path, space: Space, column: str, seed: int = 0) -> None:
+        try:
+            table = pd.read_csv(path)
+        except (
+            OSError,
+            UnicodeDecodeError,
+            pd.errors.ParserError,
+            pd.errors.EmptyDataError,
+        ) as exc:
+            raise UserError(f"{path}: cannot read the runs table: {exc}") from None
+        if not any(name in table.columns for name in RUN_COLUMNS):
+            raise UserError(
+                f"{path}:1: a runs table needs a run (or round) column numbering each "
+                f"configuration's runs (columns: {', '.join(table.columns)})"
+            )
+        missing = [name for name in [column, *space.params] if name not in table.columns]
+        if missing:
+            raise UserError(
+                f"{path}:1: the runs table has no column {', '.join(missing)} "
+                f"(columns: {', '.join(table.columns)})"
+            )
+        values = pd.to_numeric(table[column], errors="coerce")
+        bad = (table[column].notna() & values.isna()) | ~np.isfinite(values.fillna(0.0))
+        if bad.any():
+            line = int(bad.to_numpy().nonzero()[0][0]) + 2  # 1: the header
+            raise UserError(
+                f"{path}:{line}: {column} '{table[column][bad].iloc[0]}' is not a finite number "
+                "(leave the cell empty for a run that failed)"
+            )
+        self.path = path
+        self.params = list(space.params)
+        self.rng = np.random.default_rng(seed)
+        self.runs: dict[str, list[float | None]] = {}
+        first_line: dict[str, int] = {}
+        for line, (row, value) in enumerate(
+            zip(table[self.params].to_dict(orient="records"), values, strict=True), start=2
+        ):
+            name = engines.key(self._clean(row))
+            first_line.setdefault(name, line)
+            self.runs.setdefault(name, []).append(None if math.isnan(value) else float(value))
+        for name, runs in self.runs.items():
+            if all(r is None for r in runs):
+                raise UserError(
+                    f"{path}:{first_line[name]}: the configuration {name} has no run with a "
+                    f"{column} (every run of it is empty): drop it or record a run"
+                )
+        self.means = {
+            name: float(np.mean([r for r in runs if r is not None]))
+            for name, runs in self.runs.items()
+        }
+        self.best = min(self.means.values())
+
+    def _clean(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A row's parameters as the space gives them (pandas reads 8 as 8.0 beside a gap)."""
+        out = {}
+        for name, value in row.items():
+            if isinstance(value, float) and math.isnan(value):
+                continue  # a conditional parameter this configuration does not have
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            elif hasattr(value, "item"):
+                value = value.item()
+            out[name] = value
+        return out
+
+    def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
+        runs = self.runs.get(engines.key(params))
+        if runs is None:
+            return Evaluation("failed", reason=f"not in the runs table: {params}")
+        drawn = runs[int(self.rng.integers(len(runs)))]
+        if drawn is None:
+            return Evaluation("failed", reason="this run failed in the runs table")
+        return Evaluation("ok", loss=drawn, metric=drawn)
+
+    def true_mean(self, params: dict[str, Any]) -> float:
+        return self.means[engines.key(params)]
+
+    def relative(self, loss: float) -> float:
+        """A mean loss against the best, 1.0 at the best and above when worse."""
+        if self.best > 0:
+            return loss / self.best
+        return 1 + (loss - self.best) / (abs(self.best) or 1.0)
+
+
+@dataclass
+class NoisyScore:
+    algorithm: str
+    ratios: list[float] = field(default_factory=list)  # recommendation's true mean / best
+    covered: list[bool] = field(default_factory=list)  # its interval covers its true mean
+    intervals: int = 0  # seeds whose recommendation had an interval
+
+    def within(self, share: float) -> int:
+        return sum(r <= 1 + share for r in self.ratios)
+
+
+def run_search(
+    algorithm: str, space: Space, evaluate: Any, seed: int, budget: int, startup: int
+) -> Recommendation | None:
+    """One search, one trial at a time, to its recommendation."""
+    engine = engines.make(algorithm, space, seed, startup, budget)
+    seen: list[tuple[dict[str, Any], float | None]] = []
+    for _ in range(budget):
+        asked = engine.ask()
+        if asked is None:
+            break
+        trial, params = asked
+        evaluation = evaluate(trial, params)
+        engine.tell(trial, evaluation.ok_loss)
+        seen.append((params, evaluation.ok_loss))
+    return recommend(seen)
+
+
+def compare_noisy(
+    path: Path, space: Space, column: str, algorithms: list[str],
+    seeds: int, budget: int, startup: int,
+) -> list[NoisyScore]:  # fmt: skip
+    out = []
+    for algorithm in algorithms:
+        score = NoisyScore(algorithm)
+        for seed in range(seeds):
+            replay = RunsReplay(path, space, column, seed=10_000 + seed)
+            chosen = run_search(algorithm, space, replay, seed, budget, startup)
+            if chosen is None:
+                score.ratios.append(math.inf)
+                score.covered.append(False)
+                continue
+            truth = replay.true_mean(chosen.params)
+            score.ratios.append(replay.relative(truth))
+            if chosen.low is not None and chosen.high is not None:
+                score.intervals += 1
+                score.covered.append(chosen.low <= truth <= chosen.high)
+            else:
+                score.covered.append(False)
+        out.append(score)
+    return out
+
+
+def compare_noisy_text(rows: list[NoisyScore], budget: int, seeds: int) -> str:
+    from tabulate import tabulate
+
+    table = [
+        {
+            "algorithm": r.algorithm,
+            "within 5%": f"{r.within(0.05)}/{len(r.ratios)}",
+            "within 2%": f"{r.within(0.02)}/{len(r.ratios)}",
+            "recommended/best median": f"{np.median(r.ratios):.4f}",
+            "p90 (worst 10%)": f"{np.quantile(r.ratios, 0.9):.4f}",
+            "interval covers": f"{sum(r.covered)}/{len(r.ratios)}"
+            + ("" if r.intervals == len(r.ratios) else f" ({r.intervals} had one)"),
+        }
+        for r in rows
+    ]
+    return (
+        f"{budget} evaluations per seed, {seeds} seeds, each drawing one recorded run; scored by "
+        "the recommendation's mean over all its recorded runs against the best mean\n"
+        + tabulate(table, headers="keys")
+    )

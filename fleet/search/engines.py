@@ -1,0 +1,45 @@
+"""One interface for every suggestion algorithm, and where each is found by name.
+
+An engine hands out trials (`ask`) and learns their results (`tell`), one at a time and in any
+order, so that N trials run at once and a new one is asked as soon as one ends. Given the same
+seed and the same sequence of asks and tells, it makes the same suggestions: a resumed search
+replays its record through a fresh engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any, Protocol
+
+from fleet.space import Space
+
+# name -> "module:factory"; a factory takes (space, seed, startup, budget). The default is the
+# one that measured best on both of issue 22's goals (benchmarks/bench_search.py).
+ALGORITHMS: dict[str, str] = {
+    "forest": "fleet.search.model:forest",
+    "gp": "fleet.search.model:gaussian_process",
+    "tpe": "fleet.search.hyperopt_engine:tpe",
+    "random": "fleet.search.hyperopt_engine:random",
+    "grid": "fleet.search.grid:grid",
+}
+DEFAULT = "forest"
+
+
+class Engine(Protocol):
+    def ask(self) -> tuple[int, dict[str, Any]] | None:
+        """The next trial's id and parameters; None when there is nothing left to try."""
+
+    def tell(self, trial: int, loss: float | None) -> None:
+        """A trial's loss (lower is better); None for a trial that failed or broke a target."""
+
+
+def make(algorithm: str, space: Space, seed: int, startup: int, budget: int) -> Engine:
+    module, factory = ALGORITHMS[algorithm].split(":")
+    engine: Engine = getattr(importlib.import_module(module), factory)(space, seed, startup, budget)
+    return engine
+
+
+def key(params: dict[str, Any]) -> str:
+    """A configuration's identity: the same parameters, the same key."""
+    return json.dumps(params, sort_keys=True, default=str)

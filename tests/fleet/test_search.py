@@ -1,0 +1,178 @@
+"""The search core (fleet/search/): instance types as features, the model-based engines, the
+recommendation through noise, and noisy replay. Tables here are given as data: nothing depends
+on this machine."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from amibake.errors import UserError
+from fleet.noisy_replay import RunsReplay, compare_noisy
+from fleet.search import engines
+from fleet.search.evaluation import Evaluation
+from fleet.search.features import Encoder, facts
+from fleet.search.recommend import recommend
+from fleet.space import parse
+
+GRID = {
+    "x": {"kind": "categorical", "values": list(range(20))},
+    "y": {"kind": "int", "low": 0, "high": 19},
+}
+
+
+def bowl(params: dict[str, Any]) -> float:
+    return float((params["x"] - 13) ** 2 + 2 * (params["y"] - 4) ** 2 + 10.0)
+
+
+def run(
+    algorithm: str, evaluate: Any, budget: int, seed: int = 0
+) -> list[tuple[dict[str, Any], float | None]]:
+    space = parse(GRID, "t", "", [])
+    engine = engines.make(algorithm, space, seed, 3, budget)
+    seen = []
+    for _ in range(budget):
+        asked = engine.ask()
+        assert asked is not None
+        trial, params = asked
+        loss = evaluate(params)
+        engine.tell(trial, loss)
+        seen.append((params, loss))
+    return seen
+
+
+def test_an_instance_type_reads_as_aws_names_it() -> None:
+    amd = facts("c7a.2xlarge")
+    assert amd is not None and (amd.vcpus, amd.processor, amd.generation) == (8, "amd", 7)
+    assert amd.gib_per_vcpu == 2 and amd.usd_per_vcpu_hour is not None  # the catalog knows it
+    graviton = facts("r7g.large")
+    assert graviton is not None and (graviton.processor, graviton.gib_per_vcpu) == ("graviton", 8)
+    family = facts("c6i")
+    assert family is not None and (family.vcpus, family.processor) == (None, "intel")
+    # Not in the catalog, named by the convention: still read.
+    unknown = facts("m9z.12xlarge")
+    assert unknown is not None and (unknown.vcpus, unknown.usd_per_vcpu_hour) == (48, None)
+    assert facts("not-a-type") is None and facts("c7a.huge") is None
+
+
+def test_types_become_ordered_features() -> None:
+    space = parse(
+        {"instance_type": {"kind": "categorical", "values": ["c7a.large", "c7a.4xlarge", "r7g.large"]},
+         "nodes": {"kind": "categorical", "values": [1, 2, 4, 8]}},
+        "t", "", [],
+    )  # fmt: skip
+    encoder = Encoder(space)
+    rows = encoder.fit(list(space.grid()))
+    assert rows.shape[0] == 12 and rows.min() >= -0.5 and rows.max() <= 1.0
+    small, large = encoder.encode([{"instance_type": "c7a.large", "nodes": 1},
+                                   {"instance_type": "c7a.4xlarge", "nodes": 8}])  # fmt: skip
+    assert (large >= small).sum() > (large < small).sum()  # more vCPUs, more nodes: larger
+
+
+@pytest.mark.parametrize("algorithm", ["gp", "forest"])
+def test_a_model_finds_a_bowl_s_bottom_sooner_than_chance(algorithm: str) -> None:
+    hits = {name: 0 for name in (algorithm, "random")}
+    for seed in range(6):
+        for name in hits:
+            seen = run(name, bowl, 15, seed)
+            hits[name] += min(loss for _, loss in seen if loss is not None) <= 13.0
+    assert hits[algorithm] >= 5 and hits[algorithm] > hits["random"], hits
+
+
+@pytest.mark.parametrize("algorithm", ["gp", "forest", "tpe", "random", "grid"])
+def test_every_engine_suggests_the_same_given_the_same_seed(algorithm: str) -> None:
+    first = run(algorithm, bowl, 8, seed=3)
+    assert run(algorithm, bowl, 8, seed=3) == first
+    assert len({engines.key(p) for p, _ in first}) == 8  # no configuration twice here
+
+
+def test_a_deterministic_table_is_replicated_once_then_explored() -> None:
+    seen = run("gp", bowl, 15)
+    repeats = len(seen) - len({engines.key(p) for p, _ in seen})
+    assert repeats == 1  # the noise check: the same figure twice, so no racing
+
+
+def test_noisy_measurements_are_raced_and_recommended_with_an_interval() -> None:
+    noise = random.Random(0)
+
+    def noisy(params: dict[str, Any]) -> float:
+        return bowl(params) * (1 + noise.gauss(0, 0.05))
+
+    seen = run("gp", noisy, 24)
+    repeats = len(seen) - len({engines.key(p) for p, _ in seen})
+    assert repeats >= 4  # the last third replicates the finalists
+    chosen = recommend(seen)
+    assert chosen is not None and chosen.runs >= 2 and chosen.low is not None
+    assert chosen.low <= chosen.loss <= chosen.high  # type: ignore[operator]
+
+
+def test_failures_are_a_wall_the_search_learns() -> None:
+    def walled(params: dict[str, Any]) -> float | None:
+        return None if params["x"] < 8 else bowl(params)  # out of memory below 8
+
+    seen = run("gp", walled, 15)
+    later = [loss for _, loss in seen[5:]]
+    assert sum(loss is None for loss in later) <= 3, seen
+
+
+def test_the_recommendation_does_not_trust_one_lucky_run() -> None:
+    steady = {"c": "steady"}
+    lucky = {"c": "lucky"}
+    observations = [(steady, v) for v in (10.0, 10.4, 9.8, 10.1, 10.2)] + [(lucky, 10.0)]
+    chosen = recommend(observations)
+    assert chosen is not None and chosen.params == steady and chosen.runs == 5
+    assert chosen.low is not None and chosen.low < 10.1 < chosen.high  # type: ignore[operator]
+    # No configuration twice: the best single run, without an interval it could not measure.
+    alone = recommend([(steady, 10.0), (lucky, 9.9)])
+    assert alone is not None and alone.params == lucky and alone.low is None
+    assert "noise is unknown" in alone.basis
+    assert recommend([(steady, None)]) is None
+
+
+def _runs_table(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_noisy_replay_draws_runs_and_scores_the_recommendation(tmp_path: Path) -> None:
+    noise = random.Random(1)
+    rows = [
+        {"run": r, "x": x, "y": y, "metric": bowl({"x": x, "y": y}) * (1 + noise.gauss(0, 0.05))}
+        for x, y in itertools.product(range(20), range(20))
+        for r in range(6)
+    ]
+    path = _runs_table(tmp_path, rows)
+    space = parse(GRID, "t", "", [])
+    replay = RunsReplay(path, space, "metric", seed=0)
+    draws = {replay(0, {"x": 13, "y": 4}).loss for _ in range(20)}
+    assert len(draws) > 1  # runs drawn, not one figure
+    assert isinstance(replay(0, {"x": 99, "y": 0}), Evaluation)
+    score = compare_noisy(path, space, "metric", ["gp"], 4, 20, 3)[0]
+    assert all(math.isfinite(r) and r >= 1.0 for r in score.ratios)
+    assert score.intervals == 4
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"x": 1, "y": 1, "metric": 1.0}], ":1: a runs table needs a run (or round) column"),
+        ([{"run": 0, "x": 1, "metric": 1.0}], ":1: the runs table has no column y"),
+        ([{"run": 0, "x": 1, "y": 1, "metric": 1.0}, {"run": 0, "x": 2, "y": 1, "metric": None}],
+         ":3: the configuration"),
+        ([{"run": 0, "x": 1, "y": 1, "metric": "-inf"}], ":2: metric '-inf' is not a finite number"),
+    ],
+)  # fmt: skip
+def test_a_bad_runs_table_is_refused_with_its_line(
+    tmp_path: Path, rows: list[dict[str, Any]], message: str
+) -> None:
+    path = _runs_table(tmp_path, rows)
+    with pytest.raises(UserError, match=None) as caught:
+        RunsReplay(path, parse(GRID, "t", "", []), "metric")
+    assert message in str(caught.value), caught.value
