@@ -24,9 +24,11 @@ MODULES = [
     "benchmarks.bench_local_cloud",
     "benchmarks.bench_build",
     "benchmarks.bench_bake",
+    "benchmarks.bench_faults",
     "benchmarks.bench_monitor",
     "benchmarks.bench_report",
     "benchmarks.bench_tune",
+    "benchmarks.bench_search",
     "benchmarks.bench_tuned",
 ]
 

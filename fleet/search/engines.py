@@ -23,7 +23,7 @@ ALGORITHMS: dict[str, str] = {
     "random": "fleet.search.hyperopt_engine:random",
     "grid": "fleet.search.grid:grid",
 }
-DEFAULT = "forest"
+DEFAULT = "gp"
 
 
 class Engine(Protocol):

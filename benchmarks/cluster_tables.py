@@ -1,0 +1,120 @@
+"""Tables of cluster configurations (instance family x size x node count) for issue 22's second
+goal, generated from a performance model written down here, not measured: the goal's real test
+runs on public tables of measured cluster runs that this project is not given, so the model is
+made to have the shapes such tables have (a few good corners, memory cliffs, failures, prices
+that do not follow speed), not fitted to any of them.
+
+For a workload with `work` core-seconds of parallel work, a serial part, a communication cost per
+doubling of the node count and a memory footprint, on n nodes of v vCPUs each:
+
+    time = serial + work / (n * v * speed * efficiency(v)) + comm * log2(n) + startup * n
+    efficiency(v) = 1 / (1 + contention * log2(v))        (shared caches and memory bandwidth)
+    per-node memory need = memory / n + overhead: above 90% of the node's memory the run fails
+    (OOM); above 60% it slows down by `cliff` (paging, cache thrash)
+    cost = n * on-demand price per hour * time / 3600
+
+`speed` is per family: the processor's generation and vendor, scaled by how much the workload
+gains from wide vectors (AVX-512 on Intel and AMD Zen 4, SVE on Graviton3+) and from memory
+bandwidth per core (r and m families). Every configuration gets a deterministic +-3% measurement
+wobble, as one run of each would have.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from fleet.prices import lookup
+from fleet.search.features import facts
+
+FAMILIES = ("c6i", "c6a", "c7a", "c7g", "m7i", "r7g")  # x 4 sizes x 4 node counts: 96
+SIZES = ("large", "xlarge", "2xlarge", "4xlarge")
+NODES = (1, 2, 4, 8)
+# Relative speed per vCPU, scalar code, by family (a generation's usual step, SMT on x86: a vCPU
+# is a hyperthread there and a core on Graviton).
+BASE_SPEED = {
+    "c5": 1.0, "c6i": 1.12, "c7i": 1.25, "c6a": 1.08, "c7a": 1.45, "c6g": 1.0, "c7g": 1.22,
+    "m7i": 1.25, "r7g": 1.22,
+}  # fmt: skip
+WIDE_VECTORS = {"c5", "c6i", "c7i", "c7a", "m7i", "c7g", "r7g"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    work: float  # core-seconds
+    serial: float  # seconds
+    comm: float  # seconds per doubling of nodes
+    startup: float  # seconds per node
+    memory: float  # GiB in all
+    overhead: float  # GiB per node
+    contention: float
+    vector_gain: float  # speed-up from wide vectors
+    bandwidth_gain: float  # speed-up per doubling of GiB per vCPU above 2
+    cliff: float
+
+
+WORKLOADS = (
+    Workload("cfd", 40_000, 30, 45, 4, 24, 1.0, 0.08, 1.25, 0.10, 2.5),
+    Workload("render", 90_000, 10, 2, 2, 6, 0.5, 0.02, 1.10, 0.0, 1.8),
+    Workload("genomics", 25_000, 120, 10, 3, 28, 2.0, 0.12, 1.0, 0.20, 3.0),
+    Workload("training", 60_000, 60, 80, 6, 20, 1.5, 0.05, 1.40, 0.05, 2.0),
+)
+
+
+def row(
+    w: Workload, family: str, size: str, nodes: int, wobble: random.Random
+) -> dict[str, object]:
+    instance = f"{family}.{size}"
+    price = lookup(instance)
+    known = facts(instance)
+    assert known is not None
+    vcpus = price.vcpus
+    speed = BASE_SPEED[family] * (w.vector_gain if family in WIDE_VECTORS else 1.0)
+    speed *= 1 + w.bandwidth_gain * max(0.0, math.log2(price.memory_gib / vcpus) - 1)
+    efficiency = 1 / (1 + w.contention * math.log2(vcpus))
+    seconds = (
+        w.serial
+        + w.work / (nodes * vcpus * speed * efficiency)
+        + w.comm * math.log2(nodes)
+        + w.startup * nodes
+    )
+    need = w.memory / nodes + w.overhead
+    usd: float | None
+    if need > 0.9 * price.memory_gib:
+        seconds_out, usd = None, None  # OOM: the run failed
+    else:
+        if need > 0.6 * price.memory_gib:
+            seconds *= w.cliff
+        seconds *= 1 + wobble.uniform(-0.03, 0.03)
+        seconds_out = round(seconds, 2)
+        usd = round(nodes * price.on_demand * seconds / 3600, 6)
+    return {
+        "instance_type": instance,
+        "nodes": nodes,
+        "seconds": seconds_out,
+        "price_per_hour": round(nodes * price.on_demand, 4),
+        "usd": usd,
+    }
+
+
+def table(w: Workload) -> pd.DataFrame:
+    wobble = random.Random(w.name)
+    return pd.DataFrame(
+        row(w, f, s, n, wobble) for f, s, n in itertools.product(FAMILIES, SIZES, NODES)
+    )
+
+
+def write(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for w in WORKLOADS:
+        path = directory / f"cluster_{w.name}.csv"
+        table(w).to_csv(path, index=False)
+        paths.append(path)
+    return paths
