@@ -129,15 +129,10 @@ def run_search(
 ) -> Recommendation | None:
     """One search, one trial at a time, to its recommendation."""
     engine = engines.make(algorithm, space, seed, startup, budget)
-    seen: list[tuple[dict[str, Any], float | None]] = []
-    for _ in range(budget):
-        asked = engine.ask()
-        if asked is None:
-            break
-        trial, params = asked
-        evaluation = evaluate(trial, params)
-        engine.tell(trial, evaluation.ok_loss)
-        seen.append((params, evaluation.ok_loss))
+    seen = [
+        (params, evaluation.ok_loss)
+        for params, evaluation in engines.one_at_a_time(engine, evaluate, budget)
+    ]
     return recommend(seen)
 
 

@@ -20,7 +20,6 @@ from fleet.tune import (
     MEASURES,
     TuneSpec,
     broken_constraint,
-    loss_of,
 )
 
 # The columns a replay table needs for each constraint to be checked on its rows.
@@ -210,13 +209,8 @@ def compare(
             best_so_far = math.inf
             curve: list[float] = []
             reached: dict[float, int | None] = {0.02: None, 0.05: None}
-            for index in range(budget):
-                asked = engine.ask()
-                if asked is None:
-                    break
-                trial, params = asked
-                evaluation = evaluator(trial, params)
-                engine.tell(trial, loss_of(spec, evaluation))
+            trials = engines.one_at_a_time(engine, evaluator, budget)
+            for index, (_, evaluation) in enumerate(trials):
                 if evaluation.state == "ok" and evaluation.loss is not None:
                     best_so_far = min(best_so_far, evaluation.loss)
                 for tolerance in reached:

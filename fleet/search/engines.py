@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Iterator
 from typing import Any, Protocol
 
+from fleet.search.evaluation import Evaluation, Evaluator
 from fleet.space import Space
 
 # name -> "module:factory"; a factory takes (space, seed, startup, budget). The default is the
@@ -43,3 +45,18 @@ def make(algorithm: str, space: Space, seed: int, startup: int, budget: int) -> 
 def key(params: dict[str, Any]) -> str:
     """A configuration's identity: the same parameters, the same key."""
     return json.dumps(params, sort_keys=True, default=str)
+
+
+def one_at_a_time(
+    engine: Engine, evaluate: Evaluator, budget: int
+) -> Iterator[tuple[dict[str, Any], Evaluation]]:
+    """Up to `budget` trials asked, evaluated and told in turn (offline replay, where only the
+    sequence of suggestions matters): each trial's parameters and evaluation."""
+    for _ in range(budget):
+        asked = engine.ask()
+        if asked is None:
+            return
+        trial, params = asked
+        evaluation = evaluate(trial, params)
+        engine.tell(trial, evaluation.ok_loss)
+        yield params, evaluation
