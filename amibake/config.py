@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amibake.errors import ConfigError
+from amibake import checks, tomlfile
+from amibake.errors import ConfigError, UserError
 
 CLOUDS = ("aws", "local")
 RETRY_MODES = ("standard", "adaptive")
@@ -23,6 +23,10 @@ RETRY_MODES = ("standard", "adaptive")
 # because botocore's own refusal ("region_name '5' doesn't match a supported format") names
 # neither the setting nor where it came from, and a well-formed typo only fails at connect time.
 REGION = re.compile(r"[a-z]{2,4}(-[a-z]+)+-\d{1,2}")
+# The user amibake logs in as on an instance (useradd's rule); it goes into an SSH command line.
+USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+# An instance that has not answered SSH in a day never will; more is a typo for fewer.
+MAX_SSH_TIMEOUT_S = 86400.0
 
 
 def cache_home() -> Path:
@@ -72,10 +76,12 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
     kind = _FIELDS[name].type
     try:
         if kind in ("int",):
-            if isinstance(value, bool):
-                raise ValueError
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError  # true is no port, and 2.5 attempts is a typo, not 2
             return int(value)
         if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
             return float(value)
         if kind == "bool":
             if isinstance(value, bool):
@@ -87,13 +93,15 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
                 return False
             raise ValueError
         if kind == "Path":
-            return Path(str(value)).expanduser()
+            if not isinstance(value, str) or not value or "\0" in value:
+                raise ValueError
+            return Path(value).expanduser()
         if value is None or (kind == "str | None" and value == ""):
             return None
         if not isinstance(value, str):  # TOML's 5 or true for a name: a mistake, not "5"
             raise ValueError
         return value
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # int(inf) overflows
         problems.append(f"{source}: {name} must be {kind}, got {value!r}")
         return None
 
@@ -111,6 +119,51 @@ def _validate(cfg: Config, problems: list[str]) -> None:
         )
     if not 1 <= cfg.max_attempts <= 50:
         problems.append(f"max_attempts must be between 1 and 50, got {cfg.max_attempts}")
+    problem = checks.number(
+        cfg.ssh_timeout_s,
+        above=0,
+        at_most=MAX_SSH_TIMEOUT_S,
+        why="an instance that has not answered SSH in a day never will",
+    )
+    if problem:
+        problems.append(f"ssh_timeout_s {problem}")
+    if not USER_NAME.fullmatch(cfg.ssh_user):
+        problems.append(
+            f"ssh_user must be a user name (lowercase letters, digits, _ and -), "
+            f"got {cfg.ssh_user!r}"
+        )
+    for name in ("recipe", "size"):
+        problem = checks.plain_name(getattr(cfg, name))
+        if problem:
+            problems.append(f"{name}: {problem}")
+    problem = checks.integer(cfg.local_faults_seed, 0, 2**32 - 1, "a seed is 32 bits")
+    if problem:
+        problems.append(f"local_faults_seed {problem}")
+    if cfg.endpoint_url is not None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(cfg.endpoint_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.append(
+                f"endpoint_url must be an http:// or https:// URL, got {cfg.endpoint_url!r}"
+            )
+    if cfg.local_credentials is not None:
+        key, _, secret = cfg.local_credentials.partition(":")
+        if not key or not secret:
+            problems.append("local_credentials must be KEY_ID:SECRET (neither part empty)")
+    for name in ("results_dir", "local_dir", "recipes_dir"):
+        path = getattr(cfg, name)
+        if path.exists() and not path.is_dir():
+            problems.append(f"{name} {path} is a file, not a directory")
+    if not cfg.recipes_dir.is_dir():
+        problems.append(f"recipes_dir {cfg.recipes_dir} does not exist (it holds the recipes)")
+    if cfg.local_faults.strip() not in ("", "none"):
+        from amibake.local import faults
+
+        try:
+            faults.parse(cfg.local_faults, cfg.local_faults_seed)  # a wrong name, said now
+        except UserError as exc:
+            problems.append(str(exc))
     for name in ("local_port", "local_ssh_port", "local_imds_port"):
         port = getattr(cfg, name)
         if not 1 <= port <= 65535:
@@ -140,12 +193,16 @@ def load(
     problems: list[str] = []
     values: dict[str, Any] = {}
 
-    path = toml_path or Path(environ.get("AMIBAKE_CONFIG", "amibake.toml"))
+    named = environ.get("AMIBAKE_CONFIG")
+    path = toml_path or Path(named or "amibake.toml")
+    if named and toml_path is None and not path.exists():
+        # amibake.toml may be absent; a file named on purpose is a mistake when it is.
+        raise ConfigError([f"AMIBAKE_CONFIG names {path}, which does not exist"])
     if path.exists():
         try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError([f"{path}: {exc}"]) from None
+            _, data = tomlfile.read(path, "config file")
+        except UserError as exc:
+            raise ConfigError([str(exc)]) from None
         for key, value in data.items():
             if key not in _FIELDS:
                 problems.append(f"{path}: unknown setting {key!r}")

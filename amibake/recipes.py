@@ -12,12 +12,11 @@ import hashlib
 import io
 import re
 import tarfile
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amibake import packages
+from amibake import checks, packages, tomlfile
 from amibake.catalog import ARCHITECTURES
 from amibake.errors import UnknownNameError, UserError
 
@@ -25,6 +24,9 @@ RECIPES_DIR = Path(__file__).resolve().parent.parent / "build_recipes"
 # {NAME} in a bench command: a parameter of [bench.parameters], filled with its value when the
 # workload runs; {args} is the free-form rest (fleet's --args, a tune's other run parameters).
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
+# What a [bench.parameters] entry's kind may be: the kinds of value the workload takes, which a
+# tune file's parameter of that name must match (fleet.space has the same four).
+PARAMETER_KINDS = ("int", "uniform", "loguniform", "categorical")
 
 
 @dataclass(frozen=True)
@@ -85,16 +87,27 @@ def available(root: Path = RECIPES_DIR) -> list[str]:
     return sorted(p.parent.name for p in root.glob("*/recipe.toml"))
 
 
+def check_name(name: str, root: Path = RECIPES_DIR) -> None:
+    """A recipe is named, never given by path: a folder of the recipes directory. Its name goes
+    into paths here and on instances (results/artifacts/NAME_FAMILY.tar.xz, /tmp/NAME-build)."""
+    problem = checks.plain_name(name)
+    if problem:
+        raise UserError(f"recipe {problem}: a recipe is the name of a folder in {root}")
+
+
 def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
+    check_name(name, root)
     directory = root / name
     path = directory / "recipe.toml"
     if not path.exists():
         raise UnknownNameError("recipe", name, available(root), f"recipes live in {root}")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: {exc}") from None
+    _, data = tomlfile.read(path, "recipe")
     problems: list[str] = []
+    if "name" in data and data["name"] != name:
+        problems.append(
+            f"name {data['name']!r} must be the recipe's folder name {name!r} (its artifacts "
+            "and the paths on instances are named after it)"
+        )
 
     def need(table: dict[str, Any], key: str, kind: type, where: str) -> Any:
         value = table.get(key)
@@ -123,7 +136,10 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         if arch not in ARCHITECTURES:
             problems.append(f"architectures: {arch!r} is not one of {', '.join(ARCHITECTURES)}")
     template = need(build, "template", str, "build.")
-    if template and not (directory / template).exists():
+    inside = (directory / template).resolve().is_relative_to(directory.resolve())
+    if template and not inside:
+        problems.append(f"build.template: {template} is not inside the recipe's folder")
+    elif template and not (directory / template).exists():
         problems.append(f"build.template: {template} not found beside the recipe")
     source_path = None
     archives: list[Archive] = []
@@ -157,12 +173,18 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     if not tables:
         problems.append("bench.parameters must be tables: NAME = { kind = ..., default = ... }")
         parameters = {}
-    defaults = {name: spec.get("default") for name, spec in parameters.items()}
-    for name in dict.fromkeys(_PLACEHOLDER.findall(str(bench.get("command", "")))):
-        if name != "args" and defaults.get(name) is None:
+    defaults = {key: spec.get("default") for key, spec in parameters.items()}
+    for key, spec in parameters.items():
+        if spec.get("kind", "int") not in PARAMETER_KINDS:
+            problems.append(
+                f"bench.parameters.{key}.kind {spec.get('kind')!r} is not one of "
+                f"{', '.join(PARAMETER_KINDS)}"
+            )
+    for key in dict.fromkeys(_PLACEHOLDER.findall(str(bench.get("command", "")))):
+        if key != "args" and defaults.get(key) is None:
             # Run with the placeholder as is, the workload would fail on every replicate.
             problems.append(
-                f"bench.command: {{{name}}} needs [bench.parameters] {name} with a default"
+                f"bench.command: {{{key}}} needs [bench.parameters] {key} with a default"
             )
     dispatched = build.get("dispatched", [])
     if not isinstance(dispatched, list) or not all(isinstance(d, str) for d in dispatched):
@@ -174,7 +196,7 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     if problems:
         raise UserError(f"{path}: " + "; ".join(problems))
     return Recipe(
-        name=str(data.get("name", name)),
+        name=name,
         directory=directory,
         description=str(data.get("description", "")),
         architectures=architectures,

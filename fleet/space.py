@@ -30,14 +30,23 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from amibake import checks
 from amibake.errors import UserError
 from fleet.spec import check_type, line_of
+
+if TYPE_CHECKING:
+    from amibake.recipes import Recipe
 
 KINDS = ("categorical", "int", "uniform", "loguniform")
 STAGES = ("compile", "run")
 TYPE = "instance_type"  # the parameter (and its stage) that chooses the instance type
+# A parameter's table: what each key is for. A key not here (flg = ...) was ignored, and the
+# search ran without what the user meant.
+KEYS = ("kind", "values", "low", "high", "step", "stage", "flag", "arg", "when")
+# An int parameter is searched by its position in its list of values, which is built whole.
+MAX_VALUES = 10000
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,47 @@ class Space:
             )
         return total
 
+    def check_workload(self, recipe: Recipe) -> None:
+        """A run parameter the recipe's [bench.parameters] declares takes values of the declared
+        kind: a uniform `threads` ran `--threads 1.44`, and the search recommended it."""
+        declared = recipe.bench.get("parameters", {})
+        for param in self.params.values():
+            wanted = declared.get(param.name) if isinstance(declared, dict) else None
+            if param.stage != "run" or not isinstance(wanted, dict):
+                continue
+            kind = wanted.get("kind", "int")
+            whose = f"{recipe.name}'s workload takes {param.name} as"
+            where = f"its [bench.parameters] in {recipe.file}"
+            if kind == "int" and not (
+                param.kind == "int"
+                or (param.kind == "categorical" and all(_integral(v) for v in param.values))
+            ):
+                raise UserError(
+                    f"params.{param.name}: {whose} an integer ({where}); kind = "
+                    f'"{param.kind}" would pass it fractions such as 1.44: make it kind = "int" '
+                    "with low, high and step, or categorical integers"
+                )
+            if kind in ("uniform", "loguniform") and not (
+                param.kind != "categorical" or all(_numeric(v) for v in param.values)
+            ):
+                raise UserError(
+                    f"params.{param.name}: {whose} a number ({where}); its values "
+                    f"{list(param.values)} are not all numbers"
+                )
+            known = wanted.get("values")
+            if kind == "categorical" and isinstance(known, list):
+                if param.kind != "categorical":
+                    raise UserError(
+                        f"params.{param.name}: {whose} one of {known} ({where}); make it "
+                        'kind = "categorical" with some of those values'
+                    )
+                foreign = [v for v in param.values if v not in known]
+                if foreign:
+                    raise UserError(
+                        f"params.{param.name}: {foreign} are not among the values {known} the "
+                        f"workload takes ({where})"
+                    )
+
     def cflags(self, chosen: dict[str, Any]) -> str:
         return " ".join(
             self.params[n].render(v)
@@ -202,6 +252,17 @@ class Space:
             for n, v in sorted(self.active(chosen).items())
             if self.params[n].stage == "run"
         )
+
+
+def _integral(value: Any) -> bool:
+    """An integer, or the text of one ("8" passes as --threads 8 all the same)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, str) and value.lstrip("-").isdigit())
+
+
+def _numeric(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float)
 
 
 def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
@@ -233,6 +294,9 @@ def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
         kind = spec.get("kind")
         if kind not in KINDS:
             raise fail(name, f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+        unknown_keys = [key for key in spec if key not in KEYS]
+        if unknown_keys:
+            raise fail(name, f"unknown key {unknown_keys[0]!r}; known: {', '.join(KEYS)}")
         if name == TYPE:
             # The type picks the instance: it is neither a build flag nor a workload argument.
             if kind != "categorical" or "stage" in spec:
@@ -242,30 +306,65 @@ def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
             stage = spec.get("stage", "run")
             if stage not in STAGES:
                 raise fail(name, f"stage {stage!r} is not compile or run")
+        # Each stage has its own way into the workload; the other's was silently ignored.
+        if "flag" in spec and stage != "compile":
+            raise fail(
+                name,
+                "flag is for compile-stage parameters (a build flag); a run parameter is "
+                'passed by arg = "--NAME {}"',
+            )
+        if "arg" in spec and stage != "run":
+            raise fail(
+                name,
+                "arg is for run-stage parameters (a workload argument); a compile parameter is "
+                'passed by flag = "-x={}"',
+            )
+        for key in ("flag", "arg"):
+            if key in spec and not isinstance(spec[key], str):
+                raise fail(name, f'{key} must be a string such as "--{name} {{}}"')
         values: tuple[Any, ...] = ()
         low = high = 0.0
         step = 1.0
         if kind == "categorical":
-            values = tuple(spec.get("values", ()))
-            if not values:
+            raw_values = spec.get("values", ())
+            if not isinstance(raw_values, list) or not raw_values:
                 raise fail(name, "a categorical parameter needs a non-empty list of values")
+            values = tuple(raw_values)
             if len(set(map(str, values))) != len(values):
                 raise fail(name, "values repeat")
+            for value in values:
+                if isinstance(value, float) and checks.number(value):
+                    raise fail(name, f"values: {value} is not a finite number")
+                if not isinstance(value, str | int | float):
+                    raise fail(name, f"values: {value!r} is not a string or a number")
         else:
-            try:
-                low, high = float(spec["low"]), float(spec["high"])
-            except (KeyError, TypeError, ValueError):
-                raise fail(name, f"{kind} needs numbers low and high") from None
+            if "values" in spec:
+                raise fail(name, f"{kind} takes low and high, not values (or kind = categorical)")
+            for key in ("low", "high"):
+                problem = checks.number(spec.get(key))
+                if problem:
+                    raise fail(name, f"{kind} needs numbers low and high: {key} {problem}")
+            low, high = float(spec["low"]), float(spec["high"])
             if low > high:
                 raise fail(name, f"low {low:g} is above high {high:g}: the range is empty")
             if kind == "int":
-                step = float(spec.get("step", 1))
+                raw_step = spec.get("step", 1)
+                step = float(raw_step) if not checks.number(raw_step) else 0.0
                 if (
                     step < 1
                     or not step.is_integer()
                     or not (low.is_integer() and high.is_integer())
                 ):
                     raise fail(name, "int needs integer low, high and a step of at least 1")
+                if (high - low) // step + 1 > MAX_VALUES:
+                    raise fail(
+                        name,
+                        f"{int((high - low) // step + 1)} values is more than {MAX_VALUES}: an int "
+                        "parameter is searched by its position among them; widen the step (or "
+                        "use loguniform)",
+                    )
+            elif "step" in spec:
+                raise fail(name, f"step is for int parameters; {kind} is continuous")
             if kind == "loguniform" and low <= 0:
                 raise fail(name, "loguniform needs low above 0")
         when = spec.get("when", {})

@@ -22,12 +22,11 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amibake import catalog, recipes
+from amibake import catalog, checks, recipes, tomlfile
 from amibake.errors import UnknownNameError, UserError
 
 BUILDS = ("tuned", "generic")
@@ -54,6 +53,20 @@ KNOWN_KEYS = {
     "allow_missing_price",
     "monitor",
 }
+# The counts a run may ask for, and why no more: past them a number is a typo, and recorded it
+# made a run nobody could read back (`fleet status` planned 99999999999999 replicates).
+COUNTS = {
+    "replicates": (
+        1,
+        1000,
+        "a median's interval narrows as 1/sqrt(n), and past 1000 runs of a type it no longer moves",
+    ),
+    "warmups": (0, 100, "a machine is warm after a few runs; more only costs"),
+    "concurrency": (1, 256, "each type measured at once is an instance and a thread here"),
+}
+MAX_TIMEOUT_S = 7 * 86400.0  # a replicate still running after a week is stuck
+# The flag that gives a key on the command line, where it is not --KEY.
+FLAGS = {"command": "--command", "metric": "--metric-regex", "spot": "--on-demand"}
 
 
 @dataclass(frozen=True)
@@ -147,19 +160,6 @@ class BenchSpec:
         return text.replace("{args}", self.args)
 
 
-def read_toml(path: Path, what: str) -> tuple[str, dict[str, Any]]:
-    """A TOML file's text (for line numbers in later errors) and data; a one-line UserError
-    naming the file (and TOML's own line) when it cannot be read or parsed."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the {what}: {exc.strerror}") from None
-    try:
-        return text, tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: {exc}") from None
-
-
 def line_of(text: str, key: str) -> int | None:
     """The line of `key = ...` or of a `[key]` table in a TOML text, for error messages."""
     match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
@@ -213,7 +213,7 @@ def load(
     where = "command line"
     if path is not None:
         where = str(path)
-        text, data = read_toml(path, "bench file")
+        text, data = tomlfile.read(path, "bench file")
     for key in data:
         if key not in KNOWN_KEYS:
             raise UserError(
@@ -223,7 +223,9 @@ def load(
     data.update({k: v for k, v in overrides.items() if v is not None})
 
     def fail(key: str, message: str) -> UserError:
-        line = line_of(text, key) if key not in overrides or overrides[key] is None else None
+        if overrides.get(key) is not None:  # said of the flag the user typed
+            return UserError(f"{FLAGS.get(key, '--' + key.replace('_', '-'))}: {message}")
+        line = line_of(text, key)
         return UserError(f"{where}{f':{line}' if line else ''}: {key}: {message}")
 
     return _build(data, fail, recipes_dir)
@@ -277,12 +279,13 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         raise fail("builds", f"must be a non-empty list of {', '.join(BUILDS)}")
     if command and builds != ["tuned"]:
         raise fail("builds", "builds are for a recipe; a plain command has nothing to build")
-    ints = {"replicates": (3, 1), "warmups": (1, 0), "concurrency": (2, 1)}
+    defaults = {"replicates": 3, "warmups": 1, "concurrency": 2}
     numbers: dict[str, int] = {}
-    for key, (default, low) in ints.items():
-        value = data.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise fail(key, f"must be an integer of at least {low}")
+    for key, (low, high, why) in COUNTS.items():
+        value = data.get(key, defaults[key])
+        problem = checks.integer(value, low, high, why)
+        if problem:
+            raise fail(key, problem)
         numbers[key] = value
     executor = str(data.get("executor", "ssh"))
     if executor not in EXECUTORS:
@@ -304,8 +307,11 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     except ValueError as exc:
         raise fail("metric", str(exc)) from None
     timeout = data.get("timeout_s", 3600.0)
-    if not isinstance(timeout, int | float) or timeout <= 0:
-        raise fail("timeout_s", "must be a positive number of seconds")
+    problem = checks.number(
+        timeout, above=0, at_most=MAX_TIMEOUT_S, why="a replicate running for a week is stuck"
+    )
+    if problem:
+        raise fail("timeout_s", f"{problem} (seconds)")
     for key in ("spot", "allow_missing_price", "monitor"):
         if not isinstance(data.get(key, True), bool):
             raise fail(key, "must be true or false")

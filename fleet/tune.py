@@ -15,6 +15,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Collection
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from amibake import logs
+from amibake import checks, logs, recipes, tomlfile
 from amibake.errors import UserError
 from amibake.runner import cancel_all
 from fleet.results import LOCAL_NOTE, Results, new_run_id
@@ -30,7 +31,8 @@ from fleet.search import engines
 from fleet.search.evaluation import Evaluation, Evaluator
 from fleet.search.recommend import recommend
 from fleet.space import TYPE, Space, parse
-from fleet.spec import EXECUTORS, check_type, line_of, read_toml
+from fleet.spec import COUNTS as BENCH_COUNTS
+from fleet.spec import EXECUTORS, check_type, line_of
 
 log = logging.getLogger("amibake")
 ALGORITHMS = tuple(engines.ALGORITHMS)
@@ -46,6 +48,19 @@ CONSTRAINT_MEASURE = {
 # A replay table's columns that are measurements, never parameters: the objective's default
 # column, time and price per unit, and what the constraints read (rss_mb, rate).
 MEASURES = ("metric", "seconds", "price_per_hour", "rss_mb", "rate")
+# A search's budget and its shape, and why no more: past these a number is a typo, and recorded
+# it made a run whose budget was never spent (`compare --budget 100000000` ran without end).
+MAX_TRIALS = 10000
+COUNTS = {
+    "trials": (1, MAX_TRIALS, "every trial is built and measured, and the model slows with each"),
+    "parallel": (1, 256, "each trial in flight is an instance and a thread here"),
+    "replicates": BENCH_COUNTS["replicates"],
+    "seed": (0, 2**32 - 1, "a seed is 32 bits"),
+    "startup_trials": (0, MAX_TRIALS, "they are trials of the budget"),
+}
+MAX_HOURS = 24 * 366.0  # a search that runs for more than a year is a typo
+# The flag that gives a key on the command line, where it is not --KEY.
+FLAGS = {"replay_column": "--objective-column"}
 
 
 @dataclass
@@ -77,17 +92,26 @@ class TuneSpec:
 
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
-    text, data = read_toml(path, "tune file")
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return from_dict(data, str(path), text, path.parent)
+    """A tune file with command-line values on top (`overrides`: None for a flag not given)."""
+    text, data = tomlfile.read(path, "tune file")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    data.update(given)
+    return from_dict(data, str(path), text, path.parent, flags=given)
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def from_dict(
+    data: dict[str, Any],
+    where: str,
+    text: str = "",
+    base: Path = Path("."),
+    flags: Collection[str] = (),
+) -> TuneSpec:
+    """A tune spec, every value checked; `flags` are the keys the command line gave, whose
+    errors name the flag rather than the file."""
 
-
-def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Path(".")) -> TuneSpec:
     def fail(key: str, message: str) -> UserError:
+        if key in flags:
+            return UserError(f"{FLAGS.get(key, '--' + key.replace('_', '-'))}: {message}")
         line = line_of(text, key)
         return UserError(f"{where}{f':{line}' if line else ''}: {key}: {message}")
 
@@ -113,25 +137,38 @@ def from_dict(data: dict[str, Any], where: str, text: str = "", base: Path = Pat
     algorithm = data.get("algorithm", engines.DEFAULT)
     if algorithm not in ALGORITHMS:
         raise fail("algorithm", f"{algorithm!r} is not one of {', '.join(ALGORITHMS)}")
-    for key, low in (("trials", 1), ("parallel", 1), ("replicates", 1), ("seed", 0)):
-        value = data.get(key, 1 if key != "seed" else 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise fail(key, f"must be an integer of at least {low}")
+    for key, (low, high, why) in COUNTS.items():
+        if key in data:
+            problem = checks.integer(data[key], low, high, why)
+            if problem:
+                raise fail(key, problem)
     startup = data.get("startup_trials")
-    if startup is not None and (not isinstance(startup, int) or startup < 0):
-        raise fail("startup_trials", "must be an integer of at least 0")
-    for key in ("max_usd", "max_hours"):
-        if key in data and not (_number(data[key]) and data[key] > 0):
-            raise fail(key, "must be a number above 0 (leave it out for no limit)")
+    for key, cap in (("max_usd", None), ("max_hours", MAX_HOURS)):
+        if key in data:
+            problem = checks.number(data[key], above=0, at_most=cap, why="over a year")
+            if problem:
+                raise fail(key, f"{problem} (leave it out for no limit)")
     constraints = data.get("constraints", {})
     if not isinstance(constraints, dict) or any(k not in CONSTRAINTS for k in constraints):
         raise fail("constraints", f"a table of {', '.join(CONSTRAINTS)}")
     for key, value in constraints.items():
-        if not _number(value):
-            raise fail(key, f"must be a number, not {value!r}")
+        # A nan bound compares false with every trial: it would pass them all unchecked.
+        problem = checks.number(value, above=0)
+        if problem:
+            raise fail(key, problem)
     replay = data.get("replay")
-    if replay is None and not data.get("recipe"):
+    if replay is not None and (not isinstance(replay, str) or not replay):
+        raise fail("replay", f"must be the path of a CSV table, not {replay!r}")
+    if not isinstance(data.get("replay_column", ""), str):
+        raise fail("replay_column", "must be the name of a column of the replay table")
+    recipe = data.get("recipe")
+    if replay is None and not recipe:
         raise fail("recipe", "name the recipe to tune (or a replay table to search offline)")
+    if recipe is not None:
+        try:
+            recipes.check_name(recipe)
+        except UserError as exc:
+            raise fail("recipe", str(exc)) from None
     if replay is None and not types and TYPE not in space.params:
         raise fail("types", "name the instance type (or make instance_type a parameter)")
     executor = data.get("executor", "ssh")
@@ -449,7 +486,8 @@ def resumed(results: Results, run_id: str, changes: dict[str, Any]) -> TuneSpec:
     it was resumed before and now (recorded, as the run's spec is never rewritten)."""
     record = results.require(run_id)
     raw = {**record["spec"], **budget_changes(results, run_id)}
-    spec = from_dict({**raw, **changes}, f"run {run_id}")  # checked before it is recorded
+    # Checked before it is recorded; a bad change is said of its flag.
+    spec = from_dict({**raw, **changes}, f"run {run_id}", flags=changes)
     if changes:
         results.event(run_id, "budget", **changes)
     return spec
@@ -482,6 +520,8 @@ def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
         return ReplayEvaluator(spec.replay, spec)
     from fleet.trial import CloudEvaluator
 
+    # What the workload takes, before anything else is asked of the cloud or the prices.
+    spec.space.check_workload(recipes.load(spec.recipe, config.recipes_dir))
     return CloudEvaluator(spec, config)
 
 

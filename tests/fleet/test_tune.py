@@ -219,7 +219,7 @@ def test_resume_can_extend_the_budget_but_not_change_the_search(
     capsys.readouterr()
     for bad, expected in (
         (["--seed", "3"], "--seed cannot change it"),
-        (["--trials", "0"], "trials: must be an integer of at least 1"),
+        (["--trials", "0"], "--trials: must be an integer from 1 to 10000, not 0"),
         # Resumed where it ran: elsewhere its instances would not be found.
         (["--region", "eu-west-1"], f"run {run_id} ran on region us-east-1, not eu-west-1"),
     ):
@@ -454,9 +454,9 @@ def test_bad_tune_input_names_file_and_line(
     head = f'replay = "{replay}"\nobjective = "metric"\n'
     param = '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n'
     cases = {
-        head + 'max_usd = "ten"\n' + param: ":3: max_usd: must be a number above 0",
-        head + "max_hours = -1\n" + param: ":3: max_hours: must be a number above 0",
-        head + param + '[constraints]\nmax_seconds = "fast"\n': ":8: max_seconds: must be a number",
+        head + 'max_usd = "ten"\n' + param: ":3: max_usd: must be a finite number above 0",
+        head + "max_hours = -1\n" + param: ":3: max_hours: must be a finite number above 0",
+        head + param + '[constraints]\nmax_seconds = "fast"\n': ":8: max_seconds: must be a finite number",
         head: "the search space is empty",
         head
         + '[params.a]\nkind = "int"\nlow = 5\nhigh = 1\n': ":3: params.a: low 5 is above high 1",
