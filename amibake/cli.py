@@ -20,9 +20,17 @@ from typing import Any, NoReturn
 
 import botocore.exceptions
 
+from amibake import checks, logs
 from amibake import config as config_module
-from amibake import logs
 from amibake.errors import AmibakeError, UserError
+
+# EC2's ids: 8 hex digits (older) or 17.
+AMI_ID = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
+INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}([0-9a-f]{9})?")
+# The most memory any EC2 type has per vCPU is 32 GiB: a reserve above it leaves /shared nothing.
+MAX_RESERVE_MB_PER_VCPU = 32768
+# gc --older-than: amibake's tags expire in hours; ten years is a typo for something shorter.
+MAX_AGE = timedelta(days=3653)
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,6 +53,22 @@ class Parser(argparse.ArgumentParser):
             where = " ".join([self.prog, *chosen])
             raise UserError(f"unrecognized arguments: {' '.join(extras)} (see `{where} --help`)")
         return parsed
+
+
+def count(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer flag within [low, high], refused on one line otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        problem = checks.integer(value, low, high, why)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
 
 
 def common_options(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     bake.add_argument("--name", default="amibake", help="image name prefix")
     bake.add_argument(
         "--tmpfs-reserve-mb-per-vcpu",
-        type=int,
+        type=count(0, MAX_RESERVE_MB_PER_VCPU, "no EC2 type has more memory per vCPU"),
         default=700,
         help="memory left outside /shared per vCPU (default 700); /shared gets the rest",
     )
@@ -184,6 +208,11 @@ def print_result(args: argparse.Namespace, result: Any, text: Callable[[Any], st
 def _local(args: argparse.Namespace) -> int:
     from amibake.local import control
 
+    if args.local_command == "interrupt" and not INSTANCE_ID.fullmatch(args.instance_id):
+        raise UserError(
+            f"{args.instance_id!r} is not an instance id (i- and 8 or 17 hex digits; "
+            "`amibake local status` lists them)"
+        )
     cfg = config_from(args)
     if args.local_command == "up":
         daemon = control.up(cfg)
@@ -274,6 +303,8 @@ def _bake(args: argparse.Namespace) -> int:
     from amibake import pipelines
     from amibake.cloud import connect
 
+    if args.recipe is not None and not args.build:
+        raise UserError("--recipe goes with --build: amibake bake --build --recipe NAME")
     cfg = config_from(args)
     request = pipelines.BakeRequest(
         build_recipe=(args.recipe or cfg.recipe) if args.build else None,
@@ -286,6 +317,10 @@ def _bake(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
     )
     pipelines.check_bake(request)  # before connecting: a flag's mistake is not a cloud's
+    if request.build_recipe is not None:
+        from amibake import recipes
+
+        recipes.load(request.build_recipe, cfg.recipes_dir)
     cloud = connect(cfg)
     if request.build_recipe is not None:
         logs.to_terminal()
@@ -318,6 +353,8 @@ def _batch(args: argparse.Namespace) -> int:
     from amibake import batch
     from amibake.cloud import connect
 
+    if args.batch_command == "up" and args.ami is not None and not AMI_ID.fullmatch(args.ami):
+        raise UserError(f"--ami {args.ami!r} is not an image id (ami- and 8 or 17 hex digits)")
     cfg = config_from(args)
     amis_file = cfg.results_dir / "amis.json"
     cloud = connect(cfg)
@@ -375,11 +412,13 @@ def _families(args: argparse.Namespace) -> int:
 def _host_families(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from amibake import cpu, flags
+    from amibake import cpu, flags, recipes
     from amibake.steps.preflight import MANIFEST_FORMAT
 
+    cfg = config_from(args)
+    recipes.check_name(args.recipe, cfg.recipes_dir)  # it names files: never a path
     machine = cpu.this_machine()
-    artifacts = config_from(args).results_dir / "artifacts"
+    artifacts = cfg.results_dir / "artifacts"
     built: dict[str, set[str]] = {}
     for sidecar in artifacts.glob(f"{args.recipe}_*.manifest.json"):
         try:
@@ -439,7 +478,12 @@ def _duration(text: str) -> timedelta:
     if not match:
         raise UserError(f"--older-than {text!r}: use a number and a unit, e.g. 30m, 2h, 1d")
     unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
-    return timedelta(**{unit: int(match.group(1))})
+    number = int(match.group(1))
+    if number > MAX_AGE / timedelta(**{unit: 1}):
+        raise UserError(
+            f"--older-than {text}: more than ten years; amibake's resources expire in hours"
+        )
+    return timedelta(**{unit: number})
 
 
 def _gc(args: argparse.Namespace) -> int:

@@ -132,10 +132,6 @@ def _validate(cfg: Config, problems: list[str]) -> None:
             f"ssh_user must be a user name (lowercase letters, digits, _ and -), "
             f"got {cfg.ssh_user!r}"
         )
-    for name in ("recipe", "size"):
-        problem = checks.plain_name(getattr(cfg, name))
-        if problem:
-            problems.append(f"{name}: {problem}")
     problem = checks.integer(cfg.local_faults_seed, 0, 2**32 - 1, "a seed is 32 bits")
     if problem:
         problems.append(f"local_faults_seed {problem}")

@@ -9,13 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amibake import logs
+from amibake import checks, logs
 from amibake.cli import Parser, common_options, config_from, guarded, print_result
 from amibake.config import Config
 from amibake.errors import UserError
 
 if TYPE_CHECKING:  # pandas: 0.7 s at start-up that --help and status lists do not need
     from fleet.results import Results
+    from fleet.tune import TuneSpec
+
+MAX_SEEDS = 1000  # compare: the median and p90 over seeds settle long before
+DEFAULT_BUDGET = 20  # compare's trials per seed
 
 
 def _run_id(results: Results, name: str) -> str:
@@ -252,6 +256,8 @@ def _report(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from fleet import bench, plan
 
+    deadline_h = plan.hours(args.deadline) if args.deadline else None
+    plan.check(args.work, args.instances, deadline_h, args.budget)  # before any run is read
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
     rows = plan.plan(
@@ -259,7 +265,7 @@ def _plan(args: argparse.Namespace) -> int:
         _run_id(results, args.run),
         work=args.work,
         instances=args.instances,
-        deadline_h=plan.hours(args.deadline) if args.deadline else None,
+        deadline_h=deadline_h,
         budget=args.budget,
     )
     print_result(args, rows, plan.plan_text)
@@ -362,15 +368,9 @@ def _tune_compare(args: argparse.Namespace) -> int:
         column = args.objective_column or "metric"
         spec = tune.from_dict(replay.space_from_table(table, column), str(table))
     algorithms = _list(args.algorithms) or ["tpe", "random", "grid"]
-    for name in algorithms:
-        if name not in tune.ALGORITHMS:
-            raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
-    if args.seeds < 1 or args.budget < 1:
-        raise UserError("--seeds and --budget must be at least 1")
+    _check_compare(args, algorithms, spec)
     evaluator = replay.ReplayEvaluator(table, spec)
     if args.startup_trials is not None:
-        if args.startup_trials < 0:
-            raise UserError("--startup-trials must be at least 0")
         spec.startup_trials = args.startup_trials
     rows = replay.compare(spec, evaluator, algorithms, args.seeds, args.budget)
     near = {t: evaluator.near_optimum(t) for t in (0.02, 0.05)}
@@ -409,11 +409,7 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
         raw = replay.space_from_table(table, column, exclude=noisy_replay.RUN_COLUMNS)
         spec = tune.from_dict(raw, str(table))
     algorithms = _list(args.algorithms) or ["gp", "forest", "tpe", "random"]
-    for name in algorithms:
-        if name not in tune.ALGORITHMS:
-            raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
-    if args.seeds < 1 or args.budget < 1:
-        raise UserError("--seeds and --budget must be at least 1")
+    _check_compare(args, algorithms, spec)
     startup = spec.startup if args.startup_trials is None else args.startup_trials
     rows = noisy_replay.compare_noisy(
         table, spec.space, column, algorithms, args.seeds, args.budget, startup
@@ -426,6 +422,33 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
     }
     print_result(args, summary, lambda _: text)
     return 0
+
+
+def _check_compare(args: argparse.Namespace, algorithms: list[str], spec: TuneSpec) -> None:
+    """`compare`'s algorithms and counts, before any search: --budget 100000000 on a table of
+    four configurations ran without end."""
+    from fleet import tune
+
+    for name in algorithms:
+        if name not in tune.ALGORITHMS:
+            raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
+    size = None if spec.space.continuous else spec.space.size()
+    if args.budget is None:
+        args.budget = DEFAULT_BUDGET if size is None else min(DEFAULT_BUDGET, size)
+    limits = {
+        "--seeds": (args.seeds, (1, MAX_SEEDS, "each seed is a whole search of the table")),
+        "--budget": (args.budget, tune.COUNTS["trials"]),
+        "--startup-trials": (args.startup_trials, tune.COUNTS["startup_trials"]),
+    }
+    for flag, (value, (low, high, why)) in limits.items():
+        problem = "" if value is None else checks.integer(value, low, high, why)
+        if problem:
+            raise UserError(f"{flag} {problem}")
+    if size is not None and args.budget > size:
+        raise UserError(
+            f"--budget {args.budget} is more than the {size} configurations of the space: a "
+            f"search that has tried them all has nothing left to ask (use --budget {size} or less)"
+        )
 
 
 # What `fleet tune --help` shows of the tune file; the README has all of it.
@@ -526,7 +549,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--objective-column", help="compare: the column to minimise (default metric)")
     tune.add_argument("--algorithms", help="compare: e.g. tpe,random,grid")
     tune.add_argument("--seeds", type=int, default=30, help="compare: seeds per algorithm")
-    tune.add_argument("--budget", type=int, default=20, help="compare: trials per seed")
+    tune.add_argument(
+        "--budget",
+        type=int,
+        help=f"compare: trials per seed (default {DEFAULT_BUDGET}, or the space's size if smaller)",
+    )
     return parser
 
 

@@ -9,11 +9,16 @@ from typing import Any
 
 from tabulate import tabulate
 
+from amibake import checks
 from amibake.errors import UserError
 from fleet.report import emulated, load_bench, summarize
 from fleet.results import Results
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hm]?)\s*$")
+# More instances than an account's vCPU quota would ever allow: a plan for them is a typo's.
+MAX_INSTANCES = 100000
+INSTANCES_WHY = "more than any account's EC2 quota runs at once"
+MAX_DEADLINE_H = 24 * 366.0
 
 
 def hours(text: str) -> float:
@@ -21,7 +26,26 @@ def hours(text: str) -> float:
     if not match or float(match.group(1)) <= 0:
         raise UserError(f"--deadline {text!r} is not a duration like 4h or 90m")
     value = float(match.group(1))
-    return value / 60 if match.group(2) == "m" else value
+    value = value / 60 if match.group(2) == "m" else value
+    if value > MAX_DEADLINE_H:  # 1e400h is inf
+        raise UserError(f"--deadline {text[:20]!r} is more than a year: plan for less")
+    return value
+
+
+def check(
+    work: float, instances: int = 1, deadline_h: float | None = None, budget: float | None = None
+) -> None:
+    """What a plan is asked, refused before any run is read: nan compared false with every
+    bound and ended in math.ceil's ValueError; --instances 10**21 planned 7e-22 hours."""
+    problems = {
+        "--work": checks.number(work, above=0),
+        "--instances": checks.integer(instances, 1, MAX_INSTANCES, INSTANCES_WHY),
+        "--deadline": "" if deadline_h is None else checks.number(deadline_h, above=0),
+        "--budget": "" if budget is None else checks.number(budget, above=0),
+    }
+    for flag, problem in problems.items():
+        if problem:
+            raise UserError(f"{flag} {problem}")
 
 
 def plan(
@@ -35,10 +59,7 @@ def plan(
 ) -> list[dict[str, Any]]:
     """For each measured (type, build): time and cost of `work` units on `instances` instances,
     whether that meets the deadline and the budget, and the fewest instances for the deadline."""
-    if work <= 0 or instances < 1:
-        raise UserError("--work must be positive and --instances at least 1")
-    if budget is not None and budget <= 0:
-        raise UserError("--budget must be a positive amount of USD")
+    check(work, instances, deadline_h, budget)
     _, spec, rows = load_bench(results, run_id)
     frame = summarize(rows, spec.metric, emulated(results, run_id))
     if frame.empty:

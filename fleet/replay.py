@@ -5,6 +5,7 @@ algorithms see the same table, so their difference is the search's, not the mach
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +32,32 @@ CONSTRAINT_COLUMNS = {
 }
 
 
+def read_table(path: Path) -> pd.DataFrame:
+    """A replay table, as UTF-8 CSV; a one-line UserError naming it otherwise. Only an empty
+    cell is missing: "nan" or "-inf" written in a cell is a value, refused where it is no
+    measurement (pandas' default reads "nan", "NA" and "null" as missing, silently)."""
+    from amibake.tomlfile import read_text
+
+    text = read_text(path, "replay table")  # a Latin-1 table raised UnicodeDecodeError
+    try:
+        return pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+
+
 class ReplayEvaluator:
     """Trials looked up in a recorded table (one row per configuration) instead of run."""
 
     def __init__(self, path: Path, spec: TuneSpec) -> None:
-        try:
-            table = pd.read_csv(path)
-        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-            raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+        # A table holds configurations, looked up exactly: a continuous parameter's draws (a
+        # uniform 1.4417...) are never in it, and every trial failed "not in the replay table".
+        if spec.space.continuous:
+            raise UserError(
+                f"{path}: a replay table holds configurations, not ranges: "
+                f"{', '.join(spec.space.continuous)} is continuous; make it int or categorical "
+                "with the table's values"
+            )
+        table = read_table(path)
         column = spec.replay_column
         needed = {name: "" for name in [column, *spec.space.params]}
         if spec.objective == "cost":
@@ -55,18 +74,24 @@ class ReplayEvaluator:
                 f"{path}:1: the replay table has no column {', '.join(missing)} "
                 f"(columns: {', '.join(table.columns)})"
             )
-        # Numbers or nothing: an empty cell is a configuration whose measurement failed.
+        # Finite numbers or nothing: an empty cell is a configuration whose measurement failed.
+        # A -inf metric was taken for the best, and compare printed nan for every ratio.
         for name in (column, "price_per_hour", "seconds", "rss_mb", "rate"):
-            if name in table.columns and not pd.api.types.is_numeric_dtype(table[name]):
-                numbers = pd.to_numeric(table[name], errors="coerce")
-                bad = table[name].notna() & numbers.isna()
-                if bad.any():
-                    line = int(bad.to_numpy().nonzero()[0][0]) + 2  # 1: the header
-                    raise UserError(
-                        f"{path}:{line}: {name} {table[name][bad].iloc[0]!r} is not a number "
-                        "(leave the cell empty for a configuration that failed)"
-                    )
-                table[name] = numbers
+            if name not in table.columns:
+                continue
+            numbers = pd.to_numeric(table[name], errors="coerce")
+            finite = np.isfinite(numbers.to_numpy(dtype=float, na_value=np.nan))
+            bad = table[name].notna().to_numpy() & ~finite
+            if bad.any():
+                first = int(bad.nonzero()[0][0])
+                line = first + 2  # 1: the header
+                value = table[name].iloc[first]
+                what = "a finite number" if pd.notna(numbers.iloc[first]) else "a number"
+                raise UserError(
+                    f"{path}:{line}: {name} {str(value)!r} is not {what} "
+                    "(leave the cell empty for a configuration that failed)"
+                )
+            table[name] = numbers.astype(float)
         if table[column].isna().all():
             raise UserError(f"{path}: the replay table has no {column} value on any row")
         self.spec = spec
@@ -167,10 +192,7 @@ def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> 
     """With no tune file, `compare` searches the table's own configurations: every column but
     the objective and the other measurements a replay table may hold (MEASURES) is a
     categorical parameter of its distinct values."""
-    try:
-        table = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+    table = read_table(path)
     if column not in table.columns:
         raise UserError(
             f"{path}:1: the replay table has no column {column} (columns: "

@@ -411,7 +411,7 @@ def test_compare_infers_the_parameters_and_says_what_the_table_lacks(
     out = capsys.readouterr().out
     assert "the grid has 10 configurations (1 not in the table: trials there fail)" in out, out
     assert main([*argv, "--startup-trials", "-1"]) == 2
-    assert "--startup-trials must be at least 0" in capsys.readouterr().err
+    assert "--startup-trials must be an integer from 0 to 10000, not -1" in capsys.readouterr().err
 
 
 def test_a_configuration_whose_measurement_failed_is_a_failed_trial(
