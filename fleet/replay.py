@@ -45,6 +45,14 @@ def read_table(path: Path) -> pd.DataFrame:
         raise UserError(f"{path}: cannot read the replay table: {exc}") from None
 
 
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 class ReplayEvaluator:
     """Trials looked up in a recorded table (one row per configuration) instead of run."""
 
@@ -86,7 +94,7 @@ class ReplayEvaluator:
                 first = int(bad.nonzero()[0][0])
                 line = first + 2  # 1: the header
                 value = table[name].iloc[first]
-                what = "a finite number" if pd.notna(numbers.iloc[first]) else "a number"
+                what = "a finite number" if _is_float(str(value)) else "a number"
                 raise UserError(
                     f"{path}:{line}: {name} {str(value)!r} is not {what} "
                     "(leave the cell empty for a configuration that failed)"

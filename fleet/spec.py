@@ -232,11 +232,13 @@ def load(
 
 
 def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
-    types = list(data.get("types", []))
+    types = data.get("types", [])
     families = data.get("families", [])
     sizes = data.get("sizes", ["large"])
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        # (list() of the string "c5a.large" made nine types of its letters)
         raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
+    types = list(types)
     if not isinstance(families, list) or not isinstance(sizes, list):
         raise fail("families", "families and sizes must be lists")
     if "sizes" in data and not families:  # else silently ignored: the user meant something

@@ -1,0 +1,959 @@
+"""Bad input to both CLIs, as an adversarial user would give it (issue 24): each row is what was
+typed (and the files and environment it names), the exit code, the first words of the one-line
+error, and that nothing was created: no fleet run, no journal run, no file, and no cloud asked.
+
+The local cloud is the cloud of every row, and asking it anything fails the row: bad input is
+refused before any cloud is contacted. The few refusals that need the cloud's answer (an image
+that does not exist) are at the end, on the session's local cloud, checked for leftovers."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amibake.cli import main as amibake
+from amibake.cloud import Cloud
+from amibake.journal import Journal
+from fleet import bench, spec, tune
+from fleet.cli import main as fleet
+from tests.helpers import leftovers
+
+RECIPES = Path(__file__).parent / "recipes"
+
+# Bases that each row spoils in one place (the last tests show that unspoilt, they pass).
+BENCH = 'types = ["c5a.large"]\ncommand = "echo {args}"\n'
+TABLE = {"t.csv": "a,metric\n1,3\n2,2\n3,1\n"}
+TUNE_HEAD = 'replay = "{tmp}/t.csv"\nobjective = "metric"\n'
+PARAM_A = '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n'
+TUNE = TUNE_HEAD + PARAM_A
+KERNELS = 'recipe = "kernels"\ntypes = ["c5a.large"]\n'
+# A byte that is no UTF-8 (Latin-1's e acute) on the second line.
+LATIN1 = b"# caf\xe9\n"
+
+
+def case(
+    argv: str,
+    start: str,
+    code: int = 2,
+    *,
+    files: dict[str, str | bytes] | None = None,
+    env: dict[str, str] | None = None,
+    id: str | None = None,
+) -> Any:
+    """A row: `argv` as a shell would split it ({tmp}: the row's own directory)."""
+    return pytest.param(argv, start, code, files or {}, env or {}, id=id or argv)
+
+
+def bench_file(text: str | bytes, id: str) -> Any:
+    """A bench file; the error is BENCH_FILE_ERRORS[id] after the file's path."""
+    start = "{tmp}/bench.toml" + BENCH_FILE_ERRORS[id]
+    return case("fleet bench {tmp}/bench.toml", start, files={"bench.toml": text}, id=f"bench:{id}")
+
+
+def tune_file(text: str | bytes, start: str, id: str, table: str | bytes | None = None) -> Any:
+    files: dict[str, str | bytes] = {"tune.toml": text, **TABLE}
+    if table is not None:
+        files["t.csv"] = table
+    return case("fleet tune {tmp}/tune.toml", start, files=files, id=f"tune:{id}")
+
+
+def config_env(name: str, value: str, start: str) -> Any:
+    return case("fleet status", start, env={name: value}, id=f"env:{name}={value}")
+
+
+def config_file(text: str | bytes, start: str, id: str) -> Any:
+    return case("fleet status", start, files={"amibake.toml": text}, id=f"amibake.toml:{id}")
+
+
+def recipe_file(replace: tuple[str, str] | bytes, start: str, id: str) -> Any:
+    """The trivial recipe with one change, built: refused before the build's cloud."""
+    original = (RECIPES / "trivial" / "recipe.toml").read_text()
+    text = replace if isinstance(replace, bytes) else original.replace(*replace)
+    return case(
+        "amibake build --family c5a --recipe trivial",
+        start,
+        files={"recipes/trivial/recipe.toml": text},
+        env={"AMIBAKE_RECIPES_DIR": "{tmp}/recipes"},
+        id=f"recipe:{id}",
+    )
+
+
+AMIBAKE = [
+    case("amibake", "the following arguments are required: command"),
+    case("amibake bogus", "argument command: invalid choice: 'bogus'"),
+    case("amibake build", "the following arguments are required: --family"),
+    case("amibake build --family c7i --tmpfs-gb 1", "unrecognized arguments: --tmpfs-gb 1"),
+    case("amibake build --family ''", "--family needs at least one family"),
+    case("amibake build --family ,,", "--family needs at least one family"),
+    case("amibake build --family c7ii", "unknown family 'c7ii'; did you mean c7i"),
+    case("amibake build --family c5a --size huge", "size 'huge' is not offered for c5a"),
+    case("amibake build --family c5a --size ../x", "size '../x' is not offered for c5a"),
+    case("amibake build --family c5a --recipe ../x", "recipe '../x' is not a plain name"),
+    case("amibake build --family c5a --recipe /etc", "recipe '/etc' is not a plain name"),
+    case("amibake build --family c5a --recipe .", "recipe '.' is not a plain name"),
+    case("amibake build --family c5a --recipe ''", "recipe '' is not a plain name"),
+    case("amibake build --family c5a --recipe kernels/../zstd", "recipe 'kernels/../zstd' is"),
+    case("amibake build --family c5a --recipe nope", "unknown recipe 'nope'"),
+    case("amibake build --family c5a --spot --on-demand", "argument --on-demand: not allowed"),
+    case("amibake build --family c5a --cloud gcp", "cloud must be one of aws, local, got 'gcp'"),
+    case("amibake build --family c5a --region mars", "region must be an AWS region code"),
+    case("amibake build --family c5a --region eu-north-1", "the local cloud serves"),
+    case("amibake bake --tmpfs-reserve-mb-per-vcpu -1", "argument --tmpfs-reserve-mb-per-vcpu: "
+         "must be an integer from 0 to 32768, not -1"),
+    case("amibake bake --tmpfs-reserve-mb-per-vcpu 99999999999999999999", "argument "
+         "--tmpfs-reserve-mb-per-vcpu: must be an integer from 0 to 32768, not 99999999999999999999: "
+         "no EC2 type has more memory per vCPU"),
+    case("amibake bake --tmpfs-reserve-mb-per-vcpu 1.5", "argument --tmpfs-reserve-mb-per-vcpu: "
+         "'1.5' is not an integer"),
+    case("amibake bake --name 'bad|name'", "--name 'bad|name': an image name prefix is up to"),
+    case("amibake bake --name ''", "--name '': an image name prefix is up to"),
+    case("amibake bake --family c7ii", "unknown family 'c7ii'"),
+    case("amibake bake --recipe kernels", "--recipe goes with --build"),
+    case("amibake bake --build --recipe ../x", "recipe '../x' is not a plain name"),
+    case("amibake bake --build --recipe nope", "unknown recipe 'nope'"),
+    case("amibake bake --region mars", "region must be an AWS region code"),
+    case("amibake batch", "the following arguments are required: batch_command"),
+    case("amibake batch bogus", "argument batch_command: invalid choice: 'bogus'"),
+    case("amibake batch up", "one of the arguments --ami --from-bake is required"),
+    case("amibake batch up --ami ami-12345678 --from-bake", "argument --from-bake: not allowed"),
+    case("amibake batch up --ami bad", "--ami 'bad' is not an image id"),
+    case("amibake batch up --ami ami-../../x", "--ami 'ami-../../x' is not an image id"),
+    case("amibake batch down --cloud gcp", "cloud must be one of aws, local"),
+    case("amibake families --compiler gcc@abc", "compiler 'gcc@abc' is not NAME@VERSION"),
+    case("amibake families --compiler clang", "compiler 'clang' is not NAME@VERSION"),
+    case("amibake families --first", "--first goes with --host"),
+    case("amibake families --host --recipe ../x", "recipe '../x' is not a plain name"),
+    case("amibake families --host --recipe /tmp", "recipe '/tmp' is not a plain name"),
+    case("amibake iam-policy --for nope", "iam-policy: unknown command 'nope'"),
+    case("amibake gc --older-than 2x", "--older-than '2x': use a number and a unit"),
+    case("amibake gc --older-than=-1h", "--older-than '-1h': use a number and a unit"),
+    case("amibake gc --older-than 99999999999999d", "--older-than 99999999999999d: more than "
+         "ten years"),
+    case("amibake gc --older-than 999999999999999999999s", "--older-than 999999999999999999999s"),
+    case("amibake gc --run-id fb-1234", "--run-id fb-1234 is a fleet run"),
+    case("amibake gc --run-id xyz", "--run-id 'xyz' is not an amibake run id"),
+    case("amibake gc --run-id ab-123", "--run-id 'ab-123' is not an amibake run id"),
+    case("amibake source", "the following arguments are required: source_command"),
+    case("amibake source add {tmp}/missing.tar.gz", "{tmp}/missing.tar.gz: no such file"),
+    case("amibake source add {tmp}/zstd-1.5.4.tar.gz", "{tmp}/zstd-1.5.4.tar.gz: sha256 ",
+         files={"zstd-1.5.4.tar.gz": b"tampered"}),
+    case("amibake source has ../x", "recipe '../x' is not a plain name"),
+    case("amibake source has nope", "unknown recipe 'nope'"),
+    case("amibake local", "the following arguments are required: local_command"),
+    case("amibake local interrupt bad", "'bad' is not an instance id"),
+    case("amibake local interrupt 'i-1; reboot'", "'i-1; reboot' is not an instance id"),
+    case("amibake local up --region mars", "region must be an AWS region code"),
+]  # fmt: skip
+
+CONFIG = [
+    config_env("AMIBAKE_CLOUD", "gcp", "cloud must be one of aws, local, got 'gcp'"),
+    config_env("AMIBAKE_REGION", "mars", "region must be an AWS region code"),
+    config_env("AMIBAKE_REGION", "", "region must be an AWS region code"),
+    config_env("AMIBAKE_RETRY_MODE", "legacy", "retry_mode must be one of standard, adaptive"),
+    config_env("AMIBAKE_MAX_ATTEMPTS", "0", "max_attempts must be between 1 and 50, got 0"),
+    config_env("AMIBAKE_MAX_ATTEMPTS", "99", "max_attempts must be between 1 and 50, got 99"),
+    config_env("AMIBAKE_MAX_ATTEMPTS", "1e3", "AMIBAKE_MAX_ATTEMPTS: max_attempts must be int"),
+    config_env("AMIBAKE_MAX_ATTEMPTS", "2.5", "AMIBAKE_MAX_ATTEMPTS: max_attempts must be int"),
+    config_env("AMIBAKE_SSH_TIMEOUT_S", "-1", "ssh_timeout_s must be a finite number above 0 "
+               "and at most 86400, not -1"),
+    config_env("AMIBAKE_SSH_TIMEOUT_S", "0", "ssh_timeout_s must be a finite number above 0"),
+    config_env("AMIBAKE_SSH_TIMEOUT_S", "nan", "ssh_timeout_s must be a finite number above 0 "
+               "and at most 86400, not nan"),
+    config_env("AMIBAKE_SSH_TIMEOUT_S", "inf", "ssh_timeout_s must be a finite number above 0 "
+               "and at most 86400, not inf"),
+    config_env("AMIBAKE_SSH_TIMEOUT_S", "-inf", "ssh_timeout_s must be a finite number"),
+    config_env("AMIBAKE_SSH_TIMEOUT_S", "1e400", "ssh_timeout_s must be a finite number"),
+    config_env("AMIBAKE_SSH_TIMEOUT_S", "1e9", "ssh_timeout_s must be a finite number above 0 "
+               "and at most 86400, not 1e+09: an instance that has not answered SSH in a day"),
+    config_env("AMIBAKE_SSH_TIMEOUT_S", "fast", "AMIBAKE_SSH_TIMEOUT_S: ssh_timeout_s must be "
+               "float, got 'fast'"),
+    config_env("AMIBAKE_LOCAL_PORT", "0", "local_port must be a TCP port (1-65535), got 0"),
+    config_env("AMIBAKE_LOCAL_PORT", "70000", "local_port must be a TCP port (1-65535)"),
+    config_env("AMIBAKE_LOCAL_PORT", "x", "AMIBAKE_LOCAL_PORT: local_port must be int, got 'x'"),
+    config_env("AMIBAKE_LOCAL_SSH_PORT", "-5", "local_ssh_port must be a TCP port"),
+    config_env("AMIBAKE_LOCAL_IMDS_PORT", "65536", "local_imds_port must be a TCP port"),
+    config_env("AMIBAKE_LOCAL_SUBNET", "10.0.0.0/8", "local_subnet must be a loopback network"),
+    config_env("AMIBAKE_LOCAL_SUBNET", "127.0.0.1/32", "local_subnet must be a loopback network"),
+    config_env("AMIBAKE_LOCAL_SUBNET", "garbage", "local_subnet must be a loopback network"),
+    config_env("AMIBAKE_LOCAL_FAULTS", "bogus", "local_faults: no behaviour 'bogus'; use none"),
+    config_env("AMIBAKE_LOCAL_FAULTS", "aws,-bogus", "local_faults: no behaviour 'bogus'"),
+    config_env("AMIBAKE_LOCAL_FAULTS_SEED", "-1", "local_faults_seed must be an integer from 0 "
+               "to 4294967295, not -1"),
+    config_env("AMIBAKE_LOCAL_FAULTS_SEED", "99999999999", "local_faults_seed must be an integer "
+               "from 0 to 4294967295, not 99999999999: a seed is 32 bits"),
+    config_env("AMIBAKE_LOCAL_FAULTS_SEED", "x", "AMIBAKE_LOCAL_FAULTS_SEED: local_faults_seed "
+               "must be int"),
+    config_env("AMIBAKE_SPOT", "perhaps", "AMIBAKE_SPOT: spot must be bool, got 'perhaps'"),
+    config_env("AMIBAKE_SSH_USER", "root; rm -rf /", "ssh_user must be a user name"),
+    config_env("AMIBAKE_SSH_USER", "", "ssh_user must be a user name"),
+    config_env("AMIBAKE_SSH_USER", "Ec2-User", "ssh_user must be a user name"),
+    config_env("AMIBAKE_RESULTS_DIR", "{tmp}/a-file", "results_dir {tmp}/a-file is a file"),
+    config_env("AMIBAKE_RESULTS_DIR", "", "AMIBAKE_RESULTS_DIR: results_dir must be Path"),
+    config_env("AMIBAKE_LOCAL_DIR", "{tmp}/a-file", "local_dir {tmp}/a-file is a file"),
+    config_env("AMIBAKE_RECIPES_DIR", "{tmp}/nowhere", "recipes_dir {tmp}/nowhere does not exist"),
+    config_env("AMIBAKE_RECIPES_DIR", "{tmp}/a-file", "recipes_dir {tmp}/a-file is a file"),
+    config_env("AMIBAKE_ENDPOINT_URL", "localhost:5000", "endpoint_url must be an http:// or "
+               "https:// URL, got 'localhost:5000'"),
+    config_env("AMIBAKE_ENDPOINT_URL", "ftp://example.com", "endpoint_url must be an http://"),
+    config_env("AMIBAKE_ENDPOINT_URL", "http://", "endpoint_url must be an http://"),
+    config_env("AMIBAKE_LOCAL_CREDENTIALS", "no-colon", "local_credentials must be KEY_ID:SECRET"),
+    config_env("AMIBAKE_LOCAL_CREDENTIALS", ":secret", "local_credentials must be KEY_ID:SECRET"),
+    config_env("AMIBAKE_CONFIG", "{tmp}/missing.toml", "AMIBAKE_CONFIG names {tmp}/missing.toml, "
+               "which does not exist"),
+    config_env("AMIBAKE_CONFIG", "{tmp}", "{tmp}: cannot read the config file: Is a directory"),
+    case("fleet status", "{tmp}/other.toml:2: the config file is not UTF-8 text (byte 0xe9); "
+         "save it as UTF-8", files={"other.toml": b'region = "eu-west-1"\n' + LATIN1},
+         env={"AMIBAKE_CONFIG": "{tmp}/other.toml"}, id="env:AMIBAKE_CONFIG=latin-1"),
+    case("amibake build --family c5a", "recipe '../x' is not a plain name",
+         env={"AMIBAKE_RECIPE": "../x"}, id="env:AMIBAKE_RECIPE=../x"),
+    case("amibake build --family c5a", "size 'huge' is not offered for c5a",
+         env={"AMIBAKE_SIZE": "huge"}, id="env:AMIBAKE_SIZE=huge"),
+    config_file(b'region = "eu-west-1"\n' + LATIN1, "amibake.toml:2: the config file is not "
+                "UTF-8 text", "latin-1"),
+    config_file("size = \n", "amibake.toml: Invalid value (at line 1", "syntax"),
+    config_file('colud = "local"\n', "amibake.toml: unknown setting 'colud'", "unknown"),
+    config_file("ssh_timeout_s = nan\n", "ssh_timeout_s must be a finite number above 0 and at "
+                "most 86400, not nan", "ssh_timeout_s=nan"),
+    config_file("ssh_timeout_s = inf\n", "ssh_timeout_s must be a finite number",
+                "ssh_timeout_s=inf"),
+    config_file("ssh_timeout_s = -1\n", "ssh_timeout_s must be a finite number",
+                "ssh_timeout_s=-1"),
+    config_file("ssh_timeout_s = true\n", "amibake.toml: ssh_timeout_s must be float, got True",
+                "ssh_timeout_s=true"),
+    config_file('ssh_timeout_s = "fast"\n', "amibake.toml: ssh_timeout_s must be float",
+                "ssh_timeout_s=string"),
+    config_file("max_attempts = 2.5\n", "amibake.toml: max_attempts must be int, got 2.5",
+                "max_attempts=2.5"),
+    config_file("max_attempts = inf\n", "amibake.toml: max_attempts must be int, got inf",
+                "max_attempts=inf"),
+    config_file("max_attempts = nan\n", "amibake.toml: max_attempts must be int, got nan",
+                "max_attempts=nan"),
+    config_file("local_port = true\n", "amibake.toml: local_port must be int, got True",
+                "local_port=true"),
+    config_file("region = 5\n", "amibake.toml: region must be str, got 5", "region=5"),
+    config_file("results_dir = 5\n", "amibake.toml: results_dir must be Path, got 5",
+                "results_dir=5"),
+    config_file('results_dir = ""\n', "amibake.toml: results_dir must be Path, got ''",
+                "results_dir=empty"),
+    config_file('results_dir = "a\\u0000b"\n', "amibake.toml: results_dir must be Path",
+                "results_dir=nul"),
+    config_file('cloud = ["aws"]\n', "amibake.toml: cloud must be str, got ['aws']", "cloud=list"),
+    config_file('spot = "perhaps"\n', "amibake.toml: spot must be bool", "spot=perhaps"),
+    config_file("local_faults_seed = -1\n", "local_faults_seed must be an integer from 0",
+                "local_faults_seed=-1"),
+    case("amibake build --family c5a", "recipe '../x' is not a plain name",
+         files={"amibake.toml": 'recipe = "../x"\n'}, id="amibake.toml:recipe=../x"),
+]  # fmt: skip
+
+PLAN = [
+    case("fleet", "the following arguments are required: command"),
+    case("fleet bogus", "argument command: invalid choice: 'bogus'"),
+    case("fleet plan", "the following arguments are required: run, --work"),
+    case("fleet plan last --work nan", "--work must be a finite number above 0, not nan"),
+    case("fleet plan last --work inf", "--work must be a finite number above 0, not inf"),
+    case("fleet plan last --work=-inf", "--work must be a finite number above 0, not -inf"),
+    case("fleet plan last --work 1e400", "--work must be a finite number above 0, not inf"),
+    case("fleet plan last --work 0", "--work must be a finite number above 0, not 0"),
+    case("fleet plan last --work -5", "--work must be a finite number above 0, not -5"),
+    case("fleet plan last --work abc", "argument --work: invalid float value: 'abc'"),
+    case("fleet plan last --work 1 --instances 0", "--instances must be an integer from 1 to "
+         "100000, not 0"),
+    case("fleet plan last --work 1 --instances -1", "--instances must be an integer from 1"),
+    case("fleet plan last --work 1 --instances 1e21", "argument --instances: invalid int value"),
+    case("fleet plan last --work 1 --instances 1000000000000000000000", "--instances must be an "
+         "integer from 1 to 100000, not 100... (22 digits): more than any account's EC2 quota"),
+    case("fleet plan last --work 1 --budget nan", "--budget must be a finite number above 0, "
+         "not nan"),
+    case("fleet plan last --work 1 --budget 0", "--budget must be a finite number above 0"),
+    case("fleet plan last --work 1 --budget inf", "--budget must be a finite number above 0"),
+    case("fleet plan last --work 1 --deadline 4x", "--deadline '4x' is not a duration like 4h"),
+    case("fleet plan last --work 1 --deadline 0h", "--deadline '0h' is not a duration like 4h"),
+    case("fleet plan last --work 1 --deadline nan", "--deadline 'nan' is not a duration"),
+    case("fleet plan last --work 1 --deadline 1e400h", "--deadline '1e400h' is not a duration"),
+    case("fleet plan last --work 1 --deadline 9999999h", "--deadline '9999999h' is more than a "
+         "year"),
+    case("fleet plan nope --work 1", "no fleet run 'nope'"),
+    case("fleet plan last --work 1", "no fleet runs yet"),
+    case("fleet status nope", "no fleet run 'nope'"),
+    case("fleet status last", "no fleet runs yet"),
+    case("fleet kill", "the following arguments are required: run"),
+    case("fleet kill nope", "no fleet run 'nope'"),
+    case("fleet kill last", "no fleet runs yet"),
+    case("fleet report nope", "no fleet run 'nope'"),
+    case("fleet report last --prefer speed", "--prefer 'speed' is not one of time, cost"),
+    case("fleet prices --type c5x.large", "no price for c5x.large"),
+    case("fleet prices --family nope", "no instance type of family nope"),
+    case("fleet prices --region mars", "region must be an AWS region code"),
+]  # fmt: skip
+
+BENCH_FLAGS = [
+    case("fleet bench", "command line: types: name at least one instance type"),
+    case("fleet bench --types c5x.large --command true", "--types: unknown instance type "
+         "'c5x.large'"),
+    case("fleet bench --types c5a.huge --command true", "--types: unknown instance type "
+         "'c5a.huge': c5a comes in large"),
+    case("fleet bench --types c5a.large", "command line: recipe: give exactly one of recipe"),
+    case("fleet bench --types c5a.large --command true --recipe kernels", "--recipe: give exactly "
+         "one of recipe"),
+    case("fleet bench --types c5a.large --recipe ../x", "--recipe: recipe '../x' is not a plain "
+         "name"),
+    case("fleet bench --types c5a.large --recipe /etc", "--recipe: recipe '/etc' is not a plain"),
+    case("fleet bench --types c5a.large --recipe nope", "--recipe: unknown recipe 'nope'"),
+    case("fleet bench --types c5a.large --command true --replicates 0", "--replicates: must be "
+         "an integer from 1 to 1000, not 0"),
+    case("fleet bench --types c5a.large --command true --replicates 99999999999999",
+         "--replicates: must be an integer from 1 to 1000, not 99999999999999: a median's "
+         "interval narrows"),
+    case("fleet bench --types c5a.large --command true --replicates -1", "--replicates: must be"),
+    case("fleet bench --types c5a.large --command true --replicates abc", "argument --replicates: "
+         "invalid int value: 'abc'"),
+    case("fleet bench --types c5a.large --command true --warmups -1", "--warmups: must be an "
+         "integer from 0 to 100, not -1"),
+    case("fleet bench --types c5a.large --command true --warmups 1000", "--warmups: must be an "
+         "integer from 0 to 100, not 1000: a machine is warm"),
+    case("fleet bench --types c5a.large --command true --concurrency 0", "--concurrency: must be "
+         "an integer from 1 to 256, not 0"),
+    case("fleet bench --types c5a.large --command true --concurrency 100000", "--concurrency: "
+         "must be an integer from 1 to 256, not 100000: each type measured at once"),
+    case("fleet bench --types c5a.large --command true --executor k8s", "--executor: 'k8s' is "
+         "not one of ssh, batch"),
+    case("fleet bench --types c5a.large --command true --metric-regex (", "--metric-regex: "
+         "metric.pattern does not compile"),
+    case("fleet bench --types c5a.large --command true --metric-regex x", "--metric-regex: "
+         "metric.pattern needs exactly one (group)"),
+    case("fleet bench --types c5a.large --command true --metric-regex '(a)(b)'",
+         "--metric-regex: metric.pattern needs exactly one (group)"),
+    case("fleet bench --types c5a.large --recipe kernels --builds fast", "--builds: must be a "
+         "non-empty list of tuned, generic"),
+    case("fleet bench --types c5a.large --command true --builds generic", "--builds: builds are "
+         "for a recipe"),
+    case("fleet bench --types c5a.large --recipe zstd --args=-T2", "--args: the command "
+         "(bin/zstd -b{level} -i{seconds}) has no {args}"),
+    case("fleet bench --families c7ii --command true", "--families: unknown family 'c7ii'"),
+    case("fleet bench --families c5a --sizes huge --command true", "--sizes: c5a has no size "
+         "'huge'"),
+    case("fleet bench --types c5a.large --sizes xlarge --command true", "--sizes: sizes are of "
+         "families"),
+    case("fleet bench --resume nope", "no fleet run 'nope'"),
+    case("fleet bench --resume fb-0 --replicates 5 --on-demand", "--resume RUN takes the run's "
+         "own plan: drop --replicates, --on-demand"),
+    case("fleet bench {tmp}/missing.toml", "{tmp}/missing.toml: cannot read the bench file: No "
+         "such file or directory"),
+    case("fleet bench {tmp}", "{tmp}: cannot read the bench file: Is a directory"),
+    case("fleet bench --types c5a.large --recipe trivial", "--recipe: {tmp}/recipes/trivial/"
+         "recipe.toml has no [bench] command",
+         files={"recipes/trivial/recipe.toml": (RECIPES / "trivial/recipe.toml").read_text()},
+         env={"AMIBAKE_RECIPES_DIR": "{tmp}/recipes"}),
+]  # fmt: skip
+
+# What each bench file row's error starts with, after "{tmp}/bench.toml".
+BENCH_FILE_ERRORS = {
+    "latin-1": ":3: the bench file is not UTF-8 text (byte 0xe9); save it as UTF-8",
+    "syntax": ": Expected ']' at the end of a table declaration (at line 3",
+    "unknown-key": ":3: unknown key 'replicate'; known:",
+    "replicates=huge": ":3: replicates: must be an integer from 1 to 1000, not 99999999999999: "
+    "a median's interval narrows as 1/sqrt(n)",
+    "replicates=1.5": ":3: replicates: must be an integer from 1 to 1000, not 1.5",
+    "replicates=true": ":3: replicates: must be an integer from 1 to 1000, not True",
+    "replicates=string": ":3: replicates: must be an integer from 1 to 1000, not '3'",
+    "replicates=0": ":3: replicates: must be an integer from 1 to 1000, not 0",
+    "replicates=nan": ":3: replicates: must be an integer from 1 to 1000, not nan",
+    "warmups=-1": ":3: warmups: must be an integer from 0 to 100, not -1",
+    "warmups=1000": ":3: warmups: must be an integer from 0 to 100, not 1000",
+    "concurrency=0": ":3: concurrency: must be an integer from 1 to 256, not 0",
+    "concurrency=99999": ":3: concurrency: must be an integer from 1 to 256, not 99999",
+    "timeout_s=nan": ":3: timeout_s: must be a finite number above 0 and at most 604800, not nan",
+    "timeout_s=inf": ":3: timeout_s: must be a finite number above 0 and at most 604800, not inf",
+    "timeout_s=-inf": ":3: timeout_s: must be a finite number above 0 and at most 604800, not -inf",
+    "timeout_s=-1": ":3: timeout_s: must be a finite number above 0 and at most 604800, not -1",
+    "timeout_s=0": ":3: timeout_s: must be a finite number above 0 and at most 604800, not 0",
+    "timeout_s=string": ":3: timeout_s: must be a finite number above 0 and at most 604800, not "
+    "'1h'",
+    "timeout_s=1e9": ":3: timeout_s: must be a finite number above 0 and at most 604800, not "
+    "1e+09: a replicate running for a week is stuck",
+    "timeout_s=true": ":3: timeout_s: must be a finite number above 0 and at most 604800, not True",
+    "spot=string": ":3: spot: must be true or false",
+    "monitor=1": ":3: monitor: must be true or false",
+    "allow_missing_price=string": ":3: allow_missing_price: must be true or false",
+    "types=string": ":1: types: must be a list of instance types",
+    "types=number": ":1: types: must be a list of instance types",
+    "types=unknown-size": ":1: types: unknown instance type 'c5a.nano': c5a comes in large",
+    "families=string": ":1: families: families and sizes must be lists",
+    "builds=empty": ":3: builds: must be a non-empty list of tuned, generic",
+    "metric.kind": ":3: metric: metric.kind 'bogus' is not one of runtime, regex, file",
+    "metric.pattern": ":3: metric: metric.pattern does not compile",
+    "metric.meaning": ":3: metric: metric.meaning must be rate or seconds",
+    "metric.aggregate": ":3: metric: metric.aggregate 'max' is not one of geomean",
+    "metric=5": ":3: metric: must be a table",
+    "args=5": ":3: args: args must be a string or a table",
+    "executor": ":3: executor: 'k8s' is not one of ssh, batch",
+    "recipe=../x": ":2: recipe: recipe '../x' is not a plain name",
+    "recipe=/etc": ":2: recipe: recipe '/etc' is not a plain name",
+    "recipe-and-command": ":3: recipe: give exactly one of recipe (a build recipe) or command",
+}
+
+BENCH_FILES = [
+    bench_file(BENCH.encode() + LATIN1, "latin-1"),
+    bench_file(BENCH + "[metric\n", "syntax"),
+    bench_file(BENCH + "replicate = 3\n", "unknown-key"),
+    bench_file(BENCH + "replicates = 99999999999999\n", "replicates=huge"),
+    bench_file(BENCH + "replicates = 1.5\n", "replicates=1.5"),
+    bench_file(BENCH + "replicates = true\n", "replicates=true"),
+    bench_file(BENCH + 'replicates = "3"\n', "replicates=string"),
+    bench_file(BENCH + "replicates = 0\n", "replicates=0"),
+    bench_file(BENCH + "replicates = nan\n", "replicates=nan"),
+    bench_file(BENCH + "warmups = -1\n", "warmups=-1"),
+    bench_file(BENCH + "warmups = 1000\n", "warmups=1000"),
+    bench_file(BENCH + "concurrency = 0\n", "concurrency=0"),
+    bench_file(BENCH + "concurrency = 99999\n", "concurrency=99999"),
+    bench_file(BENCH + "timeout_s = nan\n", "timeout_s=nan"),
+    bench_file(BENCH + "timeout_s = inf\n", "timeout_s=inf"),
+    bench_file(BENCH + "timeout_s = -inf\n", "timeout_s=-inf"),
+    bench_file(BENCH + "timeout_s = -1\n", "timeout_s=-1"),
+    bench_file(BENCH + "timeout_s = 0\n", "timeout_s=0"),
+    bench_file(BENCH + 'timeout_s = "1h"\n', "timeout_s=string"),
+    bench_file(BENCH + "timeout_s = 1e9\n", "timeout_s=1e9"),
+    bench_file(BENCH + "timeout_s = true\n", "timeout_s=true"),
+    bench_file(BENCH + 'spot = "yes"\n', "spot=string"),
+    bench_file(BENCH + "monitor = 1\n", "monitor=1"),
+    bench_file(BENCH + 'allow_missing_price = "no"\n', "allow_missing_price=string"),
+    bench_file('types = "c5a.large"\ncommand = "true"\n', "types=string"),
+    bench_file('types = [1]\ncommand = "true"\n', "types=number"),
+    bench_file('types = ["c5a.nano"]\ncommand = "true"\n', "types=unknown-size"),
+    bench_file('families = "c5a"\ncommand = "true"\n', "families=string"),
+    bench_file('types = ["c5a.large"]\nrecipe = "kernels"\nbuilds = []\n', "builds=empty"),
+    bench_file(BENCH + '[metric]\nkind = "bogus"\n', "metric.kind"),
+    bench_file(BENCH + '[metric]\nkind = "regex"\npattern = "("\n', "metric.pattern"),
+    bench_file(BENCH + '[metric]\nkind = "regex"\npattern = "(x)"\nmeaning = "speed"\n',
+               "metric.meaning"),
+    bench_file(BENCH + '[metric]\nkind = "regex"\npattern = "(x)"\naggregate = "max"\n',
+               "metric.aggregate"),
+    bench_file(BENCH + "metric = 5\n", "metric=5"),
+    bench_file(BENCH + "args = 5\n", "args=5"),
+    bench_file(BENCH + 'executor = "k8s"\n', "executor"),
+    bench_file('types = ["c5a.large"]\nrecipe = "../x"\n', "recipe=../x"),
+    bench_file('types = ["c5a.large"]\nrecipe = "/etc"\n', "recipe=/etc"),
+    bench_file(BENCH + 'recipe = "kernels"\n', "recipe-and-command"),
+]  # fmt: skip
+TUNE_FLAGS = [
+    case("fleet tune", "fleet tune needs a tune file (or compare, or --resume RUN)"),
+    case("fleet tune {tmp}/missing.toml", "{tmp}/missing.toml: cannot read the tune file"),
+    case("fleet tune {tmp}", "{tmp}: cannot read the tune file: Is a directory"),
+]
+for flags, start in (
+    ("--trials 0", "--trials: must be an integer from 1 to 10000, not 0"),
+    ("--trials 99999999999999", "--trials: must be an integer from 1 to 10000, not "
+     "99999999999999: every trial is built and measured"),
+    ("--trials x", "argument --trials: invalid int value: 'x'"),
+    ("--parallel 0", "--parallel: must be an integer from 1 to 256, not 0"),
+    ("--parallel 100000", "--parallel: must be an integer from 1 to 256, not 100000"),
+    ("--seed -1", "--seed: must be an integer from 0 to 4294967295, not -1"),
+    ("--seed 99999999999", "--seed: must be an integer from 0 to 4294967295, not 99999999999: "
+     "a seed is 32 bits"),
+    ("--startup-trials -1", "--startup-trials: must be an integer from 0 to 10000, not -1"),
+    ("--startup-trials 99999999", "--startup-trials: must be an integer from 0 to 10000"),
+    ("--algorithm bogus", "--algorithm: 'bogus' is not one of"),
+    ("--replay {tmp}/missing.csv", "{tmp}/missing.csv: cannot read the replay table: No such"),
+):  # fmt: skip
+    TUNE_FLAGS.append(
+        case(f"fleet tune {{tmp}}/tune.toml {flags}", start, files={"tune.toml": TUNE, **TABLE})
+    )
+TUNE_FLAGS += [
+    case("fleet tune --resume nope", "no fleet run 'nope'"),
+    case("fleet tune --resume ft-0 --seed 1", "no fleet run 'ft-0'"),
+]
+
+TUNE_FILES = [
+    tune_file(TUNE.encode() + LATIN1, "{tmp}/tune.toml:7: the tune file is not UTF-8 text",
+              "latin-1"),
+    tune_file(TUNE + "[params\n", "{tmp}/tune.toml: Expected ']' at the end of a table",
+              "syntax"),
+    tune_file(TUNE_HEAD + "trails = 3\n" + PARAM_A, "{tmp}/tune.toml:3: trails: unknown key",
+              "unknown-key"),
+    tune_file('replay = "{tmp}/t.csv"\nobjective = "speed"\n' + PARAM_A, "{tmp}/tune.toml:2: objective: "
+              "'speed' is not one of runtime", "objective"),
+    tune_file(TUNE_HEAD + 'algorithm = "bogus"\n' + PARAM_A, "{tmp}/tune.toml:3: algorithm: "
+              "'bogus' is not one of", "algorithm"),
+    tune_file(TUNE_HEAD + "trials = 0\n" + PARAM_A, "{tmp}/tune.toml:3: trials: must be an "
+              "integer from 1 to 10000, not 0", "trials=0"),
+    tune_file(TUNE_HEAD + "trials = 99999999999999\n" + PARAM_A, "{tmp}/tune.toml:3: trials: "
+              "must be an integer from 1 to 10000, not 99999999999999", "trials=huge"),
+    tune_file(TUNE_HEAD + "trials = 2.5\n" + PARAM_A, "{tmp}/tune.toml:3: trials: must be an "
+              "integer from 1 to 10000, not 2.5", "trials=2.5"),
+    tune_file(TUNE_HEAD + "trials = true\n" + PARAM_A, "{tmp}/tune.toml:3: trials: must be an "
+              "integer from 1 to 10000, not True", "trials=true"),
+    tune_file(TUNE_HEAD + "trials = inf\n" + PARAM_A, "{tmp}/tune.toml:3: trials: must be an "
+              "integer from 1 to 10000, not inf", "trials=inf"),
+    tune_file(TUNE_HEAD + "parallel = 0\n" + PARAM_A, "{tmp}/tune.toml:3: parallel: must be an "
+              "integer from 1 to 256", "parallel=0"),
+    tune_file(TUNE_HEAD + "parallel = 1000\n" + PARAM_A, "{tmp}/tune.toml:3: parallel: must be "
+              "an integer from 1 to 256, not 1000", "parallel=1000"),
+    tune_file(TUNE_HEAD + "replicates = 99999\n" + PARAM_A, "{tmp}/tune.toml:3: replicates: "
+              "must be an integer from 1 to 1000, not 99999", "replicates=99999"),
+    tune_file(TUNE_HEAD + "seed = -1\n" + PARAM_A, "{tmp}/tune.toml:3: seed: must be an integer "
+              "from 0 to 4294967295, not -1", "seed=-1"),
+    tune_file(TUNE_HEAD + "seed = 4294967296\n" + PARAM_A, "{tmp}/tune.toml:3: seed: must be an "
+              "integer from 0 to 4294967295, not 4294967296: a seed is 32 bits", "seed=2**32"),
+    tune_file(TUNE_HEAD + "startup_trials = -1\n" + PARAM_A, "{tmp}/tune.toml:3: startup_trials:"
+              " must be an integer from 0 to 10000, not -1", "startup_trials=-1"),
+    tune_file(TUNE_HEAD + "startup_trials = 1e6\n" + PARAM_A, "{tmp}/tune.toml:3: "
+              "startup_trials: must be an integer from 0 to 10000, not 1000000.0",
+              "startup_trials=1e6"),
+    tune_file(TUNE_HEAD + "max_usd = nan\n" + PARAM_A, "{tmp}/tune.toml:3: max_usd: must be a "
+              "finite number above 0, not nan (leave it out for no limit)", "max_usd=nan"),
+    tune_file(TUNE_HEAD + "max_usd = inf\n" + PARAM_A, "{tmp}/tune.toml:3: max_usd: must be a "
+              "finite number above 0, not inf", "max_usd=inf"),
+    tune_file(TUNE_HEAD + "max_usd = -1\n" + PARAM_A, "{tmp}/tune.toml:3: max_usd: must be a "
+              "finite number above 0, not -1", "max_usd=-1"),
+    tune_file(TUNE_HEAD + 'max_usd = "ten"\n' + PARAM_A, "{tmp}/tune.toml:3: max_usd: must be a "
+              "finite number above 0, not 'ten'", "max_usd=string"),
+    tune_file(TUNE_HEAD + "max_hours = nan\n" + PARAM_A, "{tmp}/tune.toml:3: max_hours: must be "
+              "a finite number above 0 and at most 8784, not nan", "max_hours=nan"),
+    tune_file(TUNE_HEAD + "max_hours = 1e9\n" + PARAM_A, "{tmp}/tune.toml:3: max_hours: must be "
+              "a finite number above 0 and at most 8784, not 1e+09: over a year",
+              "max_hours=1e9"),
+    tune_file(TUNE_HEAD + "constraints = 5\n" + PARAM_A, "{tmp}/tune.toml:3: constraints: a "
+              "table of max_seconds", "constraints=5"),
+    tune_file(TUNE + "[constraints]\nmax_speed = 1\n", "{tmp}/tune.toml:7: constraints: a table "
+              "of max_seconds", "constraints.unknown"),
+    tune_file(TUNE + "[constraints]\nmax_seconds = nan\n", "{tmp}/tune.toml:8: max_seconds: must"
+              " be a finite number above 0, not nan", "max_seconds=nan"),
+    tune_file(TUNE + "[constraints]\nmax_seconds = inf\n", "{tmp}/tune.toml:8: max_seconds: must"
+              " be a finite number above 0, not inf", "max_seconds=inf"),
+    tune_file(TUNE + "[constraints]\nmin_rate = -1\n", "{tmp}/tune.toml:8: min_rate: must be a "
+              "finite number above 0, not -1", "min_rate=-1"),
+    tune_file('replay = 5\nobjective = "metric"\n' + PARAM_A, "{tmp}/tune.toml:1: replay: must "
+              "be the path of a CSV table, not 5", "replay=5"),
+    tune_file('replay = "{tmp}/nope.csv"\nobjective = "metric"\n' + PARAM_A, "{tmp}/nope.csv: "
+              "cannot read the replay table: No such file or directory", "replay=missing"),
+    tune_file(TUNE, "{tmp}/t.csv:3: the replay table is not UTF-8 text (byte 0xe9)",
+              "table=latin-1", table=b"a,metric\n1,3\n2,2\xe9\n"),
+    tune_file(TUNE, "{tmp}/t.csv:3: metric '-inf' is not a finite number", "table:metric=-inf",
+              table="a,metric\n1,3\n2,-inf\n3,1\n"),
+    tune_file(TUNE, "{tmp}/t.csv:2: metric 'nan' is not a finite number", "table:metric=nan",
+              table="a,metric\n1,nan\n2,2\n3,1\n"),
+    tune_file(TUNE, "{tmp}/t.csv:4: metric 'inf' is not a finite number", "table:metric=inf",
+              table="a,metric\n1,3\n2,2\n3,inf\n"),
+    tune_file(TUNE, "{tmp}/t.csv:2: metric 'inf' is not a finite number", "table:metric=1e400",
+              table="a,metric\n1,1e400\n2,2\n3,1\n"),
+    tune_file(TUNE, "{tmp}/t.csv:3: metric 'fast' is not a number", "table:metric=fast",
+              table="a,metric\n1,3\n2,fast\n3,1\n"),
+    tune_file(TUNE_HEAD + "replay_column = 5\n" + PARAM_A, "{tmp}/tune.toml:3: replay_column: "
+              "must be the name of a column", "replay_column=5"),
+    tune_file(TUNE_HEAD + 'replay_column = "speed"\n' + PARAM_A, "{tmp}/t.csv:1: the replay "
+              "table has no column speed", "replay_column=missing"),
+    tune_file('types = "c5a.large"\n' + TUNE, "{tmp}/tune.toml:1: types: must be a list of "
+              "instance types", "types=string"),
+    tune_file('types = ["c5a.nano"]\n' + TUNE, "{tmp}/tune.toml:1: types: unknown instance type "
+              "'c5a.nano'", "types=unknown"),
+    tune_file(TUNE_HEAD + 'executor = "k8s"\n' + PARAM_A, "{tmp}/tune.toml:3: executor: 'k8s' "
+              "is not one of ssh, batch", "executor"),
+    tune_file('types = ["c5a.large"]\n' + PARAM_A, "{tmp}/tune.toml: recipe: name the recipe to "
+              "tune", "no-recipe-no-replay"),
+    tune_file('recipe = "../x"\ntypes = ["c5a.large"]\n' + PARAM_A, "{tmp}/tune.toml:1: recipe: "
+              "recipe '../x' is not a plain name", "recipe=../x"),
+    tune_file('recipe = "/etc"\ntypes = ["c5a.large"]\n' + PARAM_A, "{tmp}/tune.toml:1: recipe: "
+              "recipe '/etc' is not a plain name", "recipe=/etc"),
+    tune_file(KERNELS + 'recipe_dir = "/"\n' + PARAM_A, "{tmp}/tune.toml:3: recipe_dir: unknown "
+              "key", "recipe_dir"),
+]  # fmt: skip
+
+
+def param(body: str, start: str, id: str, head: str = TUNE_HEAD) -> Any:
+    """A tune file whose parameter a is `body`; the error is said of params.a at its line."""
+    return tune_file(head + "[params.a]\n" + body, start, f"params:{id}")
+
+
+PARAMS = [
+    tune_file(TUNE_HEAD, "{tmp}/tune.toml: the search space is empty", "params:none"),
+    tune_file(TUNE_HEAD + "[params]\na = 5\n", "{tmp}/tune.toml: params.a: must be a table",
+              "params:not-a-table"),
+    param('kind = "normal"\n', "{tmp}/tune.toml:3: params.a: unknown kind 'normal'", "kind"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nflg = "-x{}"\n', "{tmp}/tune.toml:3: params.a: "
+          "unknown key 'flg'; known: kind, values", "unknown-key"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nstage = "link"\n', "{tmp}/tune.toml:3: params.a: "
+          "stage 'link' is not compile or run", "stage"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nflag = "-x={}"\n', "{tmp}/tune.toml:3: params.a: "
+          "flag is for compile-stage parameters (a build flag); a run parameter is passed by arg",
+          "flag-on-run"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nstage = "run"\nflag = "-x={}"\n', "{tmp}/tune.toml:3:"
+          " params.a: flag is for compile-stage parameters", "flag-on-run-stated"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nstage = "compile"\narg = "--a {}"\n',
+          "{tmp}/tune.toml:3: params.a: arg is for run-stage parameters", "arg-on-compile"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nstage = "compile"\nflag = 5\n', "{tmp}/tune.toml:3: "
+          "params.a: flag must be a string", "flag=5"),
+    param('kind = "categorical"\nvalues = []\n', "{tmp}/tune.toml:3: params.a: a categorical "
+          "parameter needs a non-empty list of values", "values=empty"),
+    param('kind = "categorical"\nvalues = "abc"\n', "{tmp}/tune.toml:3: params.a: a categorical "
+          "parameter needs a non-empty list of values", "values=string"),
+    param('kind = "categorical"\nvalues = [1, 1]\n', "{tmp}/tune.toml:3: params.a: values repeat",
+          "values-repeat"),
+    param('kind = "categorical"\nvalues = [1.0, nan]\n', "{tmp}/tune.toml:3: params.a: values: "
+          "nan is not a finite number", "values-nan"),
+    param('kind = "categorical"\nvalues = [1, {x = 1}]\n', "{tmp}/tune.toml:3: params.a: values:"
+          " {'x': 1} is not a string or a number", "values-table"),
+    param('kind = "int"\nvalues = [1, 2]\n', "{tmp}/tune.toml:3: params.a: int takes low and "
+          "high, not values", "int-values"),
+    param('kind = "int"\nlow = 5\nhigh = 1\n', "{tmp}/tune.toml:3: params.a: low 5 is above high "
+          "1: the range is empty", "low>high"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nstep = 0\n', "{tmp}/tune.toml:3: params.a: int needs"
+          " integer low, high and a step of at least 1", "step=0"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nstep = 1.5\n', "{tmp}/tune.toml:3: params.a: int "
+          "needs integer low, high", "step=1.5"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nstep = nan\n', "{tmp}/tune.toml:3: params.a: int "
+          "needs integer low, high", "step=nan"),
+    param('kind = "int"\nlow = 1.5\nhigh = 3\n', "{tmp}/tune.toml:3: params.a: int needs integer"
+          " low, high", "low=1.5"),
+    param('kind = "int"\nlow = nan\nhigh = 3\n', "{tmp}/tune.toml:3: params.a: int needs numbers "
+          "low and high: low must be a finite number, not nan", "low=nan"),
+    param('kind = "int"\nlow = 1\nhigh = inf\n', "{tmp}/tune.toml:3: params.a: int needs numbers "
+          "low and high: high must be a finite number, not inf", "high=inf"),
+    param('kind = "int"\nlow = "1"\nhigh = 3\n', "{tmp}/tune.toml:3: params.a: int needs numbers "
+          "low and high: low must be a finite number, not '1'", "low=string"),
+    param('kind = "int"\nhigh = 3\n', "{tmp}/tune.toml:3: params.a: int needs numbers low and "
+          "high: low must be a finite number, not None", "low-missing"),
+    param('kind = "int"\nlow = 1\nhigh = 1000000000000000000\n', "{tmp}/tune.toml:3: params.a: "
+          "1000000000000000000 values is more than 10000", "int-huge-range"),
+    param('kind = "uniform"\nlow = nan\nhigh = 1\n', "{tmp}/tune.toml:3: params.a: uniform needs "
+          "numbers low and high: low must be a finite number, not nan", "uniform-low=nan"),
+    param('kind = "uniform"\nlow = -inf\nhigh = 1\n', "{tmp}/tune.toml:3: params.a: uniform needs"
+          " numbers low and high: low must be a finite number, not -inf", "uniform-low=-inf"),
+    param('kind = "uniform"\nlow = 0\nhigh = 1\nstep = 0.1\n', "{tmp}/tune.toml:3: params.a: "
+          "step is for int parameters", "uniform-step"),
+    param('kind = "loguniform"\nlow = 0\nhigh = 1\n', "{tmp}/tune.toml:3: params.a: loguniform "
+          "needs low above 0", "loguniform-low=0"),
+    param('kind = "uniform"\nlow = 1\nhigh = 3\n', "{tmp}/t.csv: a replay table holds "
+          "configurations, not ranges: a is continuous", "uniform-on-a-table"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nwhen = 5\n', "{tmp}/tune.toml:3: params.a: when must"
+          " be a table", "when=5"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nwhen = { arch = "sparc" }\n', "{tmp}/tune.toml:3: "
+          "params.a: when.arch 'sparc' is not x86_64 or arm64", "when.arch"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nwhen = { param = "zz", in = [1] }\n',
+          "{tmp}/tune.toml:3: params.a: when names an unknown parameter 'zz'", "when.param"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nwhen = { param = "b", in = [9] }\n[params.b]\nkind ='
+          ' "categorical"\nvalues = [1, 2]\n', "{tmp}/tune.toml:3: params.a: when.in has [9], not"
+          " values of b", "when.in"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nwhen = { param = "b", in = [1] }\n[params.b]\nkind ='
+          ' "int"\nlow = 1\nhigh = 2\n', "{tmp}/tune.toml:3: params.a: when needs b to be an "
+          "unconditional categorical", "when-parent-int"),
+    tune_file(TUNE + '[params.instance_type]\nkind = "categorical"\nvalues = ["c5a.large"]\n'
+              'stage = "run"\n', "{tmp}/tune.toml:7: params.instance_type: the instance type is "
+              "categorical, with values and no stage", "params:instance_type-stage"),
+    tune_file(TUNE + '[params.instance_type]\nkind = "categorical"\nvalues = ["c5a.tiny"]\n',
+              "{tmp}/tune.toml:7: params.instance_type: unknown instance type 'c5a.tiny'",
+              "params:instance_type-unknown"),
+]  # fmt: skip
+# What the workload takes: kernels' [bench.parameters] declare threads, size and block as
+# integers. Refused before the cloud or the prices are asked.
+for body, start, name in (
+    ('kind = "uniform"\nlow = 1\nhigh = 2\nstage = "run"\n', "params.threads: kernels's workload "
+     'takes threads as an integer (its [bench.parameters] in {recipes}/kernels/recipe.toml); '
+     'kind = "uniform" would pass it fractions such as 1.44: make it kind = "int"', "uniform"),
+    ('kind = "loguniform"\nlow = 1\nhigh = 8\nstage = "run"\n', "params.threads: kernels's "
+     "workload takes threads as an integer", "loguniform"),
+    ('kind = "categorical"\nvalues = ["one", "two"]\nstage = "run"\n', "params.threads: kernels's"
+     " workload takes threads as an integer", "categorical-words"),
+    ('kind = "categorical"\nvalues = [1.5, 2.5]\nstage = "run"\n', "params.threads: kernels's "
+     "workload takes threads as an integer", "categorical-fractions"),
+):  # fmt: skip
+    PARAMS.append(
+        case("fleet tune {tmp}/tune.toml", start, files={"tune.toml": KERNELS +
+             f"[params.threads]\n{body}"}, id=f"tune:kernels-threads-{name}")
+    )  # fmt: skip
+PARAMS += [
+    case("fleet tune {tmp}/tune.toml", "params.treads: kernels's workload takes no 'treads'",
+         files={"tune.toml": KERNELS + '[params.treads]\nkind = "int"\nlow = 1\nhigh = 2\n'},
+         id="tune:kernels-misspelt"),
+    case("fleet tune {tmp}/tune.toml", "params.threads: zstd's bench command (bin/zstd "
+         "-b{level} -i{seconds}) has no {args} to pass it",
+         files={"tune.toml": 'recipe = "zstd"\ntypes = ["c5a.large"]\n[params.threads]\n'
+                'kind = "int"\nlow = 1\nhigh = 2\n'}, id="tune:zstd-no-args"),
+]  # fmt: skip
+
+COMPARE = [
+    case("fleet tune compare", "fleet tune compare needs --replay TABLE.csv"),
+    case("fleet tune compare --replay {tmp}/missing.csv", "{tmp}/missing.csv: cannot read the "
+         "replay table: No such file or directory"),
+    case("fleet tune compare --replay {tmp}", "{tmp}: cannot read the replay table: Is a "
+         "directory"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:3: the replay table is not UTF-8"
+         " text (byte 0xe9)", files={"t.csv": b"a,metric\n1,3\n2,2\xe9\n"}, id="compare:latin-1"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv: cannot read the replay table: "
+         "No columns to parse", files={"t.csv": ""}, id="compare:empty"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:3: metric '-inf' is not a finite"
+         " number", files={"t.csv": "a,metric\n1,3\n2,-inf\n3,1\n"}, id="compare:-inf"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:4: metric 'nan' is not a finite"
+         " number", files={"t.csv": "a,metric\n1,3\n2,2\n3,nan\n"}, id="compare:nan"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:3: metric 'x' is not a number",
+         files={"t.csv": "a,metric\n1,3\n2,x\n3,1\n"}, id="compare:not-a-number"),
+    case("fleet tune compare --replay {tmp}/t.csv --budget 100000000", "--budget must be an "
+         "integer from 1 to 10000, not 100000000: every trial", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --budget 4", "--budget 4 is more than the 3 "
+         "configurations of the space", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --budget 0", "--budget must be an integer from "
+         "1 to 10000, not 0", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --seeds 0", "--seeds must be an integer from 1"
+         " to 1000, not 0", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --seeds 100000", "--seeds must be an integer "
+         "from 1 to 1000, not 100000: each seed is a whole search", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --startup-trials -1", "--startup-trials must "
+         "be an integer from 0 to 10000, not -1", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --algorithms tpe,bogus", "--algorithms: "
+         "'bogus' is not one of", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --objective-column speed", "{tmp}/t.csv:1: the"
+         " replay table has no column speed", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --space {tmp}/missing.toml", "{tmp}/missing"
+         ".toml: cannot read the tune file", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --space {tmp}/space.toml", "{tmp}/space.toml:"
+         "6: the tune file is not UTF-8 text", files={**TABLE, "space.toml": PARAM_A.encode() +
+         b'objective = "metric"\n' + LATIN1}, id="compare:space-latin-1"),
+    case("fleet tune compare --replay-runs {tmp}/missing.csv", "{tmp}/missing.csv: cannot read "
+         "the replay table: No such file"),
+    case("fleet tune compare --replay-runs {tmp}/runs.csv", "{tmp}/runs.csv:2: the replay table "
+         "is not UTF-8 text", files={"runs.csv": b"run,a,metric\n0,1,2\xe9\n"},
+         id="compare-runs:latin-1"),
+    case("fleet tune compare --replay-runs {tmp}/runs.csv --budget 3", "--budget 3 is more than "
+         "the 2 configurations", files={"runs.csv": "run,a,metric\n0,1,2\n0,2,3\n1,1,2\n"},
+         id="compare-runs:budget"),
+]  # fmt: skip
+
+RECIPE_FILES = [
+    recipe_file(('name = "trivial"', 'name = "../evil"'), "{tmp}/recipes/trivial/recipe.toml: "
+                "name '../evil' must be the recipe's folder name 'trivial'", "name=../evil"),
+    recipe_file(('name = "trivial"', 'name = "other"'), "{tmp}/recipes/trivial/recipe.toml: "
+                "name 'other' must be the recipe's folder name 'trivial'", "name=other"),
+    recipe_file(b'name = "trivial"\n' + LATIN1, "{tmp}/recipes/trivial/recipe.toml:2: the recipe"
+                " is not UTF-8 text", "latin-1"),
+    recipe_file(('template = "build.sh.j2"', 'template = "../../../../etc/passwd"'),
+                "{tmp}/recipes/trivial/recipe.toml: build.template: ../../../../etc/passwd is not"
+                " inside the recipe's folder", "template-outside"),
+    recipe_file(("[smoke]", '[bench]\ncommand = "x {n}"\n[bench.parameters]\nn = { kind = '
+                 '"float", default = 1 }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
+                "bench.parameters.n.kind 'float' is not one of int, uniform", "parameter-kind"),
+    recipe_file(("[build]", "[build\n"), "{tmp}/recipes/trivial/recipe.toml: ", "syntax"),
+]  # fmt: skip
+
+CASES = [
+    *AMIBAKE, *CONFIG, *PLAN, *BENCH_FLAGS, *BENCH_FILES, *TUNE_FLAGS, *TUNE_FILES, *PARAMS,
+    *COMPARE, *RECIPE_FILES,
+]  # fmt: skip
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A row's own directory, results and local cloud; the cloud refuses to be asked."""
+    for name in [n for n in __import__("os").environ if n.startswith("AMIBAKE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no amibake.toml but a row's own
+    monkeypatch.setenv("AMIBAKE_CLOUD", "local")
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(tmp_path / "local"))
+
+    def asked(*_: object, **__: object) -> None:
+        raise AssertionError("bad input reached the cloud: it must be refused before")
+
+    monkeypatch.setattr("amibake.local.control.up", asked)
+    (tmp_path / "a-file").write_text("not a directory\n")
+    yield tmp_path
+
+
+def runs(results: Path) -> list[str]:
+    """Fleet runs and journal runs recorded under a results directory."""
+    found = []
+    for name in ("fleet.sqlite", "journal.sqlite"):
+        if (results / name).exists():
+            with sqlite3.connect(results / name) as db:
+                found += [f"{name}: {r[0]}" for r in db.execute("SELECT run_id FROM runs")]
+    return found
+
+
+def files_under(directory: Path) -> set[str]:
+    """Every file, but the results databases (their runs are checked) and pytest's own."""
+    return {
+        str(p.relative_to(directory))
+        for p in directory.rglob("*")
+        if p.is_file() and not p.name.startswith(("fleet.sqlite", "journal.sqlite"))
+    }
+
+
+def run_cli(argv: list[str]) -> int:
+    return (amibake if argv[0] == "amibake" else fleet)(argv[1:])
+
+
+@pytest.mark.parametrize(("argv", "start", "code", "files", "env"), CASES)
+def test_bad_input_is_refused_on_one_line_creating_nothing(
+    sandbox: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: str,
+    start: str,
+    code: int,
+    files: dict[str, str | bytes],
+    env: dict[str, str],
+) -> None:
+    tmp = str(sandbox)
+
+    def fill(text: str) -> str:
+        return text.replace("{tmp}", tmp).replace(
+            "{recipes}", str(RECIPES.parent.parent / "build_recipes")
+        )
+
+    for name, content in files.items():
+        path = sandbox / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(fill(content))
+        if name.startswith("recipes/"):  # the rest of the recipe, beside its recipe.toml
+            for other in (RECIPES / "trivial").iterdir():
+                if not (path.parent / other.name).exists():
+                    copy = shutil.copytree if other.is_dir() else shutil.copy
+                    copy(other, path.parent / other.name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, fill(value))
+    words = shlex.split(fill(argv))
+    before = files_under(sandbox)
+
+    assert run_cli(words) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith("\n"), f"not one line: {err!r}"
+    assert err.startswith(f"{words[0]}: error: {fill(start)}"), err
+    assert "Traceback" not in err
+    assert runs(sandbox / "results") == [], "bad input recorded a run"
+    assert files_under(sandbox) == before, "bad input left files"
+    assert not (sandbox / "local").exists(), "bad input started a local cloud"
+
+
+def test_the_table_covers_both_commands_every_subcommand_and_every_setting() -> None:
+    from amibake.cli import build_parser as amibake_parser
+    from amibake.config import _FIELDS
+    from fleet.cli import build_parser as fleet_parser
+
+    assert len(CASES) > 150
+    typed = [shlex.split(p.values[0]) for p in CASES]
+
+    def subcommands(parser: Any) -> set[str]:
+        action = next(a for a in parser._actions if a.dest == "command")
+        return set(action.choices)
+
+    for prog, parser in (("amibake", amibake_parser()), ("fleet", fleet_parser())):
+        covered = {w[1] for w in typed if w[0] == prog and len(w) > 1}
+        assert subcommands(parser) <= covered, subcommands(parser) - covered
+    settings = {name.removeprefix("AMIBAKE_").lower() for p in CASES for name in p.values[4]} | {
+        line.split("=")[0].strip()
+        for p in CASES
+        for text in p.values[3].values()
+        if isinstance(text, str)
+        for line in text.splitlines()
+        if "=" in line and p.id.startswith("amibake.toml")
+    }
+    # Settings that take any string (a profile name) or that a bad value cannot reach here.
+    free = {"profile", "recipe", "size"}
+    missing = set(_FIELDS) - settings - free
+    assert not missing, f"no row spoils: {sorted(missing)}"
+
+
+def test_the_bases_the_rows_spoil_are_good(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each row fails for what it changed: unchanged, the same input passes."""
+    tmp = str(sandbox)
+    (sandbox / "t.csv").write_text(TABLE["t.csv"])
+    (sandbox / "tune.toml").write_text(TUNE.replace("{tmp}", tmp))
+    assert fleet(["tune", "compare", "--replay", f"{tmp}/t.csv", "--seeds", "2"]) == 0
+    bench_spec = spec.load(_write(sandbox / "bench.toml", BENCH), {})
+    assert bench_spec.types == ("c5a.large",) and bench_spec.replicates == 3
+    tune_spec = tune.load(sandbox / "tune.toml")
+    assert tune_spec.space.params["a"].options() == [1, 2, 3]
+    assert fleet(["status"]) == 0
+    assert fleet(["tune", f"{tmp}/tune.toml", "--trials", "3"]) == 0  # a replayed search
+    assert amibake(["families", "--host", "--recipe", "kernels"]) == 0
+    # The caps are the last values accepted, not below them.
+    from amibake import config
+    from amibake.cli import _duration
+    from fleet import plan
+
+    assert _duration("3650d").days == 3650
+    plan.check(work=1e30, instances=plan.MAX_INSTANCES, deadline_h=plan.hours("8784h"), budget=1)
+    loaded = config.load(environ={"AMIBAKE_SSH_TIMEOUT_S": "86400", "AMIBAKE_MAX_ATTEMPTS": "50"})
+    assert (loaded.ssh_timeout_s, loaded.max_attempts) == (86400.0, 50)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_status_stays_fast_after_the_largest_run_the_caps_allow(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """replicates = 99999999999999 was recorded, and then `fleet status` hung and was OOM-killed.
+    The largest run that can now be recorded reads back at once."""
+    families = ["c5a", "c6a", "c6i", "c7a", "c7i", "c6g", "c7g"]
+    text = (
+        f"families = {families!r}\n"
+        'sizes = ["large", "xlarge"]\nrecipe = "kernels"\nbuilds = ["tuned", "generic"]\n'
+        f"replicates = {spec.COUNTS['replicates'][1]}\nwarmups = {spec.COUNTS['warmups'][1]}\n"
+    )
+    largest = spec.load(_write(sandbox / "bench.toml", text), {})
+    results = bench.results_db(sandbox / "results")
+    run_id = bench_run = "fb-0123456789"
+    results.create_run(bench_run, "bench", largest.to_json(), "local", "us-east-1", "")
+    tune_spec = tune.load(
+        _write(
+            sandbox / "tune.toml",
+            (TUNE + f"trials = {tune.MAX_TRIALS}\n")
+            .replace("{tmp}", str(sandbox))
+            .replace(PARAM_A, "")
+            + PARAM_A,
+        )
+    )
+    (sandbox / "t.csv").write_text(TABLE["t.csv"])
+    tune_run = tune.start(results, tune_spec, "local", "us-east-1")
+    for argv in (["status"], ["status", bench_run], ["status", tune_run], ["status", "--json"]):
+        started = time.monotonic()
+        assert fleet(argv) == 0
+        took = time.monotonic() - started
+        assert took < 1.0, f"fleet {' '.join(argv)} took {took:.2f} s"
+    out = capsys.readouterr().out
+    planned = len(largest.types) * 2 * (1000 + 100)
+    assert f"0/{planned} replicates" in out and f"0/{tune.MAX_TRIALS} trials" in out, out
+    assert run_id
+
+
+@pytest.mark.e2e
+def test_refusals_that_need_the_clouds_answer_leave_nothing(
+    cloud: Cloud, local_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image or instance id of the right shape that the cloud does not have: refused on one
+    line, and the cloud holds what it held."""
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+
+    def held() -> tuple[int, int, int]:
+        ec2 = cloud.ec2
+        return (
+            len(journal.alive()),
+            len(ec2.describe_key_pairs()["KeyPairs"]),
+            len(ec2.describe_security_groups()["SecurityGroups"]),
+        )
+
+    before = held()
+    for argv, code, start in (
+        (["batch", "up", "--ami", "ami-0123456789abcdef0"], 2, "image ami-0123456789abcdef0 does "
+         "not exist in us-east-1"),
+        (["build", "--family", "c5a", "--recipe", "kernels", "--region", "eu-north-1"], 2,
+         "the local cloud serves"),
+    ):  # fmt: skip
+        assert amibake(argv) == code, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"amibake: error: {start}") and err.count("\n") == 1, err
+    assert held() == before
+    assert leftovers(local_dir) == []
