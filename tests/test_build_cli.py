@@ -244,7 +244,9 @@ def test_a_bakes_flag_mistakes_are_named_before_any_cloud_is_asked(
     no_aws_credentials: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cases = {
-        ("--tmpfs-reserve-mb-per-vcpu", "-5"): "--tmpfs-reserve-mb-per-vcpu must be zero or more",
+        ("--tmpfs-reserve-mb-per-vcpu", "-5"): (
+            "--tmpfs-reserve-mb-per-vcpu: must be an integer from 0 to 32768, not -5"
+        ),
         ("--family", "zz"): "unknown family 'zz'",
         ("--name", "nightly!"): "--name 'nightly!': an image name prefix is up to 105 letters",
         ("--name", "x" * 106): "an image name prefix is up to 105",
