@@ -456,7 +456,9 @@ def test_bad_tune_input_names_file_and_line(
     cases = {
         head + 'max_usd = "ten"\n' + param: ":3: max_usd: must be a finite number above 0",
         head + "max_hours = -1\n" + param: ":3: max_hours: must be a finite number above 0",
-        head + param + '[constraints]\nmax_seconds = "fast"\n': ":8: max_seconds: must be a finite number",
+        head
+        + param
+        + '[constraints]\nmax_seconds = "fast"\n': ":8: max_seconds: must be a finite number",
         head: "the search space is empty",
         head
         + '[params.a]\nkind = "int"\nlow = 5\nhigh = 1\n': ":3: params.a: low 5 is above high 1",
