@@ -7,6 +7,7 @@ error, so a user fixes their file once instead of once per typo.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -205,10 +206,16 @@ def load(
                 continue
             values[key] = _coerce(key, value, problems, str(path))
 
-    for name in _FIELDS:
-        env_name = f"AMIBAKE_{name.upper()}"
+    settings = {f"AMIBAKE_{name.upper()}": name for name in _FIELDS}
+    for env_name, name in settings.items():
         if env_name in environ:
             values[name] = _coerce(name, environ[env_name], problems, env_name)
+    for env_name in sorted(environ):
+        # A misspelt setting was ignored without a word, and the default used instead.
+        if env_name.startswith("AMIBAKE_") and env_name not in settings:
+            close = difflib.get_close_matches(env_name, settings, n=1, cutoff=0.85)
+            if close:
+                problems.append(f"{env_name} is not a setting; did you mean {close[0]}?")
 
     for key, value in (flags or {}).items():
         if value is None:

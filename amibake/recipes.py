@@ -180,6 +180,9 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
                 f"bench.parameters.{key}.kind {spec.get('kind')!r} is not one of "
                 f"{', '.join(PARAMETER_KINDS)}"
             )
+        for bound in ("default", "low", "high"):  # a nan default ran the workload with "nan"
+            if isinstance(spec.get(bound), float) and checks.number(spec[bound]):
+                problems.append(f"bench.parameters.{key}.{bound} {spec[bound]} is not finite")
     for key in dict.fromkeys(_PLACEHOLDER.findall(str(bench.get("command", "")))):
         if key != "args" and defaults.get(key) is None:
             # Run with the placeholder as is, the workload would fail on every replicate.

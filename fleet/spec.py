@@ -172,6 +172,9 @@ def _args_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, float) and checks.number(item):
+                raise TypeError(f"args.{key} is {item}, not a finite number")
         return " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in value.items())
     raise TypeError("args must be a string or a table of name = value")
 

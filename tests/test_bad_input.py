@@ -208,6 +208,12 @@ CONFIG = [
     config_env("AMIBAKE_CONFIG", "{tmp}/missing.toml", "AMIBAKE_CONFIG names {tmp}/missing.toml, "
                "which does not exist"),
     config_env("AMIBAKE_CONFIG", "{tmp}", "{tmp}: cannot read the config file: Is a directory"),
+    config_env("AMIBAKE_REGOIN", "eu-west-1", "AMIBAKE_REGOIN is not a setting; did you mean "
+               "AMIBAKE_REGION?"),
+    config_env("AMIBAKE_SSH_TIMEOUT", "30", "AMIBAKE_SSH_TIMEOUT is not a setting; did you mean "
+               "AMIBAKE_SSH_TIMEOUT_S?"),
+    config_env("AMIBAKE_RESULT_DIR", "{tmp}", "AMIBAKE_RESULT_DIR is not a setting; did you mean"
+               " AMIBAKE_RESULTS_DIR?"),
     case("fleet status", "{tmp}/other.toml:2: the config file is not UTF-8 text (byte 0xe9); "
          "save it as UTF-8", files={"other.toml": b'region = "eu-west-1"\n' + LATIN1},
          env={"AMIBAKE_CONFIG": "{tmp}/other.toml"}, id="env:AMIBAKE_CONFIG=latin-1"),
@@ -394,6 +400,8 @@ BENCH_FILE_ERRORS = {
     "metric=5": ":3: metric: must be a table",
     "args=5": ":3: args: args must be a string or a table",
     "executor": ":3: executor: 'k8s' is not one of ssh, batch",
+    "args.threads=nan": ":3: args: args.threads is nan, not a finite number",
+    "args.scale=-inf": ":3: args: args.scale is -inf, not a finite number",
     "recipe=../x": ":2: recipe: recipe '../x' is not a plain name",
     "recipe=/etc": ":2: recipe: recipe '/etc' is not a plain name",
     "recipe-and-command": ":3: recipe: give exactly one of recipe (a build recipe) or command",
@@ -438,6 +446,8 @@ BENCH_FILES = [
     bench_file(BENCH + "metric = 5\n", "metric=5"),
     bench_file(BENCH + "args = 5\n", "args=5"),
     bench_file(BENCH + 'executor = "k8s"\n', "executor"),
+    bench_file(BENCH + "[args]\nthreads = nan\n", "args.threads=nan"),
+    bench_file(BENCH + "[args]\nscale = -inf\n", "args.scale=-inf"),
     bench_file('types = ["c5a.large"]\nrecipe = "../x"\n', "recipe=../x"),
     bench_file('types = ["c5a.large"]\nrecipe = "/etc"\n', "recipe=/etc"),
     bench_file(BENCH + 'recipe = "kernels"\n', "recipe-and-command"),
@@ -738,6 +748,9 @@ RECIPE_FILES = [
                  '"float", default = 1 }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
                 "bench.parameters.n.kind 'float' is not one of int, uniform", "parameter-kind"),
     recipe_file(("[build]", "[build\n"), "{tmp}/recipes/trivial/recipe.toml: ", "syntax"),
+    recipe_file(("[smoke]", '[bench]\ncommand = "x {n}"\n[bench.parameters]\nn = { kind = '
+                 '"uniform", default = nan }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
+                "bench.parameters.n.default nan is not finite", "parameter-default=nan"),
 ]  # fmt: skip
 
 CASES = [
