@@ -154,8 +154,18 @@ def _bench(args: argparse.Namespace) -> int:
                 "run with them)"
             )
         run_id = _run_id(results, args.resume)
-        if results.require(run_id)["kind"] != "bench":
+        record = results.require(run_id)
+        if record["kind"] != "bench":
             raise UserError(f"{run_id} is not a fleet bench run (fleet tune --resume?)")
+        # A run recorded before the caps (replicates = 99999999999999) ran out of memory
+        # planning its replicates: refused, with the way out.
+        for key, (low, high, why) in spec.COUNTS.items():
+            problem = checks.integer(record["spec"].get(key), low, high, why)
+            if problem:
+                raise UserError(
+                    f"run {run_id} cannot be resumed: its recorded {key} {problem}; "
+                    f"`fleet kill {run_id}` removes what it left"
+                )
         cfg = _run_config(args, results, run_id)
     else:
         bench_spec = spec.load(Path(args.file) if args.file else None, overrides, cfg.recipes_dir)

@@ -942,6 +942,26 @@ def test_status_stays_fast_after_the_largest_run_the_caps_allow(
     assert run_id
 
 
+def test_a_run_recorded_before_the_caps_is_refused_on_resume_not_planned(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Resumed, `replicates = 99999999999999` raised MemoryError planning its replicates."""
+    results = bench.results_db(sandbox / "results")
+    recorded = spec.load(_write(sandbox / "bench.toml", BENCH), {}).to_json()
+    recorded["replicates"] = 99999999999999
+    results.create_run("fb-0123456789", "bench", recorded, "local", "us-east-1", "")
+    assert fleet(["bench", "--resume", "fb-0123456789"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "fleet: error: run fb-0123456789 cannot be resumed: its recorded replicates must be an "
+        "integer from 1 to 1000, not 99999999999999: a median's interval"
+    ), err
+    assert err.rstrip().endswith("`fleet kill fb-0123456789` removes what it left") and (
+        err.count("\n") == 1
+    ), err
+    assert not (sandbox / "local").exists()
+
+
 @pytest.mark.e2e
 def test_refusals_that_need_the_clouds_answer_leave_nothing(
     cloud: Cloud, local_dir: Path, capsys: pytest.CaptureFixture[str]
