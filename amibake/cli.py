@@ -378,7 +378,10 @@ def _batch(args: argparse.Namespace) -> int:
 def _iam_policy(args: argparse.Namespace) -> int:
     from amibake import iam_policy
 
-    print(iam_policy.render(_family_list(args.commands) if args.commands else None))
+    chosen = None if args.commands is None else _family_list(args.commands)
+    if chosen == []:  # not "all": a policy for nothing was asked, by mistake
+        raise UserError("--for needs at least one command, e.g. --for build,gc")
+    print(iam_policy.render(chosen))
     return 0
 
 

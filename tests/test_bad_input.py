@@ -135,6 +135,8 @@ AMIBAKE = [
     case("amibake families --host --recipe ../x", "recipe '../x' is not a plain name"),
     case("amibake families --host --recipe /tmp", "recipe '/tmp' is not a plain name"),
     case("amibake iam-policy --for nope", "iam-policy: unknown command 'nope'"),
+    case("amibake iam-policy --for ,", "--for needs at least one command"),
+    case("amibake iam-policy --for ''", "--for needs at least one command"),
     case("amibake gc --older-than 2x", "--older-than '2x': use a number and a unit"),
     case("amibake gc --older-than=-1h", "--older-than '-1h': use a number and a unit"),
     case("amibake gc --older-than 99999999999999d", "--older-than 99999999999999d: more than "
