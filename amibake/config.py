@@ -152,8 +152,6 @@ def _validate(cfg: Config, problems: list[str]) -> None:
         path = getattr(cfg, name)
         if path.exists() and not path.is_dir():
             problems.append(f"{name} {path} is a file, not a directory")
-    if not cfg.recipes_dir.is_dir():
-        problems.append(f"recipes_dir {cfg.recipes_dir} does not exist (it holds the recipes)")
     if cfg.local_faults.strip() not in ("", "none"):
         from amibake.local import faults
 
@@ -228,6 +226,8 @@ def load(
         raise ConfigError(problems)
     cfg = Config(**values)
     _validate(cfg, problems)
+    if "recipes_dir" in values and not cfg.recipes_dir.exists():  # set, and set wrong
+        problems.append(f"recipes_dir {cfg.recipes_dir} does not exist (it holds the recipes)")
     if problems:
         raise ConfigError(problems)
     return cfg
