@@ -21,7 +21,7 @@ from typing import Any
 
 from amibake.config import Config
 from amibake.errors import AmibakeError, EnvironmentProblem, LocalCloudError, UserError
-from amibake.local import faults
+from amibake.local import faults, rootless
 from amibake.local.daemon import ERROR_FILE, INFO_FILE
 from amibake.local.engine import LocalSettings
 from amibake.local.images import LAUNCHER_NS_ENV
@@ -124,7 +124,9 @@ def up(config: Config) -> Daemon:
     # invisible to the host and gone with the daemon (see amibake.local.images).
     isolate = ["unshare", "--mount", "--propagation", "private"]
     if os.geteuid() != 0:
-        isolate[1:1] = ["--user", "--map-root-user"]
+        # Root in a user namespace of the user's own, its subordinate ids mapped for the
+        # sandboxes' users (amibake.local.rootless).
+        isolate = [*rootless.namespace_command(), *isolate[1:]]
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             [*isolate, sys.executable, "-m", "amibake.local.daemon", "--settings", json.dumps(raw)],

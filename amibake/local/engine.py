@@ -15,11 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from amibake.errors import EnvironmentProblem, LocalCloudError
-from amibake.local import boot, faults
+from amibake.local import boot, faults, rootless
 from amibake.local.faults import imds as imds_fault
 from amibake.local.images import ImageStore
 from amibake.local.imds import IMDSServer, InstanceMetadata
-from amibake.local.sandbox import Sandbox, SandboxSpec, SpawnFn, port_free, remove_tree
+from amibake.local.sandbox import (
+    Isolation,
+    Sandbox,
+    SandboxSpec,
+    SpawnFn,
+    port_free,
+    remove_tree,
+)
 
 log = logging.getLogger("amibake.local")
 
@@ -71,6 +78,14 @@ class LocalCloud:
         self._lock = threading.RLock()
         self._spawn = SpawnFn()
         self._addresses = self._address_pool()
+        # A plain user's daemon is root in a user namespace of its own (amibake.local.rootless):
+        # its sandboxes stack on a skeleton layer, each in a network namespace of its own, sshd
+        # on a port the user may bind.
+        self.rootless = rootless.active()
+        self.ssh_port = rootless.ssh_port(settings.ssh_port) if self.rootless else settings.ssh_port
+        self._skeleton: rootless.Skeleton | None = None
+        self._connector: rootless.Connector | None = None
+        self._netns: dict[str, tuple[rootless.Netns, rootless.Relay]] = {}
 
     def _address_pool(self) -> Iterator[str]:
         network = ipaddress.ip_network(self.settings.subnet)
@@ -81,17 +96,32 @@ class LocalCloud:
     def start(self) -> None:
         self.images.mount()
         self.check_ports()
+        if self.rootless:
+            # In the image store's tmpfs: a lower layer may not sit inside another ("/home"),
+            # and the skeleton lives as long as the daemon, as the images do.
+            started = time.monotonic()
+            self._skeleton = rootless.Skeleton.build(
+                self.images.root / ".skeleton", self.settings.directory
+            )
+            log.info("skeleton layer built in %.2fs", time.monotonic() - started)
+            self._connector = rootless.Connector()  # started here: on the host's network
 
     def check_ports(self) -> None:
         """Fail at start-up, in one line, if the sandboxes' ports are taken for every address."""
         first = next(ipaddress.ip_network(self.settings.subnet).hosts())
-        for name, port in (("ssh", self.settings.ssh_port), ("IMDS", self.settings.imds_port)):
+        for name, port in self._host_ports():
             if not port_free(str(first), port):
                 setting = "AMIBAKE_LOCAL_SSH_PORT" if name == "ssh" else "AMIBAKE_LOCAL_IMDS_PORT"
                 raise EnvironmentProblem(
                     f"{name} port {port} on {first} is already in use (a host service listening "
                     f"on 0.0.0.0:{port}?); set {setting} to a free port"
                 )
+
+    def _host_ports(self) -> list[tuple[str, int]]:
+        """The ports a sandbox takes on the host's network: a plain user's IMDS answers inside
+        the sandbox's own network namespace."""
+        ports = [("ssh", self.ssh_port)]
+        return ports if self.rootless else [*ports, ("IMDS", self.settings.imds_port)]
 
     def _allocate_address(self) -> str:
         taken = {s.spec.address for s in self.sandboxes.values()}
@@ -100,9 +130,7 @@ class LocalCloud:
             address = next(self._addresses)
             if address in taken:
                 continue
-            if port_free(address, self.settings.ssh_port) and port_free(
-                address, self.settings.imds_port
-            ):
+            if all(port_free(address, port) for _, port in self._host_ports()):
                 return address
         raise LocalCloudError(f"no free address left in {self.settings.subnet}")
 
@@ -114,7 +142,7 @@ class LocalCloud:
             spec = SandboxSpec(
                 instance_id=request.instance_id,
                 address=address,
-                ssh_port=self.settings.ssh_port,
+                ssh_port=self.ssh_port,
                 imds_port=self.settings.imds_port,
                 layers=[str(p) for p in layers],
                 authorized_key=request.public_key,
@@ -139,7 +167,7 @@ class LocalCloud:
                 self.faults, request.instance_id
             )
             try:
-                self._imds[request.instance_id] = IMDSServer(metadata, self.settings.imds_port)
+                self._imds[request.instance_id] = self._serve_metadata(sandbox, metadata)
             except OSError as exc:
                 self.terminate(request.instance_id)
                 raise LocalCloudError(
@@ -150,8 +178,30 @@ class LocalCloud:
         except Exception:
             self.terminate(request.instance_id)
             raise
-        log.info("launched %s at %s:%s", request.instance_id, address, self.settings.ssh_port)
-        return f"{address}:{self.settings.ssh_port}"
+        log.info("launched %s at %s:%s", request.instance_id, address, self.ssh_port)
+        return f"{address}:{self.ssh_port}"
+
+    def _serve_metadata(self, sandbox: Sandbox, metadata: InstanceMetadata) -> IMDSServer:
+        """The instance's IMDS; for a plain user's, inside a network namespace made for it,
+        with the host socket its sshd will accept on and the relay to this cloud's endpoint."""
+        port = self.settings.imds_port
+        if self._skeleton is None or self._connector is None:
+            return IMDSServer(metadata, port)
+        netns = rootless.Netns()
+        try:
+            server = netns.run(lambda: IMDSServer(metadata, port))
+            relay = rootless.Relay(netns, self.settings.port, self._connector)
+        except BaseException:
+            netns.close()
+            raise
+        self._netns[metadata.instance_id] = (netns, relay)
+        try:
+            listener = rootless.listen(metadata.address, self.ssh_port)
+        except LocalCloudError:
+            server.stop()
+            raise
+        sandbox.isolation = Isolation(self._skeleton, netns, listener)
+        return server
 
     def terminate(self, instance_id: str) -> bool:
         with self._lock:
@@ -161,11 +211,23 @@ class LocalCloud:
         if server is not None:
             server.stop()
         if sandbox is None:
+            self._close_netns(instance_id)
             return False
         self._last_console[instance_id] = sandbox.console_output()[-65536:]
-        sandbox.stop()
+        try:
+            sandbox.stop()
+        finally:
+            self._close_netns(instance_id)
         log.info("terminated %s", instance_id)
         return True
+
+    def _close_netns(self, instance_id: str) -> None:
+        with self._lock:
+            held = self._netns.pop(instance_id, None)
+        if held is not None:
+            netns, relay = held
+            relay.close()
+            netns.close()
 
     def create_image(self, instance_id: str, image_id: str) -> None:
         sandbox = self.sandboxes.get(instance_id)
@@ -219,5 +281,7 @@ class LocalCloud:
             except LocalCloudError as exc:
                 log.error("%s", exc)
         self._spawn.shutdown()
+        if self._connector is not None:
+            self._connector.shutdown()
         remove_tree(self.settings.sandboxes_dir)
         remove_tree(self.settings.images_dir)

@@ -23,6 +23,7 @@ import ctypes
 import hashlib
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from amibake.errors import EnvironmentProblem, LocalCloudError
+from amibake.local import rootless
 from amibake.local.boot import BootPlan
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd", "/sbin/sshd")
@@ -61,29 +63,7 @@ def check_host() -> None:
                 f"(apt-get install {package})"
             )
     if os.geteuid() != 0:
-        _check_rootless()
-
-
-def _check_rootless() -> None:
-    """Without root, sandboxes need a user namespace in which overlayfs may stack over "/"."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="amibake-probe-") as tmp:
-        script = (
-            f"mkdir -p {tmp}/u {tmp}/w {tmp}/m && mount -t overlay overlay "
-            f"-o userxattr,lowerdir=/,upperdir={tmp}/u,workdir={tmp}/w {tmp}/m"
-        )
-        probe = subprocess.run(
-            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
-            capture_output=True,
-            text=True,
-        )
-    if probe.returncode != 0:
-        reason = (probe.stderr.strip().splitlines() or ["no reason given"])[0]
-        raise EnvironmentProblem(
-            "the local cloud needs root here: without it, sandboxes need overlayfs over / "
-            f"inside a user namespace, which this kernel refuses ({reason}); run as root"
-        )
+        rootless.check_host()
 
 
 def port_free(address: str, port: int) -> bool:
@@ -146,13 +126,26 @@ class SandboxSpec:
     units: BootPlan = field(default_factory=BootPlan)
 
 
+@dataclass
+class Isolation:
+    """What a plain user's sandbox has that root's does not (see amibake.local.rootless): the
+    skeleton under its layers, a network namespace, and the host socket its sshd accepts on."""
+
+    skeleton: rootless.Skeleton
+    netns: rootless.Netns
+    listener: socket.socket
+
+
 class Sandbox:
     """A running sandbox, owned by the daemon."""
 
-    def __init__(self, root: Path, spec: SandboxSpec, hidden: Path) -> None:
+    def __init__(
+        self, root: Path, spec: SandboxSpec, hidden: Path, isolation: Isolation | None = None
+    ) -> None:
         self.root = root
         self.spec = spec
         self.hidden = hidden  # the local cloud's own state: mounted over with an empty tmpfs
+        self.isolation = isolation
         self.process: subprocess.Popen[bytes] | None = None
         self.fingerprint = ""
         self.public_host_key = ""
@@ -184,6 +177,22 @@ class Sandbox:
         if spec.user_data is not None:
             (self.root / "user-data").write_bytes(spec.user_data)
         (self.root / "spec.json").write_text(json.dumps(self._record(), indent=1))
+        init = self.root / "init.sh"
+        command = [
+            "unshare",
+            "--mount",
+            "--uts",
+            "--pid",
+            "--fork",
+            "--kill-child=SIGKILL",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            str(init),
+        ]
+        if self.isolation is not None:
+            self._start_isolated(spawn, command, wait_s)
+            return
         # sshd says READY=1 on NOTIFY_SOCKET once it listens (Debian's sd_notify patch): an
         # abstract socket (the kernel picks its name) reaches it through the chroot and spares
         # the daemon polling the port while eight sandboxes boot on two cores.
@@ -191,26 +200,73 @@ class Sandbox:
             ready.bind("")
             name = ready.getsockname()
             name = name.decode() if isinstance(name, bytes) else name
-            init = self.root / "init.sh"
-            init.write_text(self._init_script("@" + name.lstrip("\0")))
-            with self.console_log.open("ab") as console:
-                console.write(self._console_header().encode())
-                console.flush()
-                command = [
-                    "unshare",
-                    "--mount",
-                    "--uts",
-                    "--pid",
-                    "--fork",
-                    "--kill-child=SIGKILL",
-                    "--propagation",
-                    "private",
-                ]
-                if os.geteuid() != 0:
-                    command[1:1] = ["--user", "--map-root-user"]
-                self.process = spawn([*command, "/bin/sh", str(init)], console)
-            (self.root / "pid").write_text(str(self.process.pid))
+            notify = shlex.quote("@" + name.lstrip("\0"))
+            init.write_text(
+                self._init_script(
+                    f'NOTIFY_SOCKET={notify} chroot "$M" {find_sshd()} -D -e '
+                    "-f /run/amibake/sshd_config &"
+                )
+            )
+            self._spawn(spawn, command)
             self._wait_for_sshd(wait_s, ready)
+
+    def _start_isolated(self, spawn: SpawnFn, command: list[str], wait_s: float) -> None:
+        """A plain user's sandbox: in its network namespace, sshd run per connection by a loop
+        on the host socket that says READY=1 on a pipe (see amibake.local.rootless)."""
+        assert self.isolation is not None
+        (self.root / "sshd-loop.py").write_text(rootless.SSHD_LOOP)
+        read_end, write_end = os.pipe()
+        listener = self.isolation.listener.fileno()
+        loop = f"/usr/bin/python3 -I /run/amibake/sshd-loop.py {listener} {write_end} {find_sshd()}"
+        self.root.joinpath("init.sh").write_text(
+            self._init_script(f'chroot "$M" {loop} -i -e -f /run/amibake/sshd_config &')
+        )
+        try:
+            self._spawn(
+                spawn,
+                ["nsenter", f"--net={self.isolation.netns.path}", *command],
+                (listener, write_end),
+            )
+        finally:
+            os.close(write_end)
+            # The sandbox holds it now: the port is free again once the sandbox is gone.
+            self.isolation.listener.close()
+        try:
+            self._wait_for_ready(wait_s, read_end)
+        finally:
+            os.close(read_end)
+
+    def _spawn(self, spawn: SpawnFn, command: list[str], keep: tuple[int, ...] = ()) -> None:
+        with self.console_log.open("ab") as console:
+            console.write(self._console_header().encode())
+            console.flush()
+            self.process = spawn(command, console, keep)
+        (self.root / "pid").write_text(str(self.process.pid))
+
+    def _wait_for_ready(self, wait_s: float, ready: int) -> None:
+        deadline = time.monotonic() + wait_s
+        said = b""
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([ready], [], [], 0.05)
+            if readable:
+                chunk = os.read(ready, 64)
+                said += chunk
+                if b"READY=1" in said:
+                    return
+                if not chunk:  # every writer gone without a word: the boot failed
+                    break
+            assert self.process is not None
+            if self.process.poll() is not None:
+                break
+        assert self.process is not None
+        if self.process.poll() is not None or time.monotonic() < deadline:
+            raise LocalCloudError(
+                f"sandbox {self.spec.instance_id} exited during boot: {self.console_tail()}"
+            )
+        raise LocalCloudError(
+            f"sandbox {self.spec.instance_id}: sshd did not start within {wait_s:.0f}s: "
+            f"{self.console_tail()}"
+        )
 
     @property
     def hostname(self) -> str:
@@ -317,10 +373,18 @@ echo {self.hostname} > /etc/hostname
         """The instance's mounts, in order, for one ``mount --all``: one process where nine
         ``mount`` commands cost 3 ms of CPU each, a boot's largest share after useradd."""
         merged = self.root / "merged"
-        lowers = ":".join([*self.spec.layers, "/"])
-        overlay = f"lowerdir={lowers},upperdir={self.root}/upper,workdir={self.root}/work"
-        entries = [
-            ("overlay", merged, "overlay", overlay),
+        entries: list[tuple[str, Path, str, str]]
+        if self.isolation is None:
+            lowers = ":".join([*self.spec.layers, "/"])
+            overlay = f"lowerdir={lowers},upperdir={self.root}/upper,workdir={self.root}/work"
+            entries = [("overlay", merged, "overlay", overlay)]
+        else:  # no overlay over "/" in a user namespace: one a top-level directory
+            layers = [Path(p) for p in self.spec.layers]
+            skeleton = self.isolation.skeleton
+            entries = list(
+                rootless.overlays(skeleton, layers, self.upper, self.root / "work", merged)
+            )
+        entries += [
             ("proc", merged / "proc", "proc", "defaults"),
             ("/dev", merged / "dev", "none", "rbind"),
             ("tmpfs", merged / "dev/shm", "tmpfs", "mode=1777"),
@@ -335,7 +399,7 @@ echo {self.hostname} > /etc/hostname
             for source, target, kind, options in entries
         )
 
-    def _init_script(self, notify_socket: str) -> str:
+    def _init_script(self, sshd: str) -> str:
         spec = self.spec
         q = shlex.quote
         merged = self.root / "merged"
@@ -360,17 +424,23 @@ H="$M"{q(str(self.hidden))}
 if [ -d "$H" ]; then mount -t tmpfs -o mode=700,size=1m tmpfs "$H"; fi
 mkdir -p "$M/run/sshd" "$M/run/amibake" "$M/var/lib/cloud/instance"
 rm -f "$M/var/lib/cloud/instance/boot-finished"
-cp {q(str(self.root / "sshd_config"))} {q(str(self.root / "firstboot.sh"))} "$M/run/amibake/"
+cp {" ".join(q(str(f)) for f in self._boot_files())} "$M/run/amibake/"
 chroot "$M" /bin/sh /run/amibake/firstboot.sh
 set +e
 echo "systemd: starting enabled oneshot units"
 chroot "$M" /bin/sh -s < {q(str(self.root / "units.sh"))}
-NOTIFY_SOCKET={q(notify_socket)} chroot "$M" {find_sshd()} -D -e -f /run/amibake/sshd_config &
+{sshd}
 {user_data}
 date -u +%s > "$M/var/lib/cloud/instance/boot-finished"
 echo "cloud-init: boot finished"
 wait
 """
+
+    def _boot_files(self) -> list[Path]:
+        names = ["sshd_config", "firstboot.sh"]
+        if self.isolation is not None:
+            names.append("sshd-loop.py")
+        return [self.root / name for name in names]
 
     def container(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Run ``argv`` inside the sandbox the way ECS runs a container on its host: its own PID
@@ -387,8 +457,8 @@ wait
             raise LocalCloudError(f"sandbox {self.spec.instance_id} is not running") from None
         merged = str(self.root / "merged")
         command = ["nsenter", "--target", init, "--mount", "--uts", "--pid"]
-        if os.geteuid() != 0:
-            command += ["--user", "--preserve-credentials"]
+        if self.isolation is not None:
+            command.append("--net")  # its IMDS, and the relayed endpoint, are there
         command += [
             "--",
             "unshare",
@@ -415,6 +485,8 @@ wait
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Kill the sandbox and remove its directory; confirm nothing is left."""
+        if self.isolation is not None:
+            self.isolation.listener.close()  # if the sandbox never took it over
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             try:
@@ -446,6 +518,10 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     if path.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(path)], capture_output=True)
+    if path.exists() and os.geteuid() != 0:
+        # What a plain user's sandboxes wrote is owned by subordinate ids: removable from a
+        # namespace where they map back (a daemon that died left it).
+        rootless.remove_as_owner(path)
     if path.exists():
         raise LocalCloudError(f"could not remove {path}; remove it by hand: rm -rf {path}")
 
@@ -462,7 +538,11 @@ class SpawnFn:
 
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
 
-    def __call__(self, command: list[str], console: IO[bytes]) -> subprocess.Popen[bytes]:
+    def __call__(
+        self, command: list[str], console: IO[bytes], keep: tuple[int, ...] = ()
+    ) -> subprocess.Popen[bytes]:
+        """`keep`: descriptors of this process the child gets, under the same numbers."""
+
         def spawn() -> subprocess.Popen[bytes]:
             return subprocess.Popen(
                 command,
@@ -471,6 +551,7 @@ class SpawnFn:
                 stderr=subprocess.STDOUT,
                 preexec_fn=_set_pdeathsig,
                 close_fds=True,
+                pass_fds=keep,
             )
 
         return self._thread.submit(spawn).result()
