@@ -10,10 +10,11 @@ A plain user gets there through a user namespace, where the kernel draws three l
 - **The host's files belong to nobody**: real root is not mapped in the namespace, so its files
   show as the overflow id, and root inside may neither write into root's directories nor run
   root's setuid ``sudo`` as root. So a *skeleton* layer sits right above the host in every
-  stack: every host directory again (owned by root inside, same mode), a copy of ``/etc``
-  (``/etc/shadow`` and ``/etc/sudoers``, unreadable to the user, written afresh), and ``sudo``
-  with its plugins. A directory the user cannot read is opaque there: the instance sees it
-  empty, as it would see nothing of it anyway.
+  stack: every host directory again (owned by root inside, same mode), a copy of ``/etc`` and
+  ``/var/log`` (``/etc/shadow`` and ``/etc/sudoers``, unreadable to the user, written afresh;
+  other files the user cannot read left empty), and ``sudo`` with its plugins. A directory the
+  user cannot read is opaque there: the instance sees it empty, as it would see nothing of it
+  anyway. Elsewhere, a host file can be read, replaced or removed inside, not written in place.
 - **Ports below net.ipv4.ip_unprivileged_port_start are root's** on the host's network. So each
   sandbox has a network namespace of its own, where its IMDS answers on port 80 as on EC2 (the
   daemon binds it from a thread that joined the namespace); sshd runs per connection
@@ -59,6 +60,10 @@ _INITIAL_MAP = ["0", "0", "4294967295"]
 # Directories a sandbox never takes from the host's disk: provided as root's sandboxes have them.
 SPECIAL = frozenset({"proc", "sys", "dev", "run", "tmp"})
 OPAQUE_XATTR = "user.overlay.opaque"
+# Host directories whose files an instance changes in place (accounts, sudoers; a bake's hygiene
+# truncates every log): copied whole, a few MiB, so root inside owns them. Elsewhere the host's
+# files can be read, replaced and removed, not written.
+COPIED = ("etc", "var/log")
 # Where sudo keeps its plugins: `sudo` refuses a sudoers.so not owned by root.
 SUDO_DIRS = ("usr/libexec/sudo", "usr/lib/sudo")
 # Setuid programs live here; scanning all of /usr for them would stat 200,000 files a start.
@@ -267,20 +272,22 @@ class Skeleton:
                 lowers.add(entry.name)
                 _mirror_directories(Path(entry.path), target, hidden, set(points))
         skeleton = cls(root, frozenset(lowers))
-        skeleton._copy_etc()
+        skeleton._copy_mutable()
         skeleton._copy_setuid()
         return skeleton
 
-    def _copy_etc(self) -> None:
+    def _copy_mutable(self) -> None:
+        for top in COPIED:
+            into_top = self.root / top
+            for directory, _, files in os.walk("/" + top):
+                into = into_top / os.path.relpath(directory, "/" + top)
+                if not into.is_dir():
+                    continue  # unreadable: left opaque
+                for name in files:
+                    _copy(os.path.join(directory, name), into / name)
         etc = self.root / "etc"
-        for directory, _, files in os.walk("/etc"):
-            into = etc / os.path.relpath(directory, "/etc")
-            if not into.is_dir():
-                continue  # unreadable: left opaque
-            for name in files:
-                source = os.path.join(directory, name)
-                _copy(source, into / name)
         _synthesize_shadow(etc)
+        (etc / "sudoers").unlink(missing_ok=True)
         (etc / "sudoers").write_text(SUDOERS)
         (etc / "sudoers").chmod(0o440)
 
