@@ -1,0 +1,252 @@
+"""The local cloud as a plain user (issue 28).
+
+CI runs as root, so this module makes a plain user (``tester``, created with its subordinate ids
+when the machine has none) and runs the local cloud's lifecycle, and one build through bake, as
+that user: ``local up``, an instance launched and reached over SSH (host key from its console,
+user data run, sudo, its IMDS), terminated, ``local down``, and nothing left behind. Run by a
+plain user, the suite is already rootless throughout; this module then runs the same as itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amibake.local import rootless
+from tests.conftest import TEST_SUBNET, free_port
+from tests.helpers import leftovers
+
+REPO = Path(__file__).resolve().parents[2]
+PLAIN_USER = "tester"
+
+
+@dataclass
+class PlainUser:
+    name: str
+    home: Path
+    # Shell lines run as root before switching to the user (in a private mount namespace).
+    prepare: str
+    switch: list[str]
+    env: dict[str, str]
+    local_dir: Path
+
+    def run(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        if not self.switch:  # the suite is run by a plain user already
+            return subprocess.run(
+                argv, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
+            )
+        script = f'{self.prepare}\nexec "$@"'
+        return subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "-",
+             *self.switch, "env", "-i", *(f"{k}={v}" for k, v in self.env.items()), *argv],
+            cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+
+    def python(self, code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, "-c", code, timeout=timeout)
+
+
+def _ensure_user() -> tuple[pwd.struct_passwd, list[list[str]]]:
+    """The plain user, made if absent, with subordinate ids if it has none; and the commands
+    that undo what was made."""
+    undo: list[list[str]] = []
+    try:
+        user = pwd.getpwnam(PLAIN_USER)
+    except KeyError:
+        subprocess.run(["useradd", "-m", "-s", "/bin/bash", PLAIN_USER], check=True)
+        undo.append(["userdel", "-r", PLAIN_USER])
+        user = pwd.getpwnam(PLAIN_USER)
+    for kind in ("uid", "gid"):
+        path = Path(f"/etc/sub{kind}")
+        lines = path.read_text().splitlines() if path.exists() else []
+        if any(line.split(":")[0] in (PLAIN_USER, str(user.pw_uid)) for line in lines):
+            continue
+        # The first range above every range already given: no two users share ids.
+        start = max([100000, *(int(x.split(":")[1]) + int(x.split(":")[2]) for x in lines)])
+        span = f"{start}-{start + 65535}"
+        subprocess.run(["usermod", f"--add-sub{kind}s", span, PLAIN_USER], check=True)
+        if not undo:  # a user we made goes with its ranges
+            undo.append(["usermod", f"--del-sub{kind}s", span, PLAIN_USER])
+    return user, undo
+
+
+def _reach_interpreter(stage: Path) -> str:
+    """This Python may live where the plain user cannot reach (pyenv under root's /root, mode
+    700): in the plain user's mount namespace, the interpreter's own tree is put back in place
+    over an empty tmpfs on the directory that bars the way. Nothing else of it shows."""
+    prefix = Path(sys.base_prefix).resolve()
+    barrier = next(
+        (p for p in [*reversed(prefix.parents), prefix] if not p.stat().st_mode & stat.S_IXOTH),
+        None,
+    )
+    if barrier is None:
+        return ""
+    return (
+        f"mount --bind {prefix} {stage} && mount -t tmpfs -o mode=755 tmpfs {barrier} && "
+        f"mkdir -p {prefix} && mount --bind {stage} {prefix} && umount {stage} || exit 97"
+    )
+
+
+@pytest.fixture(scope="module")
+def plain_user() -> Iterator[PlainUser]:
+    top = Path(tempfile.mkdtemp(prefix="amibake-plain-user-"))
+    undo: list[list[str]] = []
+    if os.geteuid() == 0:
+        user, undo = _ensure_user()
+        name, home = user.pw_name, Path(user.pw_dir)
+        os.chown(top, user.pw_uid, user.pw_gid)
+        (top / "stage").mkdir()
+        prepare = _reach_interpreter(top / "stage")
+        switch = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups"]
+    else:
+        name, home, prepare, switch = pwd.getpwuid(os.getuid()).pw_name, Path.home(), "", []
+    port = free_port()
+    subnet = f"127.{180 + port % 70}.0.0/16"
+    assert subnet != TEST_SUBNET
+    local_dir = top / "cloud"
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+        "HOME": str(home),
+        "AMIBAKE_CLOUD": "local",
+        "AMIBAKE_LOCAL_DIR": str(local_dir),
+        "AMIBAKE_LOCAL_PORT": str(port),
+        "AMIBAKE_LOCAL_SUBNET": subnet,
+        "AMIBAKE_RESULTS_DIR": str(top / "results"),
+    }
+    yield PlainUser(name, home, prepare, switch, env, local_dir)
+    try:
+        PlainUser(name, home, prepare, switch, env, local_dir).run(
+            sys.executable, "-m", "amibake", "local", "down"
+        )
+    finally:
+        if os.geteuid() == 0:  # what the user's sandboxes wrote is gone already, or root's
+            shutil.rmtree(top, ignore_errors=True)
+            for command in undo:
+                subprocess.run(command, capture_output=True)
+
+
+def lifecycle() -> dict[str, Any]:
+    """Run as the plain user: one instance from launch to terminate; what it saw, as JSON."""
+    from amibake import config
+    from amibake.cloud import connect
+    from amibake.cloud.reach import reach
+    from tests.helpers import launch
+
+    cloud = connect(config.load())
+    started = time.perf_counter()
+    instance_id, pem = launch(cloud, user_data="#!/bin/sh\nid -u > /var/tmp/user-data-ran\n")
+    seen: dict[str, Any] = {"instance_id": instance_id}
+    with reach(cloud, instance_id, pem, timeout_s=30) as remote:  # host key from the console
+        seen["first_ssh_s"] = time.perf_counter() - started
+        imds = (
+            "t=$(curl -s -X PUT http://instance-data/latest/api/token "
+            "-H 'X-aws-ec2-metadata-token-ttl-seconds: 60'); curl -s -H "
+            '"X-aws-ec2-metadata-token: $t" http://instance-data/latest/meta-data/instance-id'
+        )
+        for key, command in (
+            ("id", "id -un"),
+            ("sudo", "sudo -n id -u"),
+            ("user_data", "cat /var/tmp/user-data-ran"),
+            ("imds", imds),
+            ("write", "sudo sh -c 'echo x >> /etc/passwd && touch /usr/local/rootless' && echo ok"),
+            ("shared", "sudo mkdir -p /shared && sudo mount -t tmpfs tmpfs /shared && echo ok"),
+        ):
+            seen[key] = remote.run(command, stream=False).stdout.strip()
+    endpoint = [
+        t["Value"]
+        for r in cloud.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        for i in r["Instances"]
+        for t in i.get("Tags", [])
+        if t["Key"] == "amibake-local:ssh"
+    ]
+    seen["endpoint"] = endpoint[0] if endpoint else ""
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+    return seen
+
+
+def build_and_bake() -> dict[str, Any]:
+    """Run as the plain user: the trivial recipe built for c5a, then baked with a boot test."""
+    from amibake import config, pipelines
+    from amibake.cloud import connect
+    from tests.test_build import FIXTURES
+
+    cloud = connect(config.load())
+    built = pipelines.build(
+        cloud, pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    )[0]
+    if not built.ok:
+        return {"build": built.error}
+    baked = pipelines.bake(cloud, pipelines.BakeRequest())[0]
+    report = baked.state.boot_report if baked.ok and baked.state else {}  # type: ignore[attr-defined]
+    return {"build": "ok", "bake": "ok" if baked.ok else baked.error, "report": report}
+
+
+def _as_json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _call(user: PlainUser, function: str) -> dict[str, Any]:
+    code = f"import json, tests.local.test_rootless as t; print(json.dumps(t.{function}()))"
+    return _as_json(user.python(code))
+
+
+def test_a_plain_user_runs_the_local_cloud_and_leaves_nothing(plain_user: PlainUser) -> None:
+    up = plain_user.run(sys.executable, "-m", "amibake", "local", "up")
+    assert up.returncode == 0, up.stderr
+    seen = _call(plain_user, "lifecycle")
+    assert seen["id"] == "ec2-user"
+    assert seen["sudo"] == "0"
+    assert seen["user_data"] == "0"  # run as root at boot
+    assert seen["imds"] == seen["instance_id"]  # on port 80 of instance-data, as on EC2
+    assert seen["write"] == "ok" and seen["shared"] == "ok"
+    # sshd on a port the user may bind (22 where the system lets users bind it), carried in
+    # the address the SSH step looks up
+    assert seen["endpoint"].endswith(f":{rootless.ssh_port(22)}"), seen["endpoint"]
+    down = plain_user.run(sys.executable, "-m", "amibake", "local", "down")
+    assert down.returncode == 0, down.stderr
+    assert leftovers(plain_user.local_dir) == []
+    left = [p.name for p in plain_user.local_dir.iterdir()]
+    assert not {"sandboxes", "images"} & set(left), left
+    assert _processes_of(plain_user) == []
+
+
+def test_a_plain_user_builds_and_bakes(plain_user: PlainUser) -> None:
+    result = _call(plain_user, "build_and_bake")
+    assert result["build"] == "ok"
+    assert result["bake"] == "ok"
+    assert result["report"]["fstype"] == "tmpfs"  # the baked units ran at boot
+    assert result["report"]["ecs_cluster"] == "amibake-boot-test"  # and its user data
+    down = plain_user.run(sys.executable, "-m", "amibake", "local", "down")
+    assert down.returncode == 0, down.stderr
+    assert leftovers(plain_user.local_dir) == []
+    assert _processes_of(plain_user) == []
+
+
+def _processes_of(user: PlainUser) -> list[str]:
+    """Processes that name the plain user's local cloud directory (its daemon, sandboxes)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(user.local_dir) in cmdline:
+            found.append(f"{proc.name}: {cmdline[:100]}")
+    return found
