@@ -10,11 +10,13 @@ STAMP := $(VENV)/.installed
 # cross compiler builds the other architecture's families (arm64's on an x86_64 machine, and
 # the other way round) and QEMU's user-mode emulator runs what they built (and what this CPU
 # lacks the instructions for). python3-psutil is the system python3 fleet's monitor runs under
-# on an instance, and chromium renders fleet's HTML report in its test.
+# on an instance, and chromium renders fleet's HTML report in its test. uidmap (newuidmap) maps
+# a plain user's subordinate ids into the local cloud's user namespace: without root, sshd's
+# privilege separation and ec2-user need more ids than the user's own.
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
 CROSS_PACKAGES := $(if $(filter arm64,$(DEB_ARCH)),gcc-x86-64-linux-gnu libc6-dev-amd64-cross,gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
-APT_PACKAGES := openssh-server sudo passwd curl shellcheck xz-utils util-linux python3-psutil chromium \
-	qemu-user-static $(CROSS_PACKAGES)
+APT_PACKAGES := openssh-server sudo passwd curl shellcheck xz-utils util-linux uidmap python3-psutil \
+	chromium qemu-user-static $(CROSS_PACKAGES)
 
 .PHONY: install system-packages zstd-source prices test lint demo bench ci clean
 
@@ -29,10 +31,10 @@ $(STAMP): pyproject.toml Makefile
 
 system-packages:
 	@missing=""; for p in $(APT_PACKAGES); do \
-	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  dpkg-query -W -f '$${db:Status-Abbrev}' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then \
-	  echo "make install: missing Debian packages:$$missing; run as root, or: sudo apt-get install$$missing" >&2; \
+	  echo "make: missing Debian packages:$$missing; install them, then run make again: sudo apt-get install$$missing" >&2; \
 	  exit 2; fi; \
 	echo "installing Debian packages:$$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
