@@ -30,6 +30,7 @@ MODULES = [
     "benchmarks.bench_tune",
     "benchmarks.bench_search",
     "benchmarks.bench_tuned",
+    "benchmarks.bench_rootless",
 ]
 
 

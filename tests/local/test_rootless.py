@@ -100,9 +100,9 @@ def _reach_interpreter(stage: Path) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def plain_user() -> Iterator[PlainUser]:
-    top = Path(tempfile.mkdtemp(prefix="amibake-plain-user-"))
+def make_plain_user(top: Path) -> tuple[PlainUser, list[list[str]]]:
+    """The plain user (this process's user when that is not root), with a local cloud of its
+    own under `top`; and the commands that undo what was made for it."""
     undo: list[list[str]] = []
     if os.geteuid() == 0:
         user, undo = _ensure_user()
@@ -126,16 +126,26 @@ def plain_user() -> Iterator[PlainUser]:
         "AMIBAKE_LOCAL_SUBNET": subnet,
         "AMIBAKE_RESULTS_DIR": str(top / "results"),
     }
-    yield PlainUser(name, home, prepare, switch, env, local_dir)
+    return PlainUser(name, home, prepare, switch, env, local_dir), undo
+
+
+def release_plain_user(user: PlainUser, top: Path, undo: list[list[str]]) -> None:
+    """Stop the user's local cloud, and remove what was made for the user."""
     try:
-        PlainUser(name, home, prepare, switch, env, local_dir).run(
-            sys.executable, "-m", "amibake", "local", "down"
-        )
+        user.run(sys.executable, "-m", "amibake", "local", "down")
     finally:
-        if os.geteuid() == 0:  # what the user's sandboxes wrote is gone already, or root's
-            shutil.rmtree(top, ignore_errors=True)
-            for command in undo:
-                subprocess.run(command, capture_output=True)
+        # What the user's sandboxes wrote went with `local down`; the rest is the user's.
+        shutil.rmtree(top, ignore_errors=True)
+        for command in undo:
+            subprocess.run(command, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def plain_user() -> Iterator[PlainUser]:
+    top = Path(tempfile.mkdtemp(prefix="amibake-plain-user-"))
+    user, undo = make_plain_user(top)
+    yield user
+    release_plain_user(user, top, undo)
 
 
 def lifecycle() -> dict[str, Any]:
