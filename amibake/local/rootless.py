@@ -118,13 +118,29 @@ def _id_ranges() -> tuple[IdRange, IdRange]:
     uids, gids = subordinate("uid", user, os.getuid()), subordinate("gid", user, os.getgid())
     if uids is None or gids is None:
         kind = "uid" if uids is None else "gid"
+        span = f"{_free_start()}-{_free_start() + ID_COUNT - 1}"
         raise EnvironmentProblem(
             f"without a subordinate id range the local cloud needs root: {user} has no "
             f"{ID_COUNT} ids in /etc/sub{kind} (sshd's privilege separation and ec2-user need "
-            f"more than one id); add them: sudo usermod --add-subuids 100000-165535 "
-            f"--add-subgids 100000-165535 {user}"
+            f"more than one id); add them: sudo usermod --add-subuids {span} "
+            f"--add-subgids {span} {user}"
         )
     return uids, gids
+
+
+def _free_start() -> int:
+    """Where a new range would start: above every range given out (useradd's default 100000)."""
+    ends = [100000]
+    for kind in ("uid", "gid"):
+        try:
+            lines = Path(f"/etc/sub{kind}").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(":")
+            if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+                ends.append(int(fields[1]) + int(fields[2]))
+    return max(ends)
 
 
 def namespace_command() -> list[str]:
