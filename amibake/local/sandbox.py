@@ -9,6 +9,11 @@ Shape of a sandbox (all under ``<local_dir>/sandboxes/<instance-id>/``)::
             ├── boot: first-boot (cloud-init's user and host keys), oneshot units, user data
             └── sshd -D on <address>:<port>
 
+As a plain user the daemon is root in a user namespace of its own, and each sandbox differs in
+three ways (amibake.local.rootless): an overlay a top-level directory over a skeleton layer
+instead of one over "/", a network namespace of its own (``nsenter --net`` before ``unshare``),
+and sshd started per connection (``sshd -i``) by a loop on a socket the daemon opened.
+
 Why a PID namespace: killing the ``unshare`` process makes the kernel kill every process in the
 sandbox (``--kill-child`` sends SIGKILL to PID 1, and the death of PID 1 takes the whole
 namespace), and with the last process gone the mount namespace and its mounts disappear. So
@@ -523,7 +528,10 @@ def remove_tree(path: Path) -> None:
         # namespace where they map back (a daemon that died left it).
         rootless.remove_as_owner(path)
     if path.exists():
-        raise LocalCloudError(f"could not remove {path}; remove it by hand: rm -rf {path}")
+        by_hand = f"rm -rf {path}"
+        if os.geteuid() != 0:
+            by_hand = " ".join([*rootless.namespace_command(), by_hand])
+        raise LocalCloudError(f"could not remove {path}; remove it by hand: {by_hand}")
 
 
 class SpawnFn:
