@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from amibake.errors import EnvironmentProblem
 from amibake.local import rootless
 from tests.conftest import TEST_SUBNET, free_port
 from tests.helpers import leftovers
@@ -260,3 +261,57 @@ def _processes_of(user: PlainUser) -> list[str]:
         if str(user.local_dir) in cmdline:
             found.append(f"{proc.name}: {cmdline[:100]}")
     return found
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "said"),
+    [
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0",
+         "sudo sysctl -w kernel.unprivileged_userns_clone=1"),
+        ("/proc/sys/user/max_user_namespaces", "0", "sudo sysctl -w user.max_user_namespaces="),
+        ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1",
+         "sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"),
+    ],
+)  # fmt: skip
+def test_a_switched_off_user_namespace_is_named_with_how_to_turn_it_on(
+    monkeypatch: pytest.MonkeyPatch, setting: str, value: str, said: str
+) -> None:
+    real = rootless._read
+    monkeypatch.setattr(rootless, "_read", lambda path: value if path == setting else real(path))
+    with pytest.raises(EnvironmentProblem) as refused:
+        rootless.check_host()
+    message = str(refused.value)
+    assert said in message and "\n" not in message
+
+
+def test_no_newuidmap_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(EnvironmentProblem, match=r"newuidmap not found.*apt-get install uidmap"):
+        rootless.check_host()
+
+
+def test_no_subordinate_ids_names_a_free_range(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An /etc/subuid where the range 100000-165535 is someone else's: the usermod line offered
+    # starts above it.
+    table = tmp_path / "sub"
+    table.write_text("someone:100000:65536\n")
+    real = Path.read_text
+    monkeypatch.setattr(
+        Path,
+        "read_text",
+        lambda self, *a, **k: real(table) if str(self).startswith("/etc/sub") else real(self),
+    )
+    with pytest.raises(EnvironmentProblem) as refused:
+        rootless.namespace_command()
+    assert "usermod --add-subuids 165536-231071 --add-subgids 165536-231071" in str(refused.value)
+
+
+def test_sshd_takes_a_port_the_user_may_bind(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = rootless._read
+    start = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+    monkeypatch.setattr(rootless, "_read", lambda p: "1024" if p == start else real(p))
+    assert (rootless.ssh_port(22), rootless.ssh_port(2022)) == (2222, 2022)
+    monkeypatch.setattr(rootless, "_read", lambda p: "0" if p == start else real(p))
+    assert rootless.ssh_port(22) == 22  # where the system lets users bind 22, it is 22
