@@ -388,12 +388,11 @@ def build_missing(cloud: Cloud, request: BakeRequest) -> list[Outcome]:
     """--build: one build run for the requested families that have no artifact of the recipe."""
     if request.build_recipe is None:
         return []
-    if not request.families:
-        raise UserError("--build needs --family: which families to build")
+    check_bake(request)  # --build without --family, among the rest
     artifacts = cloud.config.results_dir / "artifacts"
     missing = [
         family
-        for family in request.families
+        for family in request.families or []
         if not (artifacts / f"{request.build_recipe}_{family}.manifest.json").exists()
     ]
     if not missing:
@@ -421,6 +420,8 @@ def check_bake(request: BakeRequest) -> None:
     would otherwise fail at CreateImage, after the bake instance was set up)."""
     if request.reserve_mb_per_vcpu < 0:
         raise UserError("--tmpfs-reserve-mb-per-vcpu must be zero or more")
+    if request.build_recipe is not None and not request.families:
+        raise UserError("--build needs --family: which families to build")
     for name in request.families or []:
         catalog.family(name)
     if len(request.name) > NAME_ROOM or not AMI_NAME.fullmatch(request.name):
