@@ -24,7 +24,13 @@ from amibake.runner import Boundary, Interrupted, Rerun, RunContext, Runner, Ste
 from amibake.steps.access import KeyPair, SecurityGroup
 from amibake.steps.image import BakeState, BootTest, CreateImage, Hygiene, Install, Record
 from amibake.steps.launch import LaunchFleet, LaunchTemplate
-from amibake.steps.preflight import ArtifactCache, candidate_sizes, look_up, preflight
+from amibake.steps.preflight import (
+    ArtifactCache,
+    candidate_sizes,
+    look_up,
+    preflight,
+    spot_role_for,
+)
 from amibake.steps.remote_build import Build, Connect, Fetch, Verify, render_build_script
 from amibake.steps.state import BuildState, InstanceState, Variant
 
@@ -202,6 +208,7 @@ def preflight_all(cloud: Cloud, states: list[BuildState]) -> None:
         checked = [pool.submit(preflight, cloud, state, lookups) for state in states]
     for done in checked:  # the first problem in the order the families were given
         done.result()
+    spot_role_for(cloud, states)
 
 
 def dry_run(states: list[BuildState]) -> list[Outcome]:

@@ -16,6 +16,7 @@ from amibake.cli import main
 from amibake.cloud import Cloud
 from amibake.errors import CloudError
 from amibake.journal import Journal
+from amibake.steps.preflight import SPOT_ROLE_PATH
 from tests.helpers import ec2_error
 
 FIXTURES = Path(__file__).parent / "recipes"
@@ -37,12 +38,9 @@ def _resources(cloud: Cloud) -> int:
 def _fails_cleanly(cloud: Cloud, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     before = _resources(cloud)
     assert main(["build", *argv]) == 2
-    # Known gap (noted on issue 24): preflight makes the account's spot service-linked role
-    # before the recipe's tmpfs is checked against the type's memory, so whichever test meets a
-    # fresh local cloud first also sees that line. The role is the account's, not the run's
-    # (never journaled or deleted); the error line itself must still be the only other line.
-    lines = capsys.readouterr().err.strip().splitlines()
-    err = "\n".join(line for line in lines if "spot service-linked role" not in line)
+    # Spot's service-linked role is made only once every check has passed: bad input, even
+    # on a fresh account, prints the one error line and makes nothing, not even the role.
+    err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("amibake: error: ")
     assert _resources(cloud) == before, "bad input created something"
@@ -86,8 +84,13 @@ def test_tmpfs_larger_than_memory(
 ) -> None:
     toml = recipes_dir / "recipe.toml"
     toml.write_text(toml.read_text().replace("tmpfs_max_mb = 256", "tmpfs_max_mb = 999999"))
+    # On an account without spot's service-linked role: the bad recipe must not make it.
+    iam = cloud.client("iam")
+    for role in iam.list_roles(PathPrefix=SPOT_ROLE_PATH)["Roles"]:
+        iam.delete_service_linked_role(RoleName=role["RoleName"])
     err = _fails_cleanly(cloud, capsys, "--family", "c5a", "--recipe", "trivial")
     assert "tmpfs_max_mb 999999 is larger than the memory of c5a.large" in err
+    assert iam.list_roles(PathPrefix=SPOT_ROLE_PATH)["Roles"] == [], "bad input made a role"
 
 
 def test_size_the_family_does_not_offer(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> None:

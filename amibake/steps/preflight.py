@@ -84,6 +84,14 @@ def ensure_spot_role(cloud: Cloud, *, dry_run: bool = False) -> None:
             raise
 
 
+def spot_role_for(cloud: Cloud, states: Sequence[InstanceState]) -> None:
+    """Spot's service-linked role, made if the run's launches need it: called once every check
+    has passed, so bad input never creates it. A dry run creates nothing: it only says what the
+    launch would lack. (The launch step ensures it too, for runs that skip preflight_all.)"""
+    if any(s.spot for s in states):
+        ensure_spot_role(cloud, dry_run=any(getattr(s, "dry_run", False) for s in states))
+
+
 @dataclass
 class Lookups:
     """What the launches of a run look up alike, asked once for all of them: eight families
@@ -100,9 +108,6 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
     its own, so that the error (a CloudError) names the family it concerns."""
     types = sorted({s.family.instance_type(z) for s in states for z in candidate_sizes(s)})
     architectures = sorted({s.family.architecture for s in states if not s.base_ami})
-    if any(s.spot for s in states):
-        # A dry run creates nothing: it only says what the launch would lack.
-        ensure_spot_role(cloud, dry_run=any(getattr(s, "dry_run", False) for s in states))
     try:
         base_amis = {}
         if architectures:
