@@ -51,6 +51,12 @@ def plan(spec: BenchSpec) -> list[Replicate]:
     return work
 
 
+def planned(spec: BenchSpec) -> int:
+    """How many replicates `plan` makes, counted without making them: a run recorded before
+    the caps (replicates = 99999999999999) must still be read back at once by `fleet status`."""
+    return len(spec.types) * len(spec.builds) * (spec.warmups + spec.replicates)
+
+
 PriceOf = Callable[[str, bool, str], float | None]
 
 
@@ -262,7 +268,7 @@ def _execute(
     check_runnable(cloud, spec.types, builds)
     artifacts = ensure_builds(cloud, spec)
     check_runnable(cloud, spec.types, builds, artifacts)
-    board = Board(run_id, total=len(plan(spec)), done=len(plan(spec)) - len(todo))
+    board = Board(run_id, total=planned(spec), done=planned(spec) - len(todo))
     outcomes = measure(
         cloud,
         run_id,

@@ -42,7 +42,7 @@ def controller(results: Results, run_id: str) -> dict[str, Any] | None:
 
 
 def status(results: Results, run_id: str) -> dict[str, Any]:
-    from fleet.bench import plan
+    from fleet.bench import planned
     from fleet.spec import BenchSpec
 
     record = results.require(run_id)
@@ -54,7 +54,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
     if state == "running" and live is None:
         state = "stopped"  # the controller died without a word: SIGKILL, a crash, a reboot
     rows = results.replicates(run_id)
-    planned = len(plan(BenchSpec.from_json(record["spec"]))) if record["kind"] == "bench" else 0
+    replicates = planned(BenchSpec.from_json(record["spec"])) if record["kind"] == "bench" else 0
     done = rows[rows.state.isin(["ok", "failed"])] if len(rows) else rows
     per_type: dict[str, dict[str, int]] = {}
     for _, row in rows.iterrows():
@@ -73,7 +73,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
         "run_id": run_id,
         "kind": record["kind"],
         "state": state,
-        "planned": planned,
+        "planned": replicates,
         "finished": len(done),
         "interrupted": int((rows.state == "interrupted").sum()) if len(rows) else 0,
         "failed": int((rows.state == "failed").sum()) if len(rows) else 0,

@@ -12,7 +12,6 @@ import os
 import shlex
 import shutil
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -906,11 +905,12 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def test_status_stays_fast_after_the_largest_run_the_caps_allow(
-    sandbox: Path, capsys: pytest.CaptureFixture[str]
+def test_status_reads_the_largest_runs_without_planning_their_replicates(
+    sandbox: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """replicates = 99999999999999 was recorded, and then `fleet status` hung and was OOM-killed.
-    The largest run that can now be recorded reads back at once."""
+    """replicates = 99999999999999 was recorded, and then `fleet status` hung and was OOM-killed
+    building the run's replicate list. Status now counts them: neither the largest run the caps
+    allow, nor one recorded before the caps, has its replicates listed (`plan` would raise)."""
     families = ["c5a", "c6a", "c6i", "c7a", "c7i", "c6g", "c7g"]
     text = (
         f"families = {families!r}\n"
@@ -921,18 +921,31 @@ def test_status_stays_fast_after_the_largest_run_the_caps_allow(
     results = bench.results_db(sandbox / "results")
     bench_run = "fb-0123456789"
     results.create_run(bench_run, "bench", largest.to_json(), "local", "us-east-1", "")
+    before_caps = "fb-9876543210"
+    recorded = spec.load(_write(sandbox / "old.toml", BENCH), {}).to_json()
+    recorded["replicates"] = 99999999999999
+    results.create_run(before_caps, "bench", recorded, "local", "us-east-1", "")
     head = TUNE_HEAD.replace("{tmp}", str(sandbox)) + f"trials = {tune.MAX_TRIALS}\n"
     tune_spec = tune.load(_write(sandbox / "tune.toml", head + PARAM_A))
     (sandbox / "t.csv").write_text(TABLE["t.csv"])
     tune_run = tune.start(results, tune_spec, "local", "us-east-1")
-    for argv in (["status"], ["status", bench_run], ["status", tune_run], ["status", "--json"]):
-        started = time.monotonic()
-        assert fleet(argv) == 0
-        took = time.monotonic() - started
-        assert took < 1.0, f"fleet {' '.join(argv)} took {took:.2f} s"
+
+    def no_listing(*_: object) -> None:
+        raise AssertionError("fleet status listed a run's replicates")
+
+    monkeypatch.setattr(bench, "plan", no_listing)
+    for argv in (
+        ["status"],
+        ["status", bench_run],
+        ["status", before_caps],
+        ["status", tune_run],
+        ["status", "--json"],
+    ):
+        assert fleet(argv) == 0, argv
     out = capsys.readouterr().out
     planned = len(largest.types) * 2 * (1000 + 100)
     assert f"0/{planned} replicates" in out and f"0/{tune.MAX_TRIALS} trials" in out, out
+    assert f"0/{99999999999999 + recorded['warmups']} replicates" in out, out
 
 
 def test_a_run_recorded_before_the_caps_is_refused_on_resume_not_planned(
