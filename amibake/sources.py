@@ -58,6 +58,8 @@ def resolve(recipe: Recipe) -> Source:
 
 def add(file: Path) -> tuple[Source, list[str]]:
     """Check a file against every recipe's accepted archives and store it; say which recipes."""
+    if file.is_dir():
+        raise UserError(f"{file} is a directory; give the source archive itself (FILE.tar.gz)")
     if not file.is_file():
         raise UserError(f"{file}: no such file")
     digest = sha256_of(file)

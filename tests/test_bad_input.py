@@ -146,6 +146,7 @@ AMIBAKE = [
     case("amibake gc --run-id ab-123", "--run-id 'ab-123' is not an amibake run id"),
     case("amibake source", "the following arguments are required: source_command"),
     case("amibake source add {tmp}/missing.tar.gz", "{tmp}/missing.tar.gz: no such file"),
+    case("amibake source add {tmp}", "{tmp} is a directory; give the source archive itself"),
     case("amibake source add {tmp}/zstd-1.5.4.tar.gz", "{tmp}/zstd-1.5.4.tar.gz: sha256 ",
          files={"zstd-1.5.4.tar.gz": b"tampered"}),
     case("amibake source has ../x", "recipe '../x' is not a plain name"),
@@ -990,7 +991,8 @@ def test_refusals_that_need_the_clouds_answer_leave_nothing(
          "not exist in us-east-1"),
         (["build", "--family", "c5a", "--recipe", "kernels", "--region", "eu-north-1"], 2,
          "the local cloud serves"),
-        (["local", "interrupt", "i-0123456789abcdef0"], 1, "i-0123456789abcdef0 is not a running local-cloud instance"),
+        (["local", "interrupt", "i-0123456789abcdef0"], 2, "i-0123456789abcdef0 is not a running "
+         "local-cloud instance; `amibake local status` lists them"),
     ):  # fmt: skip
         assert amibake(argv) == code, argv
         err = capsys.readouterr().err

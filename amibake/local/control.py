@@ -61,6 +61,8 @@ def _call(endpoint: str, path: str, payload: dict[str, Any] | None = None) -> di
             return json.loads(response.read())  # type: ignore[no-any-return]
     except urllib.error.HTTPError as exc:
         detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        if exc.code == 400:  # the request was wrong (an unknown instance): the caller's to fix
+            raise UserError(str(detail)) from None
         raise LocalCloudError(str(detail)) from None
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amibake.errors import EnvironmentProblem, LocalCloudError
+from amibake.errors import EnvironmentProblem, LocalCloudError, UserError
 from amibake.local import boot, faults, rootless
 from amibake.local.faults import imds as imds_fault
 from amibake.local.images import ImageStore
@@ -251,7 +251,10 @@ class LocalCloud:
         """Raise the spot interruption notice on the instance's IMDS, for `after_s` ahead."""
         metadata = self.metadata.get(instance_id)
         if metadata is None:
-            raise LocalCloudError(f"{instance_id} is not a running local-cloud instance")
+            raise UserError(
+                f"{instance_id} is not a running local-cloud instance; `amibake local status` "
+                "lists them"
+            )
         metadata.interrupt(after_s=after_s)
         assert metadata.spot_action is not None
         return metadata.spot_action

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from amibake.cloud.session import LOCAL_SSH_TAG
-from amibake.errors import AmibakeError
+from amibake.errors import AmibakeError, UserError
 from amibake.local import faults
 from amibake.local.engine import Launch, LocalCloud
 from amibake.local.moto_gaps import BACKENDS
@@ -310,8 +310,10 @@ class Gateway:
                 body = {"ok": True}
             else:
                 code, body = "404 Not Found", {"error": f"no admin call {path}"}
-        except AmibakeError as exc:
+        except UserError as exc:  # the caller asked for something wrong: theirs to fix
             code, body = "400 Bad Request", {"error": str(exc)}
+        except AmibakeError as exc:
+            code, body = "500 Internal Server Error", {"error": str(exc)}
         data = json.dumps(body).encode()
         start_response(
             code, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
