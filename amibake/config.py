@@ -28,6 +28,11 @@ REGION = re.compile(r"[a-z]{2,4}(-[a-z]+)+-\d{1,2}")
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # An instance that has not answered SSH in a day never will; more is a typo for fewer.
 MAX_SSH_TIMEOUT_S = 86400.0
+# Which address of an instance SSH dials: its public IPv4 (asked for at launch: the controller is
+# outside the VPC) or its private one (the controller runs inside the VPC, or reaches it by VPN).
+SSH_ADDRESSES = ("public", "private")
+SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8}(?:[0-9a-f]{9})?")
+SECURITY_GROUP_ID = re.compile(r"sg-[0-9a-f]{8}(?:[0-9a-f]{9})?")
 
 
 def cache_home() -> Path:
@@ -50,6 +55,13 @@ class Config:
     spot: bool = True
     ssh_user: str = "ec2-user"
     ssh_timeout_s: float = 300.0
+    ssh_address: str = "public"
+    # The account's shape. Empty: the region's default VPC and its default subnets, as most
+    # accounts have. Organisations often delete default VPCs: then the subnets to launch in (one
+    # or more, any AZs of one VPC), and security groups the instances join beside amibake's own
+    # SSH group (which is made in the subnets' VPC).
+    subnet_ids: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
     # The local cloud: where its daemon listens and keeps state, and which loopback range its
     # sandboxes take addresses from. Tests use their own values so they never touch a user's.
     local_dir: Path = field(default_factory=lambda: cache_home() / "amibake" / "local")
@@ -93,6 +105,11 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError
+        if kind == "tuple[str, ...]":  # a TOML list, or "a,b" from the environment or a flag
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise ValueError
+            return tuple(i.strip() for i in items if i.strip())
         if kind == "Path":
             if not isinstance(value, str) or not value or "\0" in value:
                 raise ValueError
@@ -128,6 +145,22 @@ def _validate(cfg: Config, problems: list[str]) -> None:
     )
     if problem:
         problems.append(f"ssh_timeout_s {problem}")
+    if cfg.ssh_address not in SSH_ADDRESSES:
+        problems.append(
+            f"ssh_address must be one of {', '.join(SSH_ADDRESSES)} (public: the controller is "
+            f"outside the VPC), got {cfg.ssh_address!r}"
+        )
+    for name, pattern, example in (
+        ("subnet_ids", SUBNET_ID, "subnet-0123456789abcdef0"),
+        ("security_group_ids", SECURITY_GROUP_ID, "sg-0123456789abcdef0"),
+    ):
+        wrong = [i for i in getattr(cfg, name) if not pattern.fullmatch(i)]
+        if wrong:
+            problems.append(f"{name}: {', '.join(map(repr, wrong))} is not an id like {example}")
+    if cfg.security_group_ids and not cfg.subnet_ids:
+        problems.append(
+            "security_group_ids needs subnet_ids (the groups belong to the subnets' VPC)"
+        )
     if not USER_NAME.fullmatch(cfg.ssh_user):
         problems.append(
             f"ssh_user must be a user name (lowercase letters, digits, _ and -), "

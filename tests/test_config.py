@@ -66,3 +66,45 @@ def test_toml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
     toml.write_text('region = "us-east-1"\nsize = \n')
     with pytest.raises(ConfigError, match=r"amibake.toml: .*line 2"):
         config.load(toml_path=toml, environ={})
+
+
+def test_the_accounts_network_shape_from_file_environment_or_flag(tmp_path: Path) -> None:
+    """Accounts without a default VPC name their subnets (and groups) once, in any layer."""
+    toml = tmp_path / "amibake.toml"
+    toml.write_text(
+        'subnet_ids = ["subnet-0123456789abcdef0", "subnet-89abcdef"]\n'
+        'security_group_ids = ["sg-0123456789abcdef0"]\nssh_address = "private"\n'
+    )
+    cfg = config.load(toml_path=toml, environ={})
+    assert cfg.subnet_ids == ("subnet-0123456789abcdef0", "subnet-89abcdef")
+    assert (cfg.security_group_ids, cfg.ssh_address) == (("sg-0123456789abcdef0",), "private")
+    env = {"AMIBAKE_SUBNET_IDS": "subnet-01234567, subnet-89abcdef"}
+    assert config.load(toml_path=toml, environ=env).subnet_ids == (
+        "subnet-01234567",
+        "subnet-89abcdef",
+    )
+    assert config.load(
+        {"subnet_ids": "subnet-76543210"}, toml_path=toml, environ={}
+    ).subnet_ids == ("subnet-76543210",)
+    assert config.load(toml_path=tmp_path / "none.toml", environ={}).subnet_ids == ()
+
+
+def test_a_wrong_network_setting_is_named_with_its_shape(tmp_path: Path) -> None:
+    toml = tmp_path / "amibake.toml"
+    toml.write_text('subnet_ids = "subnet-1"\nsecurity_group_ids = [3]\n')
+    with pytest.raises(ConfigError) as caught:
+        config.load(toml_path=toml, environ={"AMIBAKE_SSH_ADDRESS": "elastic"})
+    assert len(caught.value.problems) == 1  # [3] is no list of ids
+    with pytest.raises(ConfigError) as caught:
+        config.load(toml_path=tmp_path / "none.toml", environ={
+            "AMIBAKE_SUBNET_IDS": "subnet-1", "AMIBAKE_SECURITY_GROUP_IDS": "sg-01234567",
+            "AMIBAKE_SSH_ADDRESS": "elastic",
+        })  # fmt: skip
+    problems = caught.value.problems
+    assert any("ssh_address must be one of public, private" in p for p in problems), problems
+    assert any("subnet_ids: 'subnet-1' is not an id like subnet-" in p for p in problems)
+    with pytest.raises(ConfigError) as caught:
+        config.load(toml_path=tmp_path / "none.toml", environ={
+            "AMIBAKE_SECURITY_GROUP_IDS": "sg-01234567",
+        })  # fmt: skip
+    assert "security_group_ids needs subnet_ids" in caught.value.problems[0]
