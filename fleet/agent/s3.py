@@ -15,6 +15,7 @@ FLEET_REGION, and FLEET_S3_ENDPOINT where S3 is not AWS's own (the local cloud).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import hmac
@@ -26,6 +27,7 @@ import sys
 import tarfile
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 
 ECS_CREDENTIALS_HOST = "http://169.254.170.2"
 UNSIGNED = "UNSIGNED-PAYLOAD"  # S3 takes it; the body is not hashed twice
@@ -109,15 +111,49 @@ def put(key: str, body: bytes) -> None:
     request("PUT", os.environ["FLEET_PREFIX"] + key, body)
 
 
+def extract(tar: tarfile.TarFile, directory: str) -> None:
+    """Unpack `tar` into `directory` as Python's "data" extraction filter does, also where the
+    instance's python3 predates filters (Debian 12's 3.11.2, 3.11.4 added them): nothing
+    outside `directory`, no link pointing out of it, no device or FIFO, no setuid bit, files
+    owned by whoever unpacks them."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(directory, filter="data")
+        return
+    tar.extractall(directory, members=_checked(tar, directory))
+
+
+def _checked(tar: tarfile.TarFile, directory: str) -> Iterator[tarfile.TarInfo]:
+    # Checked one member at a time, as extraction reaches it: a path through a link an earlier
+    # member made resolves to where that link really points.
+    root = os.path.realpath(directory)
+
+    def inside(path: str) -> bool:
+        real = os.path.realpath(os.path.join(root, path))
+        return real == root or real.startswith(root + os.sep)
+
+    for member in tar:
+        name = member.name
+        if os.path.isabs(name) or not inside(name):
+            raise tarfile.TarError(f"{name!r} would be extracted outside {directory}")
+        if member.issym() or member.islnk():
+            # A symbolic link resolves from its own directory, a hard link from the top.
+            base = os.path.dirname(name) if member.issym() else ""
+            if os.path.isabs(member.linkname) or not inside(os.path.join(base, member.linkname)):
+                raise tarfile.TarError(f"{name!r} links outside {directory}")
+        elif not (member.isfile() or member.isdir()):
+            raise tarfile.TarError(f"{name!r} is a device or FIFO")
+        member = copy.copy(member)
+        member.mode &= 0o755  # no setuid, setgid or sticky bit, no group or other write
+        member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+        yield member
+
+
 def bootstrap() -> int:
     """Fetch and unpack the payload, then run job.py from it."""
     directory = "/tmp/fleet-" + os.environ["AWS_BATCH_JOB_ID"].replace(":", "-")
     os.makedirs(directory, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(get("payload.tar"))) as tar:
-        try:
-            tar.extractall(directory, filter="data")
-        except TypeError:  # a Python without extraction filters (before 3.9.17)
-            tar.extractall(directory)
+        extract(tar, directory)
     return subprocess.call([sys.executable, os.path.join(directory, "job.py")])
 
 
