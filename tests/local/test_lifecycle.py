@@ -127,6 +127,10 @@ def test_sandbox_ssh_port_in_use_is_a_one_line_error(
     assert "AMIBAKE_LOCAL_SSH_PORT" in err
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="switching to nobody takes root; a plain user's suite runs without root throughout",
+)
 def test_without_root_local_up_says_what_is_missing() -> None:
     """As nobody: either rootless sandboxes work here, or `local up` says why, in one line."""
     import shutil
