@@ -256,6 +256,10 @@ CONFIG = [
     config_file('results_dir = "a\\u0000b"\n', "amibake.toml: results_dir must be Path",
                 "results_dir=nul"),
     config_file('cloud = ["aws"]\n', "amibake.toml: cloud must be str, got ['aws']", "cloud=list"),
+    config_env("AMIBAKE_SSH_ADDRESS", "elastic", "ssh_address must be one of public, private"),
+    config_env("AMIBAKE_SUBNET_IDS", "subnet-1", "subnet_ids: 'subnet-1' is not an id like "
+               "subnet-0123456789abcdef0"),
+    config_env("AMIBAKE_SECURITY_GROUP_IDS", "sg-01234567", "security_group_ids needs subnet_ids"),
     config_file('spot = "perhaps"\n', "amibake.toml: spot must be bool", "spot=perhaps"),
     config_file("local_faults_seed = -1\n", "local_faults_seed must be an integer from 0",
                 "local_faults_seed=-1"),
