@@ -224,16 +224,20 @@ def load(
     named = environ.get("AMIBAKE_CONFIG")
     path = toml_path or Path(named or "amibake.toml")
     if named and toml_path is None and not path.exists():
-        # amibake.toml may be absent; a file named on purpose is a mistake when it is.
-        raise ConfigError([f"AMIBAKE_CONFIG names {path}, which does not exist"])
-    if path.exists():
+        # amibake.toml may be absent; a file named on purpose is a mistake when it is. The
+        # environment and the flags are still checked, so every problem is said at once.
+        problems.append(f"AMIBAKE_CONFIG names {path}, which does not exist")
+    elif path.exists():
         try:
             _, data = tomlfile.read(path, "config file")
-        except UserError as exc:
-            raise ConfigError([str(exc)]) from None
+        except UserError as exc:  # unreadable or not TOML: said beside the other layers' problems
+            problems.append(str(exc))
+            data = {}
         for key, value in data.items():
             if key not in _FIELDS:
-                problems.append(f"{path}: unknown setting {key!r}")
+                close = difflib.get_close_matches(key, _FIELDS, n=1, cutoff=0.75)
+                guess = f"; did you mean {close[0]}?" if close else ""
+                problems.append(f"{path}: unknown setting {key!r}{guess}")
                 continue
             values[key] = _coerce(key, value, problems, str(path))
 

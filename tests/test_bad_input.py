@@ -229,7 +229,8 @@ CONFIG = [
     config_file(b'region = "eu-west-1"\n' + LATIN1, "amibake.toml:2: the config file is not "
                 "UTF-8 text", "latin-1"),
     config_file("size = \n", "amibake.toml: Invalid value (at line 1", "syntax"),
-    config_file('colud = "local"\n', "amibake.toml: unknown setting 'colud'", "unknown"),
+    config_file('colud = "local"\n', "amibake.toml: unknown setting 'colud'; did you mean cloud?",
+                "unknown"),
     config_file("ssh_timeout_s = nan\n", "ssh_timeout_s must be a finite number above 0 and at "
                 "most 86400, not nan", "ssh_timeout_s=nan"),
     config_file("ssh_timeout_s = inf\n", "ssh_timeout_s must be a finite number",
@@ -260,6 +261,16 @@ CONFIG = [
     config_env("AMIBAKE_SUBNET_IDS", "subnet-1", "subnet_ids: 'subnet-1' is not an id like "
                "subnet-0123456789abcdef0"),
     config_env("AMIBAKE_SECURITY_GROUP_IDS", "sg-01234567", "security_group_ids needs subnet_ids"),
+    config_env("AMIBAKE_CLUOD", "local", "AMIBAKE_CLUOD is not a setting; did you mean "
+               "AMIBAKE_CLOUD?"),
+    # Every problem of every layer at once, on one line.
+    case("fleet status", "amibake.toml: unknown setting 'regoin'; did you mean region?; "
+         "AMIBAKE_MAX_ATTEMPTS: max_attempts must be int, got 'x'",
+         files={"amibake.toml": 'regoin = "eu-west-1"\n'}, env={"AMIBAKE_MAX_ATTEMPTS": "x"},
+         id="config:every-layer-at-once"),
+    case("fleet status", "AMIBAKE_CONFIG names {tmp}/missing.toml, which does not exist; "
+         "AMIBAKE_SPOT: spot must be bool", env={"AMIBAKE_CONFIG": "{tmp}/missing.toml",
+         "AMIBAKE_SPOT": "perhaps"}, id="config:missing-file-and-env"),
     config_file('spot = "perhaps"\n', "amibake.toml: spot must be bool", "spot=perhaps"),
     config_file("local_faults_seed = -1\n", "local_faults_seed must be an integer from 0",
                 "local_faults_seed=-1"),
