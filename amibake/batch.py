@@ -10,6 +10,8 @@ import functools
 import json
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,21 @@ SECURITY_GROUP = "amibake-batch"
 ECS_INSTANCE_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role"
 CONTAINER_IMAGE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
 ACTIVE_JOBS = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+# A compute environment made seconds after its roles and instance profile can go INVALID while
+# IAM propagates (terraform-provider-aws #37945, kops#35); AWS leaves it INVALID. It is deleted
+# and made again, this many times at most, waiting a little longer each time.
+ENVIRONMENT_TRIES = 3
+REPLACE_WAIT_S = 5.0
+# Jobs held RUNNABLE for one of these reasons are cancelled by the queue itself after
+# RUNNABLE_LIMIT_S (jobStateTimeLimitActions; "Jobs stuck in RUNNABLE" in the Batch user guide
+# lists them as the reasons that support it), so nothing waits on them for ever. AWS takes 600 s
+# to 86,400 s.
+TIME_LIMIT_REASONS = (
+    "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+    "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE",
+    "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT",
+)
+RUNNABLE_LIMIT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -324,38 +341,31 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
                 for s in catalog.family(f).sizes[:3]
             }
         )
-        existing = batch.describe_compute_environments(computeEnvironments=[env_name])[
-            "computeEnvironments"
-        ]
-        if not existing:
-            resources: dict[str, Any] = {
-                "type": "SPOT" if spot else "EC2",
-                "allocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED"
-                if spot
-                else "BEST_FIT_PROGRESSIVE",
-                "minvCpus": 0,
-                "maxvCpus": 256,
-                "instanceTypes": types,
-                "subnets": subnets,
-                "securityGroupIds": [group],
-                "instanceRole": profile,
-                "ec2Configuration": [
-                    {"imageType": "ECS_AL2023", "imageIdOverride": image.image_id}
-                ],
+        resources: dict[str, Any] = {
+            "type": "SPOT" if spot else "EC2",
+            "allocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED"
+            if spot
+            else "BEST_FIT_PROGRESSIVE",
+            "minvCpus": 0,
+            "maxvCpus": 256,
+            "instanceTypes": types,
+            "subnets": subnets,
+            "securityGroupIds": [group],
+            "instanceRole": profile,
+            "ec2Configuration": [{"imageType": "ECS_AL2023", "imageIdOverride": image.image_id}],
+            "tags": {TAG: "true"},
+        }
+        env_arn = ensure_environment(
+            batch,
+            {
+                "computeEnvironmentName": env_name,
+                "type": "MANAGED",
+                "state": "ENABLED",
+                "computeResources": resources,
+                "serviceRole": service_role,
                 "tags": {TAG: "true"},
-            }
-            batch.create_compute_environment(
-                computeEnvironmentName=env_name,
-                type="MANAGED",
-                state="ENABLED",
-                computeResources=resources,
-                serviceRole=service_role,
-                tags={TAG: "true"},
-            )
-        wait_valid(batch, "compute environment", env_name)
-        env_arn = batch.describe_compute_environments(computeEnvironments=[env_name])[
-            "computeEnvironments"
-        ][0]["computeEnvironmentArn"]
+            },
+        )
         result["retired"] += _swap_into_queue(batch, queue_name, env_arn)
         result["queues"][queue_name] = env_name
         for app in image.apps:
@@ -365,24 +375,108 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
     return result
 
 
-def wait_valid(batch: Any, kind: str, name: str) -> None:
-    def valid() -> bool:
-        if kind == "compute environment":
-            found = batch.describe_compute_environments(computeEnvironments=[name])[
-                "computeEnvironments"
-            ]
-        else:
-            found = batch.describe_job_queues(jobQueues=[name])["jobQueues"]
-        if found and found[0].get("status") == "INVALID":
-            raise CloudError(f"{kind} {name} is INVALID: {found[0].get('statusReason')}")
-        return bool(found) and found[0].get("status") == "VALID"
+def pages(batch: Any, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
+    """Every item a Batch Describe or List call has, page after page: AWS gives at most 100 a
+    page and a nextToken, where moto gave all at once."""
+    found: list[dict[str, Any]] = []
+    for page in batch.get_paginator(operation).paginate(**params):
+        found += page.get(key, [])
+    return found
 
-    wait_until(f"{kind} {name}", valid, timeout_s=600)
+
+def environments(batch: Any, *names: str) -> list[dict[str, Any]]:
+    """The compute environments named (by name or ARN), or every one when none is named."""
+    params = {"computeEnvironments": list(names)} if names else {}
+    return pages(batch, "describe_compute_environments", "computeEnvironments", **params)
+
+
+def queues(batch: Any, *names: str) -> list[dict[str, Any]]:
+    params = {"jobQueues": list(names)} if names else {}
+    return pages(batch, "describe_job_queues", "jobQueues", **params)
+
+
+def _described(batch: Any, kind: str, name: str) -> dict[str, Any] | None:
+    found = environments(batch, name) if kind == "compute environment" else queues(batch, name)
+    return found[0] if found else None
+
+
+def wait_settled(batch: Any, kind: str, name: str) -> dict[str, Any] | None:
+    """The environment or queue once it is no longer CREATING or UPDATING (VALID or INVALID),
+    or None when it does not exist."""
+    seen: dict[str, Any] = {}
+
+    def settled() -> bool:
+        seen["it"] = _described(batch, kind, name)
+        return seen["it"] is None or seen["it"].get("status") in ("VALID", "INVALID")
+
+    wait_until(f"{kind} {name}", settled, timeout_s=600)
+    found: dict[str, Any] | None = seen["it"]
+    return found
+
+
+def wait_valid(batch: Any, kind: str, name: str) -> None:
+    found = wait_settled(batch, kind, name)
+    if found is None:
+        raise CloudError(f"{kind} {name} does not exist")
+    if found.get("status") == "INVALID":
+        raise CloudError(f"{kind} {name} is INVALID: {found.get('statusReason')}")
+
+
+def time_limit_actions(seconds: float = RUNNABLE_LIMIT_S) -> list[dict[str, Any]]:
+    """A queue's jobStateTimeLimitActions: cancel a job held RUNNABLE, for a reason Batch can
+    act on, after `seconds` (within AWS's 600 to 86,400)."""
+    limit = int(min(max(seconds, 600), 86400))
+    return [
+        {"reason": reason, "state": "RUNNABLE", "maxTimeSeconds": limit, "action": "CANCEL"}
+        for reason in TIME_LIMIT_REASONS
+    ]
+
+
+def ensure_environment(
+    batch: Any,
+    create: dict[str, Any],
+    on_created: Callable[[str], None] | None = None,
+    wait_s: float = REPLACE_WAIT_S,
+) -> str:
+    """The VALID compute environment `create` describes (CreateComputeEnvironment's
+    parameters), made if missing; its ARN. One that is or goes INVALID is said why, deleted
+    and made again, ENVIRONMENT_TRIES times at most: AWS never brings it back to VALID."""
+    name = create["computeEnvironmentName"]
+    made = 0
+    while True:
+        found = wait_settled(batch, "compute environment", name)
+        if found is None:
+            if made:
+                time.sleep(wait_s * made)  # IAM propagates in seconds, at times minutes
+            batch.create_compute_environment(**create)
+            made += 1
+            if on_created is not None:
+                on_created(name)
+            found = wait_settled(batch, "compute environment", name)
+            if found is None:
+                raise CloudError(f"compute environment {name} is gone right after it was made")
+        if found.get("status") == "VALID":
+            return str(found["computeEnvironmentArn"])
+        reason = found.get("statusReason") or "no reason given"
+        again = made < ENVIRONMENT_TRIES
+        log.warning(
+            "compute environment %s is INVALID: %s; deleting it%s",
+            name,
+            reason,
+            " and making it again" if again else "",
+        )
+        delete_environment(batch, name)
+        if not again:
+            raise CloudError(
+                f"compute environment {name} went INVALID {made} times, last: {reason} (deleted; "
+                f"check the IAM roles {INSTANCE_ROLE} and AWSServiceRoleForBatch, then run "
+                "`amibake batch up` again)"
+            )
 
 
 def _swap_into_queue(batch: Any, queue: str, env_arn: str) -> list[str]:
     """Point the queue at the environment; retire the environments it replaced."""
-    found = batch.describe_job_queues(jobQueues=[queue])["jobQueues"]
+    found = queues(batch, queue)
     order = [{"order": 1, "computeEnvironment": env_arn}]
     if not found:
         batch.create_job_queue(
@@ -390,6 +484,7 @@ def _swap_into_queue(batch: Any, queue: str, env_arn: str) -> list[str]:
             state="ENABLED",
             priority=1,
             computeEnvironmentOrder=order,
+            jobStateTimeLimitActions=time_limit_actions(),
             tags={TAG: "true"},
         )
         wait_valid(batch, "job queue", queue)
@@ -399,7 +494,12 @@ def _swap_into_queue(batch: Any, queue: str, env_arn: str) -> list[str]:
     ]
     if current == [env_arn]:
         return []  # already pointing at this image's environment: nothing to do
-    batch.update_job_queue(jobQueue=queue, computeEnvironmentOrder=order)
+    # A queue an older amibake made gets the time limits too.
+    batch.update_job_queue(
+        jobQueue=queue,
+        computeEnvironmentOrder=order,
+        jobStateTimeLimitActions=time_limit_actions(),
+    )
     wait_valid(batch, "job queue", queue)
     retired = [c for c in current if c != env_arn]
     for old in retired:
@@ -411,19 +511,20 @@ def environment_arn(batch: Any, environment: str) -> str:
     """An environment's ARN from its name or ARN (queues may report either)."""
     if environment.startswith("arn:"):
         return environment
-    found = batch.describe_compute_environments(computeEnvironments=[environment])[
-        "computeEnvironments"
-    ]
+    found = environments(batch, environment)
     return str(found[0]["computeEnvironmentArn"]) if found else environment
 
 
 def _retire(batch: Any, queue: str, environment: str) -> None:
     """Disable an environment the queue no longer uses; delete it once no job is left on it."""
     batch.update_compute_environment(computeEnvironment=environment, state="DISABLED")
-    if any(batch.list_jobs(jobQueue=queue, jobStatus=s)["jobSummaryList"] for s in ACTIVE_JOBS):
+    if any(
+        pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=s)
+        for s in ACTIVE_JOBS
+    ):
         log.warning("%s disabled; delete it once its jobs drain (amibake batch down)", environment)
         return
-    wait_valid(batch, "compute environment", environment.rsplit("/", 1)[-1])
+    wait_settled(batch, "compute environment", environment.rsplit("/", 1)[-1])
     batch.delete_compute_environment(computeEnvironment=environment)
 
 
@@ -441,9 +542,9 @@ def _job_definition(batch: Any, app: str, architecture: str, job_role: str) -> s
         "volumes": [{"name": "shared", "host": {"sourcePath": "/shared"}}],
         "mountPoints": [{"sourceVolume": "shared", "containerPath": "/shared", "readOnly": False}],
     }
-    active = batch.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")[
-        "jobDefinitions"
-    ]
+    active = pages(
+        batch, "describe_job_definitions", "jobDefinitions", jobDefinitionName=name, status="ACTIVE"
+    )
     for definition in active:
         props = definition.get("containerProperties", {})
         if all(props.get(k) == v for k, v in container.items()):
@@ -459,19 +560,11 @@ def _job_definition(batch: Any, app: str, architecture: str, job_role: str) -> s
 
 def status(cloud: Cloud) -> dict[str, Any]:
     batch = cloud.client("batch")
-    envs = [
-        e
-        for e in batch.describe_compute_environments()["computeEnvironments"]
-        if e["computeEnvironmentName"].startswith("amibake-")
-    ]
-    queues = [
-        q
-        for q in batch.describe_job_queues()["jobQueues"]
-        if q["jobQueueName"].startswith("amibake-")
-    ]
+    envs = [e for e in environments(batch) if e["computeEnvironmentName"].startswith("amibake-")]
+    mine = [q for q in queues(batch) if q["jobQueueName"].startswith("amibake-")]
     defs = [
         d
-        for d in batch.describe_job_definitions(status="ACTIVE")["jobDefinitions"]
+        for d in pages(batch, "describe_job_definitions", "jobDefinitions", status="ACTIVE")
         if d["jobDefinitionName"].startswith("amibake-")
     ]
     return {
@@ -487,7 +580,7 @@ def status(cloud: Cloud) -> dict[str, Any]:
         },
         "queues": {
             q["jobQueueName"]: [c["computeEnvironment"] for c in q["computeEnvironmentOrder"]]
-            for q in queues
+            for q in mine
         },
         "job_definitions": sorted(f"{d['jobDefinitionName']}:{d['revision']}" for d in defs),
     }
@@ -520,26 +613,51 @@ def status_text(status: dict[str, Any]) -> str:
 
 
 def _queue_gone(batch: Any, queue: str) -> bool:
-    return not batch.describe_job_queues(jobQueues=[queue])["jobQueues"]
+    return not queues(batch, queue)
 
 
 def delete_queue(batch: Any, queue: str) -> None:
     """Disable, then delete, then wait until it is gone (its environments can go after)."""
     batch.update_job_queue(jobQueue=queue, state="DISABLED")
-    wait_valid(batch, "job queue", queue)
+    wait_settled(batch, "job queue", queue)
     batch.delete_job_queue(jobQueue=queue)
     wait_until(f"job queue {queue} to go", functools.partial(_queue_gone, batch, queue))
 
 
+def _detach(batch: Any, environment: str) -> None:
+    """Take the environment out of every queue that orders it (AWS deletes none still in a
+    queue): out of the order where the queue has others, else the queue (amibake's or a fleet
+    run's) is deleted, as it could take no job anyway."""
+    found = environments(batch, environment)
+    if not found:
+        return
+    arn, name = found[0]["computeEnvironmentArn"], found[0]["computeEnvironmentName"]
+    for queue in queues(batch):
+        order = queue.get("computeEnvironmentOrder", [])
+        rest = [o for o in order if o["computeEnvironment"] not in (arn, name)]
+        if len(rest) == len(order):
+            continue
+        if rest:
+            batch.update_job_queue(jobQueue=queue["jobQueueName"], computeEnvironmentOrder=rest)
+            wait_settled(batch, "job queue", queue["jobQueueName"])
+        elif queue["jobQueueName"].startswith(("amibake-", "fleet-")):
+            log.warning(
+                "deleting job queue %s: its only environment %s goes", queue["jobQueueName"], name
+            )
+            delete_queue(batch, queue["jobQueueName"])
+
+
 def delete_environment(batch: Any, environment: str) -> None:
-    """Disable, then delete (AWS terminates its instances), then wait until it is gone."""
+    """Disable, take out of its queues, delete (AWS terminates its instances), and wait until
+    it is gone. An INVALID environment stays INVALID when disabled (terraform-provider-aws
+    #21281): only VALID was waited for, and such an environment could never be deleted."""
     batch.update_compute_environment(computeEnvironment=environment, state="DISABLED")
-    wait_valid(batch, "compute environment", environment)
+    wait_settled(batch, "compute environment", environment)
+    _detach(batch, environment)
     batch.delete_compute_environment(computeEnvironment=environment)
 
     def gone() -> bool:
-        found = batch.describe_compute_environments(computeEnvironments=[environment])
-        return not found["computeEnvironments"]
+        return not environments(batch, environment)
 
     wait_until(f"compute environment {environment} to go", gone)
 
@@ -548,23 +666,19 @@ def down(cloud: Cloud) -> list[str]:
     """Disable and delete the queues, then the compute environments, then the job definitions."""
     batch = cloud.client("batch")
     done = []
-    queues = [
-        q["jobQueueName"]
-        for q in batch.describe_job_queues()["jobQueues"]
-        if q["jobQueueName"].startswith("amibake-")
-    ]
-    for queue in queues:
+    mine = [q["jobQueueName"] for q in queues(batch) if q["jobQueueName"].startswith("amibake-")]
+    for queue in mine:
         delete_queue(batch, queue)
         done.append(f"deleted job queue {queue}")
     envs = [
         e["computeEnvironmentName"]
-        for e in batch.describe_compute_environments()["computeEnvironments"]
+        for e in environments(batch)
         if e["computeEnvironmentName"].startswith("amibake-")
     ]
     for env in envs:
         delete_environment(batch, env)
         done.append(f"deleted compute environment {env}")
-    for definition in batch.describe_job_definitions(status="ACTIVE")["jobDefinitions"]:
+    for definition in pages(batch, "describe_job_definitions", "jobDefinitions", status="ACTIVE"):
         if definition["jobDefinitionName"].startswith("amibake-"):
             batch.deregister_job_definition(jobDefinition=definition["jobDefinitionArn"])
             done.append(f"deregistered {definition['jobDefinitionName']}:{definition['revision']}")

@@ -12,6 +12,12 @@ role's own credentials (agent/s3.py). The results come from the job's CloudWatch
 A child that failed with Batch's "Host EC2 (instance ...) terminated." reason, or whose wrapper
 saw the spot interruption notice, is recorded as interrupted and its replicate goes into the
 next array job: never scored as a failure.
+
+Jobs can wait RUNNABLE for ever on AWS (no capacity for the type, a job larger than the
+environment): the job timeout counts from startedAt, so it never fires. The run's queue cancels
+jobs held for a reason Batch can act on (jobStateTimeLimitActions), and the run itself gives up
+when its jobs have all been waiting, none running, for FLEET_BATCH_RUNNABLE_TIMEOUT_S seconds
+(default 1800; an environment variable of the controller), naming the jobs' statusReason.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import tarfile
 import time
 from dataclasses import dataclass, replace
@@ -51,6 +58,17 @@ log = logging.getLogger("amibake")
 LOG_GROUP = "/aws/batch/job"
 HOST_GONE = "Host EC2"  # how Batch's status reason starts when the instance went away
 POLL_S = 1.0
+# How long a run's jobs may all wait (SUBMITTED to RUNNABLE) with none running before the run
+# gives up: an environment scaling from zero takes minutes; capacity that is not there may
+# never come.
+RUNNABLE_TIMEOUT_VARIABLE = "FLEET_BATCH_RUNNABLE_TIMEOUT_S"
+RUNNABLE_TIMEOUT_S = float(amibake_batch.RUNNABLE_LIMIT_S)
+WAITING = ("SUBMITTED", "PENDING", "RUNNABLE")
+# GetLogEvents may answer empty pages (a new token each) before events that follow; the end of
+# the stream is the token coming back as it was sent. Reading stops there, or at these bounds.
+LOG_PAGES = 200
+LOG_EMPTY_WAIT_S = 0.5
+LOG_DEADLINE_S = 120.0
 # The job's own side: fetch the payload, unpack it, hand over to job.py (standard library only).
 # What replicate.sh runs that the amazonlinux:2023 container image lacks (it has bash,
 # coreutils, curl and python3, and not util-linux's setsid). The local cloud runs jobs on the
@@ -82,13 +100,30 @@ def batch_steps(context: RunContext) -> list[Step[JobsState]]:
     return [Environment(context), Payload(context), Jobs(context)]
 
 
+def runnable_timeout_s() -> float:
+    """The deadline on jobs that wait with none running (FLEET_BATCH_RUNNABLE_TIMEOUT_S)."""
+    text = os.environ.get(RUNNABLE_TIMEOUT_VARIABLE, "")
+    if not text:
+        return RUNNABLE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 7 * 86400:  # nan fails too
+        raise UserError(
+            f"{RUNNABLE_TIMEOUT_VARIABLE} must be seconds, more than 0 and at most a week, "
+            f"got {text!r}"
+        )
+    return value
+
+
 def registered(cloud: Any, state: JobsState) -> None:
     """What `amibake batch up` registered for the type's architecture; a one-line error naming
     the command to run when it is missing. Creates nothing."""
     client = cloud.client("batch")
     architecture = state.family.architecture
     queue = f"amibake-{architecture}"
-    found = client.describe_job_queues(jobQueues=[queue])["jobQueues"]
+    found = amibake_batch.queues(client, queue)
     if not found or not found[0]["computeEnvironmentOrder"]:
         raise UserError(
             f"no Batch queue {queue} for {state.label}: register one with "
@@ -97,14 +132,15 @@ def registered(cloud: Any, state: JobsState) -> None:
     environment = amibake_batch.environment_arn(
         client, found[0]["computeEnvironmentOrder"][0]["computeEnvironment"]
     )
-    described = client.describe_compute_environments(computeEnvironments=[environment])
-    registered_env = described["computeEnvironments"][0]
+    registered_env = amibake_batch.environments(client, environment)[0]
     state.resources = registered_env["computeResources"]
     state.service_role = registered_env.get("serviceRole", "")
     app = state.spec.recipe or ""
     definitions = [
         d
-        for d in client.describe_job_definitions(status="ACTIVE")["jobDefinitions"]
+        for d in amibake_batch.pages(
+            client, "describe_job_definitions", "jobDefinitions", status="ACTIVE"
+        )
         if d["jobDefinitionName"].startswith("amibake-")
         and d["jobDefinitionName"].endswith(f"-{architecture}")
     ]
@@ -150,35 +186,42 @@ class Environment:
             if key in state.resources
         }
         spot = state.market == "spot"
-        client.create_compute_environment(
-            computeEnvironmentName=name,
-            type="MANAGED",
-            state="ENABLED",
-            computeResources={
-                **resources,
-                "type": "SPOT" if spot else "EC2",
-                "allocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED"
-                if spot
-                else "BEST_FIT_PROGRESSIVE",
-                "minvCpus": 0,
-                "maxvCpus": vcpus,  # one instance: the replicates run one after another
-                "instanceTypes": [state.label],
-                "tags": self.context.tags,  # on its instances: gc finds them too
+
+        def made(environment: str) -> None:
+            if not state.environment:
+                state.environment = environment
+                self.context.created("compute-environment", environment)
+
+        # An environment that goes INVALID is said why, deleted and made again (a few times).
+        environment_arn = amibake_batch.ensure_environment(
+            client,
+            {
+                "computeEnvironmentName": name,
+                "type": "MANAGED",
+                "state": "ENABLED",
+                "computeResources": {
+                    **resources,
+                    "type": "SPOT" if spot else "EC2",
+                    "allocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED"
+                    if spot
+                    else "BEST_FIT_PROGRESSIVE",
+                    "minvCpus": 0,
+                    "maxvCpus": vcpus,  # one instance: the replicates run one after another
+                    "instanceTypes": [state.label],
+                    "tags": self.context.tags,  # on its instances: gc finds them too
+                },
+                "serviceRole": state.service_role,
+                "tags": self.context.tags,
             },
-            serviceRole=state.service_role,
-            tags=self.context.tags,
+            on_created=made,
         )
-        state.environment = name
-        self.context.created("compute-environment", name)
-        amibake_batch.wait_valid(client, "compute environment", name)
-        environment_arn = client.describe_compute_environments(computeEnvironments=[name])[
-            "computeEnvironments"
-        ][0]["computeEnvironmentArn"]
         client.create_job_queue(
             jobQueueName=name,
             state="ENABLED",
             priority=1,
             computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment_arn}],
+            # The queue cancels what waits for capacity that does not come (AWS: 600 s at least).
+            jobStateTimeLimitActions=amibake_batch.time_limit_actions(runnable_timeout_s()),
             tags=self.context.tags,
         )
         state.queue = name
@@ -192,7 +235,9 @@ class Environment:
             self.context.deleted("job-queue", state.queue)
             state.queue = ""
         if state.environment:
-            amibake_batch.delete_environment(client, state.environment)
+            # Gone already when it went INVALID too often (ensure_environment deleted it).
+            if amibake_batch.environments(client, state.environment):
+                amibake_batch.delete_environment(client, state.environment)
             self.context.deleted("compute-environment", state.environment)
             state.environment = ""
 
@@ -312,14 +357,19 @@ class Jobs:
         open_ids = list(ids)
         interrupted: list[Replicate] = []
         last_line = ""
+        deadline = runnable_timeout_s()
+        waiting_since = time.monotonic()
         while open_ids:
             self.context.check_cancel()
             described = []
-            for start in range(0, len(open_ids), 100):
+            for start in range(0, len(open_ids), 100):  # DescribeJobs takes 100 ids at most
                 described += client.describe_jobs(jobs=open_ids[start : start + 100])["jobs"]
             counts: dict[str, int] = {}
+            reasons: dict[str, int] = {}
             for job in described:
                 counts[job["status"]] = counts.get(job["status"], 0) + 1
+                if job["status"] in WAITING and job.get("statusReason"):
+                    reasons[job["statusReason"]] = reasons.get(job["statusReason"], 0) + 1
                 if job["status"] not in ("SUCCEEDED", "FAILED"):
                     continue
                 open_ids.remove(job["jobId"])
@@ -333,9 +383,18 @@ class Jobs:
                     state.done += 1
                     state.on_event(state, "replicate done")
             line = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+            if reasons:
+                line += " (" + "; ".join(sorted(reasons)) + ")"
             if line and line != last_line:
                 state.on_event(state, f"jobs {line}")
                 last_line = line
+            # The clock runs while every open job waits; one running or ending restarts it.
+            if not open_ids or any(
+                j["status"] not in WAITING or j["jobId"] not in open_ids for j in described
+            ):
+                waiting_since = time.monotonic()
+            elif time.monotonic() - waiting_since > deadline:
+                raise RemoteError(_stuck(state, len(open_ids), deadline, reasons))
             if open_ids:
                 time.sleep(POLL_S)
         state.array_job, state.children = "", []
@@ -395,7 +454,10 @@ class Jobs:
         logs = self.context.cloud.client("logs")
         lines: list[str] = []
         token = None
-        while True:
+        deadline = time.monotonic() + LOG_DEADLINE_S
+        # An empty page is not the end: only the token sent coming back is (GetLogEvents:
+        # "If you have reached the end of the stream, it returns the same token you passed in").
+        for _ in range(LOG_PAGES):
             kwargs: dict[str, Any] = {
                 "logGroupName": LOG_GROUP,
                 "logStreamName": stream,
@@ -410,9 +472,16 @@ class Jobs:
                     return ""
                 raise
             lines += [e["message"] for e in page["events"]]
-            if not page["events"] or page.get("nextForwardToken") == token:
+            following = page.get("nextForwardToken")
+            if not following or following == token:
                 return "\n".join(lines)
-            token = page.get("nextForwardToken")
+            token = following
+            if not page["events"]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(LOG_EMPTY_WAIT_S)  # events still arriving: AWS allows 25 reads a second
+        log.warning("%s: stopped reading log stream %s before its end", job["jobId"], stream)
+        return "\n".join(lines)
 
     def _host(self, state: JobsState, host: dict[str, Any]) -> None:
         """Where a child ran: the instance, its zone and price; recorded once per instance."""
@@ -429,6 +498,16 @@ class Jobs:
                 state.launched_at = time.time()
                 state.on_event(state, "staging")
             record_host(self.context.cloud, state, host, host.get("ami", ""))
+
+
+def _stuck(state: JobsState, waiting: int, deadline: float, reasons: dict[str, int]) -> str:
+    """Why the run gives up on jobs that never start: Batch's own reasons, or what to check."""
+    why = "; ".join(f"{r} ({n} jobs)" if n > 1 else r for r, n in sorted(reasons.items()))
+    return (
+        f"{state.label}: {waiting} Batch jobs waited {deadline:.0f}s with none running: "
+        f"{why or 'Batch gave no reason (check the compute environment and its instances)'} "
+        f"({RUNNABLE_TIMEOUT_VARIABLE} sets how long to wait)"
+    )
 
 
 def emulation(cloud: Cloud, state: JobsState) -> dict[str, str]:
