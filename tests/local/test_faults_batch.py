@@ -1,0 +1,277 @@
+"""AWS Batch and CloudWatch Logs as AWS answers them (the local cloud's behaviour layer), and
+amibake and fleet surviving each with nothing left: compute environments that go INVALID, jobs
+held RUNNABLE, describes in pages, log reads with empty pages and late events.
+
+Each test runs a local cloud of its own with one behaviour on, at a seed where the behaviour is
+certain to be met, and checks the layer's own count that it was. The Batch environments are on
+the region's base image: what is measured here is Batch's control plane and fleet's jobs, not a
+bake, and a plain command's type (c5a.large) runs on any machine."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from amibake import batch
+from amibake.cloud import Cloud
+from amibake.errors import CloudError
+from amibake.local import faults
+from amibake.local.faults import batch_environments, batch_jobs, logs
+from fleet import bench
+from tests.fleet.test_bench import ANY_TYPE, assert_nothing_left, new_run, results_of
+from tests.helpers import base_ami
+from tests.local.test_faults import faulty, met, seed_where  # noqa: F401 - the fixture
+
+Faulty = Callable[[str, int], Cloud]
+
+
+def _image(cloud: Cloud) -> batch.Image:
+    from amibake import catalog
+
+    family = catalog.family(ANY_TYPE.split(".")[0])
+    return batch.Image(base_ami(cloud), family.architecture, (family.name,), ("trivial",))
+
+
+def _nothing_registered(cloud: Cloud) -> None:
+    client = cloud.client("batch")
+    assert batch.status(cloud) == {"compute_environments": {}, "queues": {}, "job_definitions": []}
+    assert batch.environments(client) == [] and batch.queues(client) == []
+    assert batch.job_bucket(cloud) is None
+
+
+def _invalid(f: faults.Faults, n: int) -> bool:
+    return f.chance(batch_environments.INVALID, "compute-environment", n, "invalid")
+
+
+def _left_over(cloud: Cloud, image: batch.Image) -> str:
+    """A compute environment of `up`'s name, made as a crashed earlier `up` would have left it
+    (seconds after its roles), with the queue over it."""
+    client = cloud.client("batch")
+    subnets, group = batch._network(cloud)
+    service_role, profile = batch._ensure_iam(cloud)
+    env_name, queue = batch.names(image)
+    client.create_compute_environment(
+        computeEnvironmentName=env_name,
+        type="MANAGED",
+        state="ENABLED",
+        computeResources={
+            "type": "SPOT",
+            "allocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED",
+            "minvCpus": 0,
+            "maxvCpus": 4,
+            "instanceTypes": [ANY_TYPE],
+            "subnets": subnets,
+            "securityGroupIds": [group],
+            "instanceRole": profile,
+            "ec2Configuration": [{"imageType": "ECS_AL2023", "imageIdOverride": image.image_id}],
+        },
+        serviceRole=service_role,
+    )
+    client.create_job_queue(
+        jobQueueName=queue,
+        state="ENABLED",
+        priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": env_name}],
+    )
+    return env_name
+
+
+def test_up_replaces_an_invalid_environment_it_finds_or_makes_and_says_why(
+    faulty: Faulty,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The one left over goes INVALID, so does the first replacement; the second is VALID.
+    seed = seed_where(lambda f: _invalid(f, 1) and _invalid(f, 2) and not _invalid(f, 3))
+    cloud = faulty("batch-environments", seed)
+    image = _image(cloud)
+    env_name = _left_over(cloud, image)
+    client = cloud.client("batch")
+    assert batch.environments(client, env_name)[0]["status"] == "INVALID"
+    caplog.set_level(logging.WARNING, logger="amibake")
+    result = batch.up(cloud, [image])
+    assert result["queues"] == {batch.names(image)[1]: env_name}
+    found = batch.environments(client, env_name)[0]
+    assert found["status"] == "VALID" and found["state"] == "ENABLED"
+    said = [r.getMessage() for r in caplog.records if "is INVALID" in r.getMessage()]
+    assert len(said) == 2 and all("CLIENT_ERROR - " in s for s in said), said
+    assert "making it again" in said[0]
+    assert met(cloud)["batch-environments"]["compute environment invalid"] == 2
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
+def test_up_gives_up_on_an_environment_that_stays_invalid_in_one_line_leaving_nothing(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    seed = seed_where(lambda f: all(_invalid(f, n) for n in (1, 2, 3)))
+    cloud = faulty("batch-environments", seed)
+    image = _image(cloud)
+    with pytest.raises(CloudError) as raised:
+        batch.up(cloud, [image])
+    message = str(raised.value)
+    assert "\n" not in message and "went INVALID 3 times, last: CLIENT_ERROR - " in message
+    assert "amibake batch up" in message
+    assert met(cloud)["batch-environments"]["compute environment invalid"] == 3
+    assert batch.environments(cloud.client("batch")) == []  # each INVALID one was deleted
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
+def test_down_deletes_an_invalid_environment_still_in_its_queue(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    # Disabling an INVALID environment leaves it INVALID: deletion must not wait for VALID.
+    cloud = faulty("batch-environments", seed_where(lambda f: _invalid(f, 1)))
+    env_name = _left_over(cloud, _image(cloud))
+    client = cloud.client("batch")
+    batch.delete_environment(client, env_name)  # gc's way: the queue is still there
+    assert batch.environments(client) == [] and batch.queues(client) == []
+    assert met(cloud)["batch-environments"]["described invalid"] > 0
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
+# --- jobs held RUNNABLE -------------------------------------------------------------------
+
+
+def _bench(cloud: Cloud, timeout_s: float = 240.0) -> tuple[str, dict[str, Any]]:
+    """One plain job on Batch; fails the test rather than hang when the run does not end."""
+    batch.up(cloud, [_image(cloud)])
+    run_id = new_run(
+        cloud,
+        executor="batch",
+        command="echo value=7",
+        metric="value=(\\d+)",
+        replicates=1,
+        warmups=0,
+    )
+    done: dict[str, Any] = {}
+
+    def execute() -> None:
+        done["summary"] = bench.execute(cloud, run_id, results_of(cloud))
+
+    thread = threading.Thread(target=execute, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert "summary" in done, f"the run did not end in {timeout_s:.0f}s"
+    return run_id, done["summary"]
+
+
+def _clean(cloud: Cloud, run_id: str) -> None:
+    client = cloud.client("batch")
+    fleet_made = [
+        e for e in batch.environments(client) if e["computeEnvironmentName"].startswith("fleet-")
+    ]
+    assert (
+        fleet_made == []
+        and [q for q in batch.queues(client) if q["jobQueueName"].startswith("fleet-")] == []
+    )
+    assert_nothing_left(cloud, results_of(cloud), run_id, cloud.config.local_dir)
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
+def _held(f: faults.Faults, forever: bool) -> bool:
+    held, for_ever, _ = batch_jobs.hold(f, 1, 0)
+    return held and for_ever == forever
+
+
+def test_a_job_held_runnable_for_a_while_then_runs(faulty: Faulty) -> None:  # noqa: F811
+    cloud = faulty("batch-jobs", seed_where(lambda f: _held(f, forever=False)))
+    run_id, summary = _bench(cloud)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    rows = results_of(cloud).replicates(run_id)
+    assert list(rows.state) == ["ok"] and list(rows.metric) == [7]
+    done = met(cloud)["batch-jobs"]
+    assert done["job held runnable"] == 1 and done["job released"] == 1
+    _clean(cloud, run_id)
+
+
+def test_a_job_held_runnable_for_ever_is_given_up_with_batchs_reason(
+    faulty: Faulty,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The run's own deadline (4 s) comes before the queue's time limit (600 s, 6 s here).
+    monkeypatch.setenv("FLEET_BATCH_RUNNABLE_TIMEOUT_S", "4")
+    cloud = faulty("batch-jobs", seed_where(lambda f: _held(f, forever=True)))
+    run_id, summary = _bench(cloud)
+    (outcome,) = summary["types"].values()
+    assert not outcome["ok"]
+    error = outcome["error"]
+    assert "1 Batch jobs waited 4s with none running: " in error, error
+    assert any(r in error for r in (batch_jobs.CAPACITY, batch_jobs.REQUIREMENT)), error
+    assert "FLEET_BATCH_RUNNABLE_TIMEOUT_S" in error
+    assert met(cloud)["batch-jobs"]["job held for ever"] == 1
+    _clean(cloud, run_id)
+
+
+def test_the_runs_queue_cancels_a_job_held_runnable_for_ever(
+    faulty: Faulty,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The run waits 600 s itself; its queue's jobStateTimeLimitActions (600 s, 6 s here) cancel
+    # the job first: the replicate fails with Batch's reason, the run ends.
+    monkeypatch.setenv("FLEET_BATCH_RUNNABLE_TIMEOUT_S", "600")
+    cloud = faulty("batch-jobs", seed_where(lambda f: _held(f, forever=True)))
+    run_id, summary = _bench(cloud, timeout_s=120)
+    rows = results_of(cloud).replicates(run_id)
+    assert list(rows.state) == ["failed"], rows[["state", "error"]]
+    assert "Canceled by JobStateTimeLimit action due to reason: " in rows.error.iloc[0]
+    assert met(cloud)["batch-jobs"]["job cancelled by the queue's time limit"] == 1
+    queue = [
+        q
+        for q in batch.queues(cloud.client("batch"))
+        if q["jobQueueName"] == batch.names(_image(cloud))[1]
+    ]
+    assert queue and {a["reason"] for a in queue[0]["jobStateTimeLimitActions"]} == set(
+        batch.TIME_LIMIT_REASONS
+    )
+    assert summary["types"]
+    _clean(cloud, run_id)
+
+
+# --- log pages ----------------------------------------------------------------------------
+
+
+def test_the_result_line_is_read_through_empty_pages_and_late_events(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    seed = seed_where(
+        lambda f: (
+            f.chance(logs.EMPTY, "stream", 1, "empty") and f.chance(logs.LATE, "stream", 1, "late")
+        )
+    )
+    cloud = faulty("logs-pages", seed)
+    run_id, summary = _bench(cloud)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    rows = results_of(cloud).replicates(run_id)
+    assert list(rows.state) == ["ok"] and list(rows.metric) == [7], rows[["state", "error"]]
+    done = met(cloud)["logs-pages"]
+    assert done["empty page"] >= 1 and done["late events held back"] >= 1
+    _clean(cloud, run_id)
+
+
+# --- pages ----------------------------------------------------------------------------------
+
+
+def test_down_removes_every_job_definition_page_after_page(faulty: Faulty) -> None:  # noqa: F811
+    pagination = pytest.importorskip(
+        "amibake.local.faults.pagination", reason="the pagination behaviour is not written yet"
+    )
+    cloud = faulty("pagination", 0)
+    client = cloud.client("batch")
+    many = 105  # more than one page of AWS's (100), and of the layer's
+    for _ in range(many):
+        client.register_job_definition(
+            jobDefinitionName="amibake-many-x86_64",
+            type="container",
+            containerProperties={"image": "x", "command": ["true"], "vcpus": 1, "memory": 128},
+        )
+    done = batch.down(cloud)
+    assert len([d for d in done if d.startswith("deregistered amibake-many-x86_64:")]) == many
+    assert batch.status(cloud)["job_definitions"] == []
+    assert met(cloud)[pagination.BEHAVIOUR.name]["DescribeJobDefinitions truncated"] > 0
