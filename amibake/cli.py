@@ -16,12 +16,13 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 import botocore.exceptions
 
-from amibake import checks, logs
+from amibake import checks, cliutil, logs
 from amibake import config as config_module
+from amibake.cliutil import Parser
 from amibake.errors import AmibakeError, UserError
 
 # EC2's ids: 8 hex digits (older) or 17.
@@ -31,28 +32,6 @@ INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}([0-9a-f]{9})?")
 MAX_RESERVE_MB_PER_VCPU = 32768
 # gc --older-than: amibake's tags expire in hours; ten years is a typo for something shorter.
 MAX_AGE = timedelta(days=3653)
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # argparse's own errors are user mistakes too: one line, exit 2, no usage dump.
-        raise UserError(f"{message} (see `{self.prog} --help`)")
-
-    def parse_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> argparse.Namespace:
-        # argparse finds an unknown flag only back in the top parser, whose help does not list
-        # the command's flags: point at the help of the command it was given to.
-        parsed, extras = self.parse_known_args(args, namespace)
-        if extras:
-            chosen = [
-                value
-                for name, value in vars(parsed).items()
-                if (name == "command" or name.endswith("_command")) and isinstance(value, str)
-            ]
-            where = " ".join([self.prog, *chosen])
-            raise UserError(f"unrecognized arguments: {' '.join(extras)} (see `{where} --help`)")
-        return parsed
 
 
 def count(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
@@ -80,6 +59,7 @@ def common_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="amibake", description=__doc__.splitlines()[0])
+    cliutil.add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     local = commands.add_parser("local", help="the embedded local cloud (up, status, down)")
@@ -193,7 +173,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     interrupt.add_argument("instance_id", help="a local cloud instance, i-...")
     common_options(interrupt)
+
+    cliutil.document(parser, EXAMPLES, cliutil.exit_codes_text(EXIT_CODES))
     return parser
+
+
+# What each subcommand's --help shows as its example(s): real commands, which the tests parse.
+EXAMPLES = {
+    "local": ["amibake local up --json"],
+    "local up": ["amibake local up"],
+    "local status": ["amibake local status --json"],
+    "local down": ["amibake local down"],
+    "local interrupt": ["amibake local interrupt i-0123456789abcdef0 --cloud local"],
+    "build": [
+        "amibake build --family c7i --recipe kernels",
+        "amibake build --family c7i,c7g --on-demand-fallback --dry-run",
+    ],
+    "bake": ["amibake bake --family c7i,c7g", "amibake bake --build --family c7i --dry-run"],
+    "batch": ["amibake batch up --from-bake"],
+    "batch up": ["amibake batch up --from-bake", "amibake batch up --ami ami-0123456789abcdef0"],
+    "batch down": ["amibake batch down"],
+    "batch status": ["amibake batch status --json"],
+    "families": ["amibake families --compiler gcc@12.2", "amibake families --host --first"],
+    "iam-policy": ["amibake iam-policy --for build,gc"],
+    "gc": ["amibake gc --dry-run", "amibake gc --older-than 2h"],
+    "source": ["amibake source add ~/Downloads/zstd-1.5.4.tar.gz"],
+    "source add": ["amibake source add ~/Downloads/zstd-1.5.4.tar.gz"],
+    "source has": ["amibake source has zstd"],
+}
+# amibake's own exit code beside the shared ones (cliutil.EXIT_CODES).
+EXIT_CODES = ((3, "`amibake local status`: the local cloud is not running"),)
 
 
 def config_from(args: argparse.Namespace, **extra: Any) -> config_module.Config:
@@ -259,7 +268,7 @@ def _build(args: argparse.Namespace) -> int:
 
     cfg = config_from(args, recipe=args.recipe, size=args.size, spot=args.spot)
     request = pipelines.BuildRequest(
-        families=_family_list(args.family),
+        families=cliutil.names(args.family),
         recipe=cfg.recipe,
         size=cfg.size,
         spot=cfg.spot,
@@ -308,7 +317,7 @@ def _bake(args: argparse.Namespace) -> int:
     cfg = config_from(args)
     request = pipelines.BakeRequest(
         build_recipe=(args.recipe or cfg.recipe) if args.build else None,
-        families=_family_list(args.family) if args.family else None,
+        families=cliutil.names(args.family) if args.family else None,
         name=args.name,
         reserve_mb_per_vcpu=args.tmpfs_reserve_mb_per_vcpu,
         base_ami=args.base_ami,

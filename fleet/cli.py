@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amibake import checks, logs
-from amibake.cli import Parser, common_options, config_from, guarded, print_result
+from amibake import checks, cliutil, logs
+from amibake.cli import common_options, config_from, guarded, print_result
+from amibake.cliutil import Parser
 from amibake.config import Config
 from amibake.errors import UserError
 
@@ -50,17 +51,23 @@ def _list(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
 
+def _names(text: str | None) -> list[str] | None:
+    """Families, sizes or instance types, in EC2's lowercase (`C7i.Large` is c7i.large)."""
+    return cliutil.names(text) if text else None
+
+
 def _prices(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from fleet import prices
 
     cfg = config_from(args)
+    families = cliutil.names(args.family) if args.family else []  # C7I is c7i
     if args.refresh:
         from amibake.cloud import connect
 
         try:
-            snapshot = prices.refresh(connect(cfg), _list(args.family) or [])
+            snapshot = prices.refresh(connect(cfg), families)
         except prices.PriceError as exc:
             raise UserError(str(exc)) from None
     else:
@@ -70,13 +77,13 @@ def _prices(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from None
     if args.type:
         try:
-            chosen = [prices.lookup(t, snapshot) for t in args.type]
+            chosen = [prices.lookup(t.lower(), snapshot) for t in args.type]
         except prices.PriceError as exc:
             raise UserError(str(exc)) from None
     else:
         chosen = [prices.lookup(t, snapshot) for t in snapshot["prices"]]
     if args.family:
-        chosen = [p for p in chosen if p.instance_type.split(".")[0] in args.family.split(",")]
+        chosen = [p for p in chosen if p.instance_type.split(".")[0] in families]
         if not chosen:
             raise UserError(f"no instance type of family {args.family} in the snapshot")
     rows: list[dict[str, Any]] = [
@@ -126,9 +133,9 @@ def _bench(args: argparse.Namespace) -> int:
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
     overrides: dict[str, Any] = {
-        "types": _list(args.types),
-        "families": _list(args.families),
-        "sizes": _list(args.sizes),
+        "types": _names(args.types),
+        "families": _names(args.families),
+        "sizes": _names(args.sizes),
         "recipe": args.recipe,
         "command": args.command_line,
         "builds": _list(args.builds),
@@ -478,6 +485,7 @@ TUNE_FILE = """a tune file (see examples/kernels.tune.toml and the README):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fleet", description=__doc__.splitlines()[0])
+    cliutil.add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     price = commands.add_parser("prices", help="the price table in use (on-demand, spot per AZ)")
@@ -564,7 +572,29 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help=f"compare: trials per seed (default {DEFAULT_BUDGET}, or the space's size if smaller)",
     )
+
+    cliutil.document(parser, EXAMPLES, cliutil.exit_codes_text())
     return parser
+
+
+# What each subcommand's --help shows as its example(s): real commands, which the tests parse.
+EXAMPLES = {
+    "prices": ["fleet prices --family c7i,c7g", "fleet prices --type c7i.large --json"],
+    "bench": [
+        "fleet bench --types c7i.large,c7g.large --recipe kernels",
+        "fleet bench examples/kernels.bench.toml --replicates 5",
+        "fleet bench --resume last",
+    ],
+    "status": ["fleet status", "fleet status last --json"],
+    "kill": ["fleet kill last"],
+    "report": ["fleet report last", "fleet report last --no-html --json"],
+    "plan": ["fleet plan last --work 1000000 --deadline 4h --budget 50"],
+    "tune": [
+        "fleet tune examples/kernels.tune.toml --trials 40",
+        "fleet tune --resume last --trials 60",
+        "fleet tune compare --replay table.csv --seeds 10",
+    ],
+}
 
 
 HANDLERS = {

@@ -155,6 +155,21 @@ AMIBAKE = [
     case("amibake local interrupt bad", "'bad' is not an instance id"),
     case("amibake local interrupt 'i-1; reboot'", "'i-1; reboot' is not an instance id"),
     case("amibake local up --region mars", "region must be an AWS region code"),
+    # Issue 27: a mistyped command, choice or flag is answered with the one meant; names in any case.
+    case("amibake biuld", "argument command: invalid choice: 'biuld'; did you mean build?"),
+    case("amibake local upp", "argument local_command: invalid choice: 'upp'; did you mean up?"),
+    case("amibake build --familly c7i", "unrecognized argument --familly; did you mean --family? "
+         "(see `amibake build --help`)"),
+    case("amibake build --family c7i --dryrun", "unrecognized argument --dryrun; did you mean "
+         "--dry-run?"),
+    case("amibake bake --tmpfs-reserve-mb-per-cpu 1", "unrecognized argument "
+         "--tmpfs-reserve-mb-per-cpu; did you mean --tmpfs-reserve-mb-per-vcpu?"),
+    case("amibake batch up --from-bakes", "unrecognized argument --from-bakes; did you mean "
+         "--from-bake?"),
+    case("amibake build --family C7II", "unknown family 'c7ii'; did you mean c7i"),
+    case("amibake bake --family C7I,c7gg", "unknown family 'c7gg'; did you mean c7g"),
+    case("amibake build --family c5a --recipe kernel", "unknown recipe 'kernel'; did you mean "
+         "kernels?"),
 ]  # fmt: skip
 
 CONFIG = [
@@ -317,6 +332,17 @@ PLAN = [
     case("fleet prices --type c5x.large", "no price for c5x.large"),
     case("fleet prices --family nope", "no instance type of family nope"),
     case("fleet prices --region mars", "region must be an AWS region code"),
+    case("fleet bnech", "argument command: invalid choice: 'bnech'; did you mean bench?"),
+    case("fleet plan last --wrok 1", "unrecognized argument --wrok; did you mean --work? (see "
+         "`fleet plan --help`)"),
+    case("fleet report last --nohtml", "unrecognized argument --nohtml; did you mean --no-html?"),
+    case("fleet bench --types c5a.large --command true --replicas 3", "unrecognized argument "
+         "--replicas; did you mean --replicates?"),
+    case("fleet bench --types C5X.Large --command true", "--types: unknown instance type "
+         "'c5x.large'"),
+    case("fleet bench --families C7II --command true", "--families: unknown family 'c7ii'; did "
+         "you mean c7i"),
+    case("fleet prices --type C5X.LARGE", "no price for c5x.large"),
 ]  # fmt: skip
 
 BENCH_FLAGS = [
