@@ -16,6 +16,7 @@ import archspec.cpu
 from amibake import catalog
 from amibake.cloud import Cloud
 from amibake.cloud.calls import describe_image
+from amibake.cloud.ec2 import describe_instance_types
 from amibake.errors import UserError
 from amibake.render import USER_DATA_LIMIT, Checks, check_shell, render
 from amibake.saved import read_json
@@ -158,7 +159,7 @@ def base_image(cloud: Cloud, architecture: str, base_ami: str | None, allow_eol:
 def check_shapes(cloud: Cloud, families: list[str], reserve: int) -> None:
     """Every size of every family must leave room for /shared (a render-time error otherwise)."""
     types = [catalog.family(f).instance_type(s) for f in families for s in catalog.family(f).sizes]
-    described = cloud.ec2.describe_instance_types(InstanceTypes=types)["InstanceTypes"]
+    described = describe_instance_types(cloud.ec2, types)
     for shape in sorted(described, key=lambda t: t["MemoryInfo"]["SizeInMiB"])[:1]:
         try:
             tmpfs_mb(shape["MemoryInfo"]["SizeInMiB"], shape["VCpuInfo"]["DefaultVCpus"], reserve)

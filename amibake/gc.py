@@ -20,7 +20,7 @@ import botocore.exceptions
 
 from amibake import batch
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code, ignore_missing, retry_on
+from amibake.cloud.calls import error_code, every, ignore_missing, retry_on
 from amibake.cloud.ec2 import (
     NEW_INSTANCE_VISIBLE_S,
     SNAPSHOT_RELEASED_S,
@@ -92,26 +92,30 @@ def _by_tag(cloud: Cloud) -> dict[tuple[str, str], Leftover]:
                 kind, resource_id, item_tags[RUN_ID], _created(item_tags)
             )
 
-    for reservation in ec2.describe_instances(Filters=tagged)["Reservations"]:
+    # Every list read to its last page: AWS answers in pages, and a leftover on the second
+    # one would be reported as nothing left (issue 26, finding 7).
+    for reservation in every(ec2, "describe_instances", "Reservations", Filters=tagged):
         for instance in reservation["Instances"]:
             if instance["State"]["Name"] not in ("terminated", "shutting-down"):
                 add("instance", instance["InstanceId"], instance)  # type: ignore[arg-type]
     # Fleets of type maintain or request only: an instant fleet (amibake's) is never listed
     # without its id, and is found through the journal.
-    for fleet in ec2.describe_fleets()["Fleets"]:
+    for fleet in every(ec2, "describe_fleets", "Fleets"):
         if fleet.get("FleetState") not in ("deleted", "deleted_running", "deleted_terminating"):
             add("fleet", fleet["FleetId"], fleet)  # type: ignore[arg-type]
-    for template in ec2.describe_launch_templates(Filters=tagged)["LaunchTemplates"]:
+    for template in every(ec2, "describe_launch_templates", "LaunchTemplates", Filters=tagged):
         add("launch-template", template["LaunchTemplateId"], template)  # type: ignore[arg-type]
-    for group in ec2.describe_security_groups(Filters=tagged)["SecurityGroups"]:
+    for group in every(ec2, "describe_security_groups", "SecurityGroups", Filters=tagged):
         add("security-group", group["GroupId"], group)  # type: ignore[arg-type]
-    for pair in ec2.describe_key_pairs(Filters=tagged)["KeyPairs"]:
+    for pair in ec2.describe_key_pairs(Filters=tagged)["KeyPairs"]:  # one page: no paginator
         add("key-pair", pair["KeyName"], pair)  # type: ignore[arg-type]
-    for image in ec2.describe_images(Owners=["self"], Filters=tagged)["Images"]:
+    for image in every(ec2, "describe_images", "Images", Owners=["self"], Filters=tagged):
         add("image", image["ImageId"], image)  # type: ignore[arg-type]
-    for snapshot in ec2.describe_snapshots(OwnerIds=["self"], Filters=tagged)["Snapshots"]:
+    for snapshot in every(
+        ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"], Filters=tagged
+    ):
         add("snapshot", snapshot["SnapshotId"], snapshot)  # type: ignore[arg-type]
-    for volume in ec2.describe_volumes(Filters=tagged)["Volumes"]:
+    for volume in every(ec2, "describe_volumes", "Volumes", Filters=tagged):
         add("volume", volume["VolumeId"], volume)  # type: ignore[arg-type]
     # Batch returns tags as a map, and deleted queues and environments for a while.
     client = cloud.client("batch")
@@ -124,11 +128,10 @@ def _by_tag(cloud: Cloud) -> dict[tuple[str, str], Leftover]:
             "computeEnvironmentName",
         ),
     ):
-        for page in client.get_paginator(pages).paginate():
-            for item in page[key]:
-                if item.get("status") not in ("DELETING", "DELETED"):
-                    tags = [{"Key": k, "Value": v} for k, v in item.get("tags", {}).items()]
-                    add(kind, item[name], {"Tags": tags})
+        for item in every(client, pages, key):
+            if item.get("status") not in ("DELETING", "DELETED"):
+                tags = [{"Key": k, "Value": v} for k, v in item.get("tags", {}).items()]
+                add(kind, item[name], {"Tags": tags})
     return found
 
 

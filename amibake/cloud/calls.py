@@ -1,9 +1,10 @@
-"""Helpers for the shapes of EC2 failure: error codes, retry-until, and confirmed deletion."""
+"""Helpers for the shapes of AWS answers: error codes, retry-until, confirmed deletion, lists
+read to their last page and requests cut to the API's limits."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import botocore.exceptions
@@ -80,6 +81,23 @@ def wait_until(
     progress.done()
 
 
+def every(client: Any, operation: str, key: str, **params: Any) -> Iterator[Any]:
+    """Every item a Describe/List answers, page after page (boto3's paginator for the
+    operation). AWS answers in pages whatever the caller asks: Batch's and IAM's by 100 with a
+    token, EC2's when it pleases ("Pagination in the Amazon EC2 API"); a first page taken for the
+    whole list is how `batch down` reported success with definitions left (issue 26, finding 7).
+    """
+    for page in client.get_paginator(operation).paginate(**params):
+        yield from page.get(key, [])
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """`items` in runs of at most `size`: the most one request's list takes (DescribeInstanceTypes
+    100 types, Batch's DescribeJobs 100 jobs); one over is refused, not truncated."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
 def describe_image(ec2: Any, image_id: str) -> dict[str, Any] | None:
     """One image, or None if EC2 has no such image (other errors, AccessDenied say, are raised:
     they must not pass for a missing image)."""
@@ -103,7 +121,10 @@ def no_default_vpc(region: str) -> CloudError:
 
 def default_vpc(ec2: Any) -> str:
     """The region's default VPC's id, or the error naming how to create it."""
-    vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
-    if not vpcs:
+    vpc = next(
+        every(ec2, "describe_vpcs", "Vpcs", Filters=[{"Name": "isDefault", "Values": ["true"]}]),
+        None,
+    )
+    if vpc is None:
         raise no_default_vpc(ec2.meta.region_name)
-    return str(vpcs[0]["VpcId"])
+    return str(vpc["VpcId"])

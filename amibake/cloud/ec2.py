@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import botocore.exceptions
 
-from amibake.cloud.calls import error_code, retry_on, wait_until
+from amibake.cloud.calls import chunks, error_code, every, retry_on, wait_until
 from amibake.errors import CloudError
 
 log = logging.getLogger("amibake")
@@ -214,3 +215,16 @@ def zones_offering(ec2: Any, instance_types: list[str]) -> dict[str, set[str]]:
         for offering in page["InstanceTypeOfferings"]:
             zones.setdefault(offering["InstanceType"], set()).add(offering["Location"])
     return zones
+
+
+# DescribeInstanceTypes takes at most 100 names (the API reference; botocore's model: max 100).
+INSTANCE_TYPES_PER_CALL = 100
+
+
+def describe_instance_types(ec2: Any, instance_types: Sequence[str]) -> list[dict[str, Any]]:
+    """Every named instance type, described: the names in runs of 100 (a longer list is
+    refused, and the x86 families alone have 108 sizes), each run read to its last page."""
+    described: list[dict[str, Any]] = []
+    for run in chunks(sorted(set(instance_types)), INSTANCE_TYPES_PER_CALL):
+        described += every(ec2, "describe_instance_types", "InstanceTypes", InstanceTypes=list(run))
+    return described

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from amibake.cloud import tags
-from amibake.cloud.calls import ignore_missing
+from amibake.cloud.calls import every, ignore_missing
 from amibake.cloud.ec2 import (
     NEW_INSTANCE_VISIBLE_S,
     delete_fleet,
@@ -305,7 +305,7 @@ def terminate_launched(context: RunContext, step: str, label: str, known: list[s
     ]
     found = [
         i["InstanceId"]
-        for r in ec2.describe_instances(Filters=filters)["Reservations"]
+        for r in every(ec2, "describe_instances", "Reservations", Filters=filters)
         for i in r["Instances"]
     ]
     # A known id was launched by this run: NotFound is EC2 not seeing it yet. One found by

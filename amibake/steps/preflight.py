@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import botocore.exceptions
 
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code, no_default_vpc, wait_until
+from amibake.cloud.calls import error_code, every, no_default_vpc, wait_until
+from amibake.cloud.ec2 import describe_instance_types
 from amibake.cloud.tags import RUN_ID
 from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
@@ -67,7 +68,8 @@ def ensure_spot_role(cloud: Cloud, *, dry_run: bool = False) -> None:
     Looked up by its path, as clouds spell its name differently. It belongs to the account, not
     the run: never journaled or deleted (as Batch's own role)."""
     iam = cloud.client("iam")
-    if iam.list_roles(PathPrefix=SPOT_ROLE_PATH)["Roles"]:
+    # Every page: IAM "might return fewer results, even when there are more" (ListRoles).
+    if any(every(iam, "list_roles", "Roles", PathPrefix=SPOT_ROLE_PATH)):
         return
     if dry_run:  # creates nothing: says what the launch will do
         log.warning("the account has no AWSServiceRoleForEC2Spot: the launch will create it")
@@ -121,15 +123,10 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
             )
             for o in page["InstanceTypeOfferings"]
         }
-        memory = {}
-        for at in range(0, len(types), 100):  # DescribeInstanceTypes takes 100 at most
-            described = cloud.ec2.describe_instance_types(InstanceTypes=types[at : at + 100])
-            memory.update(
-                {
-                    t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"]
-                    for t in described["InstanceTypes"]
-                }
-            )
+        memory = {
+            t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"]
+            for t in describe_instance_types(cloud.ec2, types)
+        }
     except botocore.exceptions.ClientError as exc:
         if len(states) == 1:
             raise CloudError(f"preflight for {states[0].family.name}: {exc}") from exc
