@@ -174,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     interrupt.add_argument("instance_id", help="a local cloud instance, i-...")
     common_options(interrupt)
 
+    cliutil.add_completion(commands, "amibake")
     cliutil.document(parser, EXAMPLES, cliutil.exit_codes_text(EXIT_CODES))
+    cliutil.mark_completions(parser, "amibake")
     return parser
 
 
@@ -200,6 +202,10 @@ EXAMPLES = {
     "source": ["amibake source add ~/Downloads/zstd-1.5.4.tar.gz"],
     "source add": ["amibake source add ~/Downloads/zstd-1.5.4.tar.gz"],
     "source has": ["amibake source has zstd"],
+    "completion": [
+        "amibake completion bash > ~/.local/share/bash-completion/completions/amibake",
+        "amibake completion zsh > ~/.zfunc/_amibake",
+    ],
 }
 # amibake's own exit code beside the shared ones (cliutil.EXIT_CODES).
 EXIT_CODES = ((3, "`amibake local status`: the local cloud is not running"),)
@@ -583,6 +589,12 @@ def _source(args: argparse.Namespace) -> int:
     return 0
 
 
+def _completion(args: argparse.Namespace) -> int:
+    cfg = config_module.load()  # the recipes completed are those of the configured folder
+    print(cliutil.completion_script(build_parser(), "amibake", args.shell, cfg.recipes_dir))
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "local": _local,
     "build": _build,
@@ -592,6 +604,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "gc": _gc,
     "iam-policy": _iam_policy,
     "source": _source,
+    "completion": _completion,
 }
 
 

@@ -1,6 +1,9 @@
 """What both CLIs, amibake and fleet, share of argparse: the parser class (one-line errors, with
-"did you mean" for a mistyped command, choice or flag), `--version`, the exit codes, and the
-description and examples of every subcommand's `--help`.
+"did you mean" for a mistyped command, choice or flag), `--version`, the exit codes, the
+description and examples of every subcommand's `--help`, and shell completion (shtab).
+
+Nothing here imports the work itself: the catalog and the recipes are read only when a
+completion script is asked for.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import difflib
 import sys
 from collections.abc import Iterator, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any, NoReturn
 
 from amibake.errors import UserError
@@ -22,6 +26,7 @@ EXIT_CODES = (
     (2, "bad input or environment: a flag, a file, a setting, credentials, a missing tool"),
     (130, "interrupted (Ctrl-C or SIGTERM): what the run created is cleaned up first"),
 )
+SHELLS = ("bash", "zsh")
 # A flag's mistyped name is suggested only when it is this close to a real one (difflib's
 # ratio, dashes included): --familly and --dryrun are, --tmpfs-gb (for --tmpfs-reserve-...) not.
 CLOSE_FLAG = 0.75
@@ -198,3 +203,74 @@ def document(
             )
             sub.epilog = f"{sub.epilog}\n\n{block}" if sub.epilog else block
     parser.epilog = exit_codes
+
+
+# Shell completion: static scripts from the parser (shtab), with the names a flag takes. A flag
+# is completed by what its destination names, whichever subcommand it is on.
+FAMILIES = "families"
+TYPES = "types"
+RECIPES = "recipes"
+COMPLETED = {
+    "family": FAMILIES,
+    "families": FAMILIES,
+    "type": TYPES,
+    "types": TYPES,
+    "recipe": RECIPES,
+}
+FILES = ("file", "replay", "replay_runs", "space")
+SHTAB_FILES = {"bash": "_shtab_compgen_files", "zsh": "_files"}
+
+
+def add_completion(commands: Any, prog: str) -> None:
+    """The `completion SHELL` subcommand, on a parser's subcommands."""
+    completion = commands.add_parser(
+        "completion", help=f"print a shell completion script for {prog} (bash or zsh)"
+    )
+    completion.add_argument("shell", choices=SHELLS, help="the shell: bash or zsh")
+
+
+def mark_completions(parser: argparse.ArgumentParser, prog: str) -> None:
+    for sub in [parser, *(sub for _, sub, _ in subcommands(parser))]:
+        for action in sub._actions:
+            kind = COMPLETED.get(action.dest)
+            if kind:
+                function = f"_{prog}_complete_{kind}"
+                action.complete = {"bash": function, "zsh": function}  # type: ignore[attr-defined]
+            elif action.dest in FILES:
+                action.complete = SHTAB_FILES  # type: ignore[attr-defined]
+
+
+def completion_words(recipes_dir: Path) -> dict[str, list[str]]:
+    """The names completed, from the data the commands check them against."""
+    from amibake import catalog, recipes
+
+    families = catalog.families()
+    return {
+        FAMILIES: sorted(families),
+        TYPES: sorted(f.instance_type(size) for f in families.values() for size in f.sizes),
+        RECIPES: recipes.available(recipes_dir),
+    }
+
+
+def completion_script(
+    parser: argparse.ArgumentParser, prog: str, shell: str, recipes_dir: Path
+) -> str:
+    import shtab
+
+    words = completion_words(recipes_dir)
+    if shell == "bash":
+        # A comma-separated list (--family c7i,c7g) completes its last name.
+        preamble = "\n".join(
+            f'_{prog}_complete_{kind}() {{\n  local head="" word="$1"\n'
+            f'  if [[ $word == *,* ]]; then head="${{word%,*}},"; word="${{word##*,}}"; fi\n'
+            f'  compgen -P "$head" -W "{" ".join(names)}" -- "$word"\n}}'
+            for kind, names in words.items()
+        )
+    else:
+        # _values -s ,: the names of a comma-separated list, one after another.
+        preamble = "\n".join(
+            f"_{prog}_complete_{kind}() {{\n  _values {'' if kind == RECIPES else '-s , '}"
+            f"{kind} {' '.join(names)}\n}}"
+            for kind, names in words.items()
+        )
+    return str(shtab.complete(parser, shell, preamble=preamble))

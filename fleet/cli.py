@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amibake import checks, cliutil, logs
+from amibake import config as config_module
 from amibake.cli import common_options, config_from, guarded, print_result
 from amibake.cliutil import Parser
 from amibake.config import Config
@@ -573,7 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"compare: trials per seed (default {DEFAULT_BUDGET}, or the space's size if smaller)",
     )
 
+    cliutil.add_completion(commands, "fleet")
     cliutil.document(parser, EXAMPLES, cliutil.exit_codes_text())
+    cliutil.mark_completions(parser, "fleet")
     return parser
 
 
@@ -594,10 +597,21 @@ EXAMPLES = {
         "fleet tune --resume last --trials 60",
         "fleet tune compare --replay table.csv --seeds 10",
     ],
+    "completion": [
+        "fleet completion bash > ~/.local/share/bash-completion/completions/fleet",
+        "fleet completion zsh > ~/.zfunc/_fleet",
+    ],
 }
 
 
+def _completion(args: argparse.Namespace) -> int:
+    cfg = config_module.load()  # the recipes completed are those of the configured folder
+    print(cliutil.completion_script(build_parser(), "fleet", args.shell, cfg.recipes_dir))
+    return 0
+
+
 HANDLERS = {
+    "completion": _completion,
     "prices": _prices,
     "bench": _bench,
     "status": _status,

@@ -170,6 +170,9 @@ AMIBAKE = [
     case("amibake bake --family C7I,c7gg", "unknown family 'c7gg'; did you mean c7g"),
     case("amibake build --family c5a --recipe kernel", "unknown recipe 'kernel'; did you mean "
          "kernels?"),
+    case("amibake completion", "the following arguments are required: shell"),
+    case("amibake completion fish", "argument shell: invalid choice: 'fish' (choose from bash, "
+         "zsh)"),
 ]  # fmt: skip
 
 CONFIG = [
@@ -343,6 +346,9 @@ PLAN = [
     case("fleet bench --families C7II --command true", "--families: unknown family 'c7ii'; did "
          "you mean c7i"),
     case("fleet prices --type C5X.LARGE", "no price for c5x.large"),
+    case("fleet completion", "the following arguments are required: shell"),
+    case("fleet completion tcsh", "argument shell: invalid choice: 'tcsh' (choose from bash, "
+         "zsh)"),
 ]  # fmt: skip
 
 BENCH_FLAGS = [

@@ -1,14 +1,17 @@
-"""The command-line habits people expect of both CLIs (issue 27): names in any case, "did you
-mean", and every configuration problem said at once. `--help`, its examples, `--version` and
-the exit codes are in test_cli_help.py; the one-line refusals in test_bad_input.py."""
+"""The command-line habits people expect of both CLIs (issue 27): shell completion, names in any
+case, "did you mean", and every configuration problem said at once. `--help`, its examples,
+`--version` and the exit codes are in test_cli_help.py; the one-line refusals in
+test_bad_input.py."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from amibake import config
+from amibake import catalog, config, recipes
 from amibake.cli import main as amibake
 from amibake.errors import ConfigError, UserError
 from fleet.cli import main as fleet
@@ -25,6 +28,96 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
     return tmp_path
+
+
+def script(main: object, shell: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert callable(main)
+    assert main(["completion", shell]) == 0
+    out = capsys.readouterr().out
+    assert out.strip(), f"no {shell} script"
+    return str(out)
+
+
+def complete(script_path: Path, prog: str, *words: str) -> list[str]:
+    """What bash offers for the last word of `prog words...`, as bash-completion would ask."""
+    line = " ".join(f"'{w}'" for w in (prog, *words))
+    body = (
+        f"source {script_path}\n"
+        f"COMP_WORDS=({line}); COMP_CWORD={len(words)}\n"
+        f'_shtab_{prog}; printf "%s\\n" "${{COMPREPLY[@]}}"\n'
+    )
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", body],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return [w for w in done.stdout.splitlines() if w]
+
+
+def starting(prefix: str) -> list[str]:
+    """The catalog's families with that prefix: data, not this machine's CPU."""
+    return sorted(name for name in catalog.families() if name.startswith(prefix))
+
+
+def test_bash_completes_family_names_from_the_catalog(
+    isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = isolated / "amibake.bash"
+    path.write_text(script(amibake, "bash", capsys))
+    offered = complete(path, "amibake", "build", "--family", "c7")
+    assert {"c7i", "c7g"} <= set(offered), offered
+    assert sorted(offered) == starting("c7")
+    # The last name of a list is completed, the ones before kept.
+    assert sorted(complete(path, "amibake", "bake", "--family", "c7i,c7")) == [
+        f"c7i,{name}" for name in starting("c7")
+    ]
+    assert "build" in complete(path, "amibake", "bu")
+    assert "--family" in complete(path, "amibake", "build", "--fam")
+    assert complete(path, "amibake", "build", "--recipe", "k") == ["kernels"]
+    assert complete(path, "amibake", "source", "has", "z") == ["zstd"]
+
+
+def test_bash_completes_fleets_types_families_and_recipes(
+    isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = isolated / "fleet.bash"
+    path.write_text(script(fleet, "bash", capsys))
+    family = catalog.family("c7g")
+    types = complete(path, "fleet", "bench", "--types", "c7g.")
+    assert sorted(types) == sorted(family.instance_type(size) for size in family.sizes), types
+    assert sorted(complete(path, "fleet", "prices", "--family", "c7")) == starting("c7")
+    assert sorted(complete(path, "fleet", "bench", "--recipe", "")) == recipes.available()
+    assert "tune" in complete(path, "fleet", "tu")
+
+
+def test_the_recipes_completed_are_those_of_the_configured_folder(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = isolated / "my-recipes" / "lammps"
+    mine.mkdir(parents=True)
+    (mine / "recipe.toml").write_text('name = "lammps"\n')
+    monkeypatch.setenv("AMIBAKE_RECIPES_DIR", str(mine.parent))
+    path = isolated / "amibake.bash"
+    path.write_text(script(amibake, "bash", capsys))
+    assert complete(path, "amibake", "build", "--recipe", "") == ["lammps"]
+
+
+def test_the_zsh_script_is_zsh_and_completes_the_same_names(
+    isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for main, prog in ((amibake, "amibake"), (fleet, "fleet")):
+        text = script(main, "zsh", capsys)
+        assert text.startswith(f"#compdef {prog}\n")
+        # --family's completer, and its definition listing every family of the catalog.
+        assert f":_{prog}_complete_families" in text
+        definition = text.split(f"_{prog}_complete_families() {{", 1)[1].split("}", 1)[0]
+        assert set(definition.split()) >= set(catalog.families()), definition
+        if shutil.which("zsh"):
+            path = isolated / f"_{prog}"
+            path.write_text(text)
+            subprocess.run(["zsh", "-n", str(path)], check=True, timeout=30)
 
 
 def test_family_and_type_names_are_taken_in_any_case(
