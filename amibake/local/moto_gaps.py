@@ -22,6 +22,8 @@ def apply() -> None:
     _create_image_snapshot_tags()
     _deregister_image_with_snapshots()
     _terminate_once()
+    _fleet_network()
+    _created_subnets_are_not_default()
     _batch_action_names()
     _s3_action_names()
 
@@ -127,6 +129,85 @@ def _terminate_once() -> None:
 
     terminate._amibake = True  # type: ignore[attr-defined]
     Instance.terminate = terminate  # type: ignore[method-assign]
+
+
+def _fleet_network() -> None:
+    """EC2 Fleet launches with the launch template's network settings: its security groups
+    (SecurityGroupIds, or the primary interface's Groups), and AssociatePublicIpAddress true
+    gives the instance a public IPv4 in any subnet, false none even in a default one (EC2 user
+    guide, "Assign a public IPv4 address during instance launch"); a template that says nothing
+    leaves it to the subnet's MapPublicIpOnLaunch. moto's fleets ignored all three: instances
+    joined the VPC's default group, not amibake's SSH group, and got no public address, asked
+    for or given by a default subnet."""
+    from moto.ec2.models.fleets import Fleet
+    from moto.ec2.utils import random_public_ip
+
+    original = Fleet.__init__
+    if getattr(original, "_amibake", False):
+        return
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made = [(i["instance"], i.get("launch_spec")) for i in self.on_demand_instances]
+        made += [(r.instance, r.launch_spec) for r in self.spot_requests]
+        for instance, spec in made:
+            wanted, group_ids = _template_network(self.ec2_backend, spec)
+            if wanted is None and instance.subnet_id:  # the template says nothing: the subnet
+                wanted = bool(
+                    self.ec2_backend.get_subnet(instance.subnet_id).map_public_ip_on_launch
+                )
+            if wanted is True and not instance.nics[0].public_ip:
+                instance.nics[0].public_ip = random_public_ip()
+            elif wanted is False:
+                instance.nics[0].public_ip = None
+            if group_ids:
+                groups = [self.ec2_backend.get_security_group_from_id(g) for g in group_ids]
+                instance.security_groups = [g for g in groups if g is not None]
+                instance.nics[0]._group_set = list(instance.security_groups)
+
+    init._amibake = True  # type: ignore[attr-defined]
+    Fleet.__init__ = init  # type: ignore[method-assign]
+
+
+def _created_subnets_are_not_default() -> None:
+    """Only a default VPC's subnets are default for their zone and give public addresses; a
+    subnet made by CreateSubnet is neither (EC2 user guide, "Default subnets"; its
+    MapPublicIpOnLaunch is false until changed). moto took the first subnet of a zone as its
+    default, so in an account whose default VPC was deleted, an organisation's private subnet
+    handed out public addresses unasked."""
+    from moto.ec2.models.subnets import SubnetBackend
+
+    original = SubnetBackend.create_subnet
+    if getattr(original, "_amibake", False):
+        return
+
+    def create_subnet(self: Any, vpc_id: str, *args: Any, **kwargs: Any) -> Any:
+        subnet = original(self, vpc_id, *args, **kwargs)
+        if not self.get_vpc(vpc_id).is_default:
+            subnet.default_for_az = False
+            subnet.map_public_ip_on_launch = False
+        return subnet
+
+    create_subnet._amibake = True  # type: ignore[attr-defined]
+    SubnetBackend.create_subnet = create_subnet  # type: ignore[method-assign]
+
+
+def _template_network(backend: Any, spec: Any) -> tuple[bool | None, list[str]]:
+    """What the launch template behind a fleet's launch spec says of the primary interface's
+    public address (True, False, or None: the subnet decides) and of security groups."""
+    template = getattr(spec, "launch_template_spec", None) or {}
+    if "LaunchTemplateId" not in template:
+        return None, []
+    found = backend.get_launch_template(template["LaunchTemplateId"])
+    data = found.get_version(template.get("Version", found.latest_version_number)).data
+    public, groups = None, [str(g) for g in data.get("SecurityGroupIds") or []]
+    for interface in data.get("NetworkInterfaces") or []:
+        if int(interface.get("DeviceIndex", 0)) != 0:
+            continue
+        if "AssociatePublicIpAddress" in interface:
+            public = str(interface["AssociatePublicIpAddress"]).lower() == "true"
+        groups += [str(g) for g in interface.get("Groups") or []]
+    return public, groups
 
 
 def _batch_action_names() -> None:
