@@ -21,6 +21,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import psutil
 
+from amibake.cloud.network import Network
+from amibake.cloud.network import find as find_network
 from amibake.cloud.session import Cloud
 from amibake.errors import AmibakeError
 from amibake.journal import Journal
@@ -85,6 +87,11 @@ class RunContext:
                 self._shared[key] = fetch()
             value: T = self._shared[key]
             return value
+
+    def network(self) -> Network:
+        """The run's subnets, VPC and the account's groups (amibake.cloud.network), looked up
+        once for all its instances."""
+        return self.shared("network", lambda: find_network(self.cloud.ec2, self.cloud.config))
 
     def check_cancel(self) -> None:
         if self.cancel.is_set():

@@ -372,8 +372,9 @@ def test_no_default_vpc_is_named_with_how_to_create_it_before_anything_is_made(
         pipelines.build(cloud, request())
     assert hits[0] == 1
     assert str(raised.value) == (
-        "no default VPC in us-east-1: amibake launches into it; create it with "
-        "'aws ec2 create-default-vpc --region us-east-1'"
+        "no default VPC in us-east-1: name the subnets to launch in (subnet_ids in amibake.toml, "
+        "AMIBAKE_SUBNET_IDS or --subnet), or create it with 'aws ec2 create-default-vpc "
+        "--region us-east-1'"
     )
     assert Journal(cloud.config.results_dir / "journal.sqlite").last_run_id() == before
 

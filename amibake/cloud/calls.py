@@ -111,11 +111,12 @@ def describe_image(ec2: Any, image_id: str) -> dict[str, Any] | None:
 
 
 def no_default_vpc(region: str) -> CloudError:
-    """amibake launches into the default VPC (its public subnets give the instance an address
-    to SSH to); accounts whose default VPC was deleted are common, so say how to get it back."""
+    """amibake launches into the default VPC unless subnets are named; accounts whose default
+    VPC was deleted are common, so say both ways out."""
     return CloudError(
-        f"no default VPC in {region}: amibake launches into it; create it with "
-        f"'aws ec2 create-default-vpc --region {region}'"
+        f"no default VPC in {region}: name the subnets to launch in (subnet_ids in amibake.toml, "
+        f"AMIBAKE_SUBNET_IDS or --subnet), or create it with 'aws ec2 create-default-vpc "
+        f"--region {region}'"
     )
 
 

@@ -10,10 +10,30 @@ import botocore.exceptions
 
 from amibake.cloud.calls import error_code
 from amibake.cloud.ec2 import describe_instance
-from amibake.cloud.session import Cloud
-from amibake.errors import CloudError, HostKeyMismatch, RemoteError
+from amibake.cloud.session import Cloud, NoAddress
+from amibake.errors import CloudError, HostKeyMismatch, RemoteError, UserError
 from amibake.progress import Progress
 from amibake.remote import Remote, Sink, load_private_key, parse_fingerprints
+
+# EC2 fills in a running instance's addresses at once, but a describe may lag the state by a few
+# seconds (eventual consistency): past this, an instance running without the address SSH dials
+# will never get one, and waiting the whole SSH timeout for it helps nobody.
+ADDRESS_GRACE_S = 30.0
+
+
+def no_address(cloud: Cloud, instance_id: str) -> UserError:
+    if cloud.config.ssh_address == "public":
+        fix = (
+            "it was asked for one, so the account refuses public addresses here: set "
+            'ssh_address = "private" and run from a machine that reaches the VPC (VPN, peering, '
+            "an instance inside it)"
+        )
+    else:
+        fix = 'set ssh_address = "public" to dial its public address'
+    return UserError(
+        f"{instance_id} is running without a {cloud.config.ssh_address} IPv4 address, so SSH "
+        f"cannot reach it: {fix}"
+    )
 
 
 def describe(cloud: Cloud, instance_id: str) -> dict[str, object]:
@@ -56,6 +76,7 @@ def reach(
     key = load_private_key(private_key_pem)
     delay = 0.02
     last_problem = "not started"
+    unaddressed_since: float | None = None
     while time.monotonic() < deadline:
         if cancel is not None and cancel.is_set():
             raise RemoteError(f"{instance_id}: cancelled while waiting for SSH")
@@ -79,6 +100,12 @@ def reach(
                     return remote
             except HostKeyMismatch:
                 raise
+            except NoAddress as exc:
+                now = time.monotonic()
+                unaddressed_since = unaddressed_since or now
+                if now - unaddressed_since > ADDRESS_GRACE_S:
+                    raise no_address(cloud, instance_id) from None
+                last_problem = str(exc)
             except (CloudError, RemoteError) as exc:
                 last_problem = str(exc)
         else:
@@ -86,4 +113,14 @@ def reach(
         progress.tick(last_problem)
         time.sleep(delay)
         delay = min(delay * 2, 2.0)
-    raise RemoteError(f"{instance_id}: SSH not reachable within {timeout_s:.0f}s: {last_problem}")
+    hint = ""
+    if cloud.config.ssh_address == "public" and "address" not in last_problem:
+        # Addressed but never answering: the usual cause is a subnet without a route to an
+        # internet gateway, or a firewall between this machine and AWS.
+        hint = (
+            " (a public address that never answers: check the subnet routes to an internet "
+            'gateway, or set ssh_address = "private" from inside the VPC)'
+        )
+    raise RemoteError(
+        f"{instance_id}: SSH not reachable within {timeout_s:.0f}s: {last_problem}{hint}"
+    )

@@ -121,7 +121,13 @@ class Cloud:
         return this_machine() if self.config.is_local else None
 
     def ssh_endpoint(self, instance: dict[str, Any]) -> tuple[str, int]:
-        """Where to SSH to a described instance."""
+        """Where to SSH to a described instance: its public or private address (ssh_address),
+        an instance without that address being one SSH cannot reach (NoAddress)."""
+        kind = "PublicIpAddress" if self.config.ssh_address == "public" else "PrivateIpAddress"
+        address = instance.get(kind)
+        if not address:
+            what = f"{self.config.ssh_address} IPv4 address"
+            raise NoAddress(f"{instance['InstanceId']} has no {what}")
         if self.config.is_local:
             for tag in instance.get("Tags", []):
                 if tag["Key"] == LOCAL_SSH_TAG:
@@ -131,10 +137,11 @@ class Cloud:
                 f"{instance['InstanceId']} has no {LOCAL_SSH_TAG} tag: it was not started by "
                 f"the local cloud's sandbox layer"
             )
-        address = instance.get("PublicIpAddress") or instance.get("PrivateIpAddress")
-        if not address:
-            raise CloudError(f"{instance['InstanceId']} has no IP address yet")
         return str(address), 22
+
+
+class NoAddress(CloudError):
+    """A described instance lacks the address SSH dials: not yet (just launched), or never."""
 
 
 NO_CREDENTIALS = (

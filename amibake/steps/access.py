@@ -8,7 +8,7 @@ import logging
 import urllib.request
 
 from amibake.cloud import tags
-from amibake.cloud.calls import default_vpc, ignore_missing, retry_on
+from amibake.cloud.calls import ignore_missing, retry_on
 from amibake.errors import CloudError
 from amibake.runner import RunContext
 from amibake.steps.state import InstanceState
@@ -71,7 +71,7 @@ class SecurityGroup:
 
     def run(self, state: InstanceState) -> None:
         ec2 = self.context.cloud.ec2
-        vpc = self.context.shared("default-vpc", lambda: default_vpc(ec2))
+        vpc = self.context.network().vpc_id
         created = ec2.create_security_group(
             GroupName=f"{self.context.run_id}-{state.slot}",
             Description="amibake build: SSH from the caller only",

@@ -27,6 +27,7 @@ from amibake.cloud.ec2 import (
     delete_image,
     describe_new_image,
     snapshots_of,
+    zones_offering,
 )
 from amibake.cloud.reach import reach
 from amibake.errors import CloudError, RemoteError
@@ -242,13 +243,17 @@ class BootTest:
     def run(self, state: BakeState) -> None:
         ec2 = self.context.cloud.ec2
         started = time.monotonic()
+        instance_type = state.instance_type or state.family.instance_type(state.size)
+        network = self.context.network()
+        zones = zones_offering(ec2, [instance_type]).get(instance_type, set())
+        subnet = network.subnet_in(zones)  # named, as the interface carries it
         reservation = ec2.run_instances(
             ImageId=state.image_id,
-            InstanceType=state.instance_type or state.family.instance_type(state.size),
+            InstanceType=instance_type,
             MinCount=1,
             MaxCount=1,
             KeyName=state.key_name,
-            SecurityGroupIds=[state.security_group_id],
+            **network.interfaces(state.security_group_id, subnet),
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
             # Per-launch settings reach the image through user data: the check below reads
             # them back.

@@ -67,7 +67,9 @@ class LaunchTemplate:
             LaunchTemplateData={
                 "ImageId": state.base_ami,
                 "KeyName": state.key_name,
-                "SecurityGroupIds": [state.security_group_id],
+                # amibake's SSH group and the account's; a public IPv4 asked for when SSH
+                # dials it (EC2 Fleet's overrides then put the interface in each subnet).
+                **self.context.network().interfaces(state.security_group_id),  # type: ignore[typeddict-item]
                 # IMDSv2 only: a token is required for every metadata call.
                 "MetadataOptions": {
                     "HttpTokens": "required",
@@ -112,16 +114,12 @@ class LaunchFleet:
         self.fleets: list[tuple[str, float]] = []
 
     def _overrides(self, state: InstanceState) -> list[dict[str, Any]]:
-        """Every candidate size in every default subnet whose AZ offers it: an override in an
-        AZ without its type is refused with InvalidFleetConfiguration (us-east-1e has no c5a),
-        and a region offering a type says nothing of each of its AZs."""
+        """Every candidate size in every subnet of the run (the default ones, or subnet_ids)
+        whose AZ offers it: an override in an AZ without its type is refused with
+        InvalidFleetConfiguration (us-east-1e has no c5a), and a region offering a type says
+        nothing of each of its AZs."""
         ec2 = self.context.cloud.ec2
-        subnets = self.context.shared(
-            "default-subnets",
-            lambda: ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])[
-                "Subnets"
-            ],
-        )
+        subnets = self.context.network().subnets
         types = [state.family.instance_type(size) for size in candidate_sizes(state)]
         zones = self.context.shared(
             f"zones-offering:{','.join(types)}", lambda: zones_offering(ec2, types)
@@ -141,9 +139,10 @@ class LaunchFleet:
                 overrides.append(override)
         if not overrides:
             where = ", ".join(sorted(s["AvailabilityZone"] for s in subnets))
+            which = "subnet_ids" if self.context.network().configured else "default subnets"
             raise CloudError(
                 f"none of {', '.join(types)} is offered in the availability zones of the "
-                f"default subnets ({where})"
+                f"{which} ({where})"
             )
         return overrides
 

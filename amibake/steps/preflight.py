@@ -15,6 +15,7 @@ import botocore.exceptions
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, every, no_default_vpc, wait_until
 from amibake.cloud.ec2 import describe_instance_types
+from amibake.cloud.network import find as find_network
 from amibake.cloud.tags import RUN_ID
 from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
@@ -103,6 +104,7 @@ class Lookups:
     base_amis: dict[str, str]  # architecture -> AMI id
     offered: set[str]  # instance types offered in the region
     memory: dict[str, int]  # instance type -> MiB
+    subnet: str = ""  # the first of subnet_ids: where a launch must go without a default VPC
 
 
 def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
@@ -110,6 +112,10 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
     its own, so that the error (a CloudError) names the family it concerns."""
     types = sorted({s.family.instance_type(z) for s in states for z in candidate_sizes(s)})
     architectures = sorted({s.family.architecture for s in states if not s.base_ami})
+    # Named subnets are checked (they exist, in one VPC) before anything is made.
+    subnet = ""
+    if cloud.config.subnet_ids:
+        subnet = str(find_network(cloud.ec2, cloud.config).subnets[0]["SubnetId"])
     try:
         base_amis = {}
         if architectures:
@@ -135,8 +141,9 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
             {a: i for part in parts for a, i in part.base_amis.items()},
             {t for part in parts for t in part.offered},
             {t: m for part in parts for t, m in part.memory.items()},
+            subnet,
         )
-    return Lookups(base_amis, offered, memory)
+    return Lookups(base_amis, offered, memory, subnet)
 
 
 def preflight_instance(
@@ -169,6 +176,7 @@ def preflight_instance(
             MinCount=1,
             MaxCount=1,
             TagSpecifications=tagged,
+            **({"SubnetId": lookups.subnet} if lookups.subnet else {}),
         )
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) == "VPCIdNotSpecified":
