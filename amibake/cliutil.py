@@ -79,9 +79,11 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if self._probing:
             raise _Probe
-        if message.startswith(("the following arguments are required", "one of the arguments")):
+        required = ("the following arguments are required", "one of the arguments")
+        if message.startswith(required) and self._subparsers is None:
             # `build --familly c7i` said "--family is required": the flag that was mistyped is
-            # the mistake, and argparse checks what is required before it looks at extras.
+            # the mistake, and argparse checks what is required before it looks at extras. (A
+            # missing subcommand stays the mistake: `batch --from-bake` lacks `up`.)
             unknown = self._unknown_flags()
             if unknown:
                 raise UserError(unrecognized(unknown, self, self.prog))

@@ -166,6 +166,8 @@ AMIBAKE = [
          "--tmpfs-reserve-mb-per-cpu; did you mean --tmpfs-reserve-mb-per-vcpu?"),
     case("amibake batch up --from-bakes", "unrecognized argument --from-bakes; did you mean "
          "--from-bake?"),
+    # A missing subcommand stays the mistake, not the flags meant for it.
+    case("amibake batch --from-bake", "the following arguments are required: batch_command"),
     case("amibake build --family C7II", "unknown family 'c7ii'; did you mean c7i"),
     case("amibake bake --family C7I,c7gg", "unknown family 'c7gg'; did you mean c7g"),
     case("amibake build --family c5a --recipe kernel", "unknown recipe 'kernel'; did you mean "
