@@ -241,7 +241,7 @@ def _kill(args: argparse.Namespace) -> int:
         args,
         outcome,
         lambda o: (
-            f"run {o['run_id']}: controller {o['controller']}; "
+            f"run {o['run_id']} ({o['state']}): controller {o['controller']}; "
             f"cleaned up {len(o['deleted'])} resources"
             + (f"; could not delete: {'; '.join(o['failures'])}" if o["failures"] else "")
         ),

@@ -175,8 +175,18 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
         else:
             said = f"pid {pid} stopped"
     deleted, failures = sweep(cloud, results, run_id)
-    results.event(run_id, "killed", controller=said, deleted=len(deleted))
-    return {"run_id": run_id, "controller": said, "deleted": deleted, "failures": failures}
+    # A run that had ended (finished, failed, stopped) keeps its outcome: kill then only swept
+    # what it may have left, and "killed" would rewrite what happened.
+    lifecycle = [k for _, k, _ in results.events(run_id) if k in STARTED + ENDED]
+    ended = bool(lifecycle) and lifecycle[-1] in ENDED and live is None
+    results.event(run_id, "swept" if ended else "killed", controller=said, deleted=len(deleted))
+    return {
+        "run_id": run_id,
+        "controller": said,
+        "state": lifecycle[-1] if ended else "killed",
+        "deleted": deleted,
+        "failures": failures,
+    }
 
 
 def sweep(cloud: Cloud, results: Results, run_id: str) -> tuple[list[str], list[str]]:
