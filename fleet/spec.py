@@ -241,9 +241,12 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
         # (list() of the string "c5a.large" made nine types of its letters)
         raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
-    types = list(types)
+    # AWS's names are lower case; "C7i.Large" in a file is the same type (as on the CLIs).
+    types = [t.strip().lower() for t in types]
     if not isinstance(families, list) or not isinstance(sizes, list):
         raise fail("families", "families and sizes must be lists")
+    families = [f.strip().lower() if isinstance(f, str) else f for f in families]
+    sizes = [s.strip().lower() if isinstance(s, str) else s for s in sizes]
     if "sizes" in data and not families:  # else silently ignored: the user meant something
         raise fail("sizes", "sizes are of families: add families = [...] (or --families)")
     for name in families:
