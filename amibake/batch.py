@@ -20,7 +20,8 @@ import botocore.exceptions
 
 from amibake import bake, catalog
 from amibake.cloud import Cloud
-from amibake.cloud.calls import default_vpc, describe_image, error_code, wait_until
+from amibake.cloud.calls import describe_image, error_code, wait_until
+from amibake.cloud.network import find as find_network
 from amibake.errors import CloudError, UserError
 
 log = logging.getLogger("amibake")
@@ -172,14 +173,13 @@ def _ensure_job_role(cloud: Cloud, bucket: str) -> str:
     return arn
 
 
-def _network(cloud: Cloud) -> tuple[list[str], str]:
-    """Default-VPC subnets, and a security group with no inbound rule (jobs need none)."""
+def _network(cloud: Cloud) -> tuple[list[str], list[str]]:
+    """The run's subnets (the default VPC's, or subnet_ids) and security groups: one of
+    amibake's with no inbound rule (jobs need none), and the account's security_group_ids."""
     ec2 = cloud.ec2
-    vpc = default_vpc(ec2)
-    subnets = [
-        s["SubnetId"]
-        for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
-    ]
+    network = find_network(ec2, cloud.config)
+    vpc = network.vpc_id
+    subnets = [str(s["SubnetId"]) for s in network.subnets]
     groups = ec2.describe_security_groups(
         Filters=[
             {"Name": "group-name", "Values": [SECURITY_GROUP]},
@@ -187,7 +187,7 @@ def _network(cloud: Cloud) -> tuple[list[str], str]:
         ]
     )["SecurityGroups"]
     if groups:
-        return subnets, str(groups[0]["GroupId"])
+        return subnets, [str(groups[0]["GroupId"]), *network.groups]
     created = ec2.create_security_group(
         GroupName=SECURITY_GROUP,
         Description="amibake Batch instances: no inbound",
@@ -196,7 +196,7 @@ def _network(cloud: Cloud) -> tuple[list[str], str]:
             {"ResourceType": "security-group", "Tags": [{"Key": TAG, "Value": "true"}]}
         ],
     )
-    return subnets, str(created["GroupId"])
+    return subnets, [str(created["GroupId"]), *network.groups]
 
 
 # Where the job bucket's name is recorded in the account and region: its name has a random
@@ -322,7 +322,7 @@ def names(image: Image) -> tuple[str, str]:
 
 def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
     batch = cloud.client("batch")
-    subnets, group = _network(cloud)  # first: an account without a default VPC stops here
+    subnets, groups = _network(cloud)  # first: a wrong or missing network stops here
     service_role, profile = _ensure_iam(cloud)
     bucket = _ensure_bucket(cloud)
     job_role = _ensure_job_role(cloud, bucket)
@@ -350,7 +350,7 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
             "maxvCpus": 256,
             "instanceTypes": types,
             "subnets": subnets,
-            "securityGroupIds": [group],
+            "securityGroupIds": groups,
             "instanceRole": profile,
             "ec2Configuration": [{"imageType": "ECS_AL2023", "imageIdOverride": image.image_id}],
             "tags": {TAG: "true"},

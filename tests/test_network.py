@@ -19,11 +19,11 @@ from amibake import config, pipelines
 from amibake.cli import main
 from amibake.cloud import Cloud, connect, reach
 from amibake.cloud.ec2 import zones_offering
-from amibake.errors import UserError
+from amibake.errors import CloudError, UserError
 from amibake.journal import Journal
 from amibake.local import control
 from tests.conftest import free_port
-from tests.helpers import tagged_alive, wait_until_clean
+from tests.helpers import base_ami, tagged_alive, wait_until_clean
 from tests.test_build import FIXTURES
 
 FAMILY = "c5a"  # data: the trivial recipe's hello runs on any x86-64 machine (arm64: QEMU)
@@ -127,9 +127,7 @@ def test_an_account_without_a_default_vpc_builds_in_the_subnets_it_names(
     _nothing_left(own_cloud)
 
     network = _organisation_network(own_cloud)
-    cloud = _with(
-        own_cloud, subnet_ids=network["subnets"], security_group_ids=(network["group"],)
-    )
+    cloud = _with(own_cloud, subnet_ids=network["subnets"], security_group_ids=(network["group"],))
     seen: list[dict[str, Any]] = []
 
     def look(step: str) -> None:
@@ -227,3 +225,27 @@ def test_a_wrong_subnet_or_group_is_one_line_and_creates_nothing(
     assert err.startswith(f"amibake: error: {words}") and err.count("\n") == 1, err
     assert len(own_cloud.ec2.describe_key_pairs()["KeyPairs"]) == keys
     assert len(own_cloud.ec2.describe_security_groups()["SecurityGroups"]) == groups
+
+
+@pytest.mark.e2e
+def test_batch_registers_in_the_subnets_and_groups_named_without_a_default_vpc(
+    own_cloud: Cloud,
+) -> None:
+    from amibake import batch
+
+    _without_default_vpc(own_cloud)
+    image = batch.Image(base_ami(own_cloud), "x86_64", (FAMILY,), ())
+    with pytest.raises(CloudError, match="no default VPC in us-east-1: name the subnets"):
+        batch.up(own_cloud, [image])
+    network = _organisation_network(own_cloud)
+    cloud = _with(own_cloud, subnet_ids=network["subnets"], security_group_ids=(network["group"],))
+    batch.up(cloud, [image])
+    client = cloud.client("batch")
+    resources = [
+        e["computeResources"] for e in client.describe_compute_environments()["computeEnvironments"]
+    ]
+    assert [sorted(r["subnets"]) for r in resources] == [sorted(network["subnets"])]
+    assert network["group"] in resources[0]["securityGroupIds"]
+    assert len(resources[0]["securityGroupIds"]) == 2  # and amibake's, without inbound rules
+    batch.down(cloud)
+    assert client.describe_job_queues()["jobQueues"] == []
