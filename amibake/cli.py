@@ -57,6 +57,17 @@ def common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
+def network_options(parser: argparse.ArgumentParser) -> None:
+    """For commands that launch: the subnets to launch in (accounts without a default VPC)."""
+    parser.add_argument(
+        "--subnet",
+        action="append",
+        metavar="SUBNET_ID",
+        help="launch in this subnet (repeat, or comma-separated; default: subnet_ids in "
+        "amibake.toml, else the default VPC's)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="amibake", description=__doc__.splitlines()[0])
     cliutil.add_version(parser)
@@ -89,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--dry-run", action="store_true", help="validate and show the plan")
     common_options(build)
+    network_options(build)
 
     bake = commands.add_parser("bake", help="bake the built artifacts into ECS-optimized AMIs")
     bake.add_argument("--family", help="families whose artifacts to bake (default: all built)")
@@ -110,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bake.add_argument("--dry-run", action="store_true", help="render, verify, show the plan")
     common_options(bake)
+    network_options(bake)
 
     batch = commands.add_parser("batch", help="AWS Batch environments on the baked images")
     batch_commands = batch.add_subparsers(dest="batch_command", required=True, parser_class=Parser)
@@ -121,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch_up.add_argument("--on-demand", action="store_true", help="EC2 instead of spot")
     common_options(batch_up)
+    network_options(batch_up)
     for name, text in (
         ("down", "delete queues, then environments (safe to re-run)"),
         ("status", "what amibake has registered in Batch"),
@@ -213,6 +227,8 @@ EXIT_CODES = ((3, "`amibake local status`: the local cloud is not running"),)
 
 def config_from(args: argparse.Namespace, **extra: Any) -> config_module.Config:
     flags = {"cloud": args.cloud, "region": args.region, "profile": args.profile, **extra}
+    if getattr(args, "subnet", None):
+        flags.setdefault("subnet_ids", ",".join(args.subnet))
     return config_module.load(flags)
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from amibake import checks, cliutil, logs
 from amibake import config as config_module
-from amibake.cli import common_options, config_from, guarded, print_result
+from amibake.cli import common_options, config_from, guarded, network_options, print_result
 from amibake.cliutil import Parser
 from amibake.config import Config
 from amibake.errors import UserError
@@ -499,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="run a workload across instance types")
     common_options(bench)
+    network_options(bench)
     bench.add_argument("file", nargs="?", help="bench file (TOML); flags override it")
     bench.add_argument("--types", help="instance types, e.g. c5a.large,c6a.large")
     bench.add_argument("--families", help="whole families, with --sizes")
@@ -549,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=TUNE_FILE,
     )
     common_options(tune)
+    network_options(tune)
     tune.add_argument("file", nargs="?", help="tune file (TOML), or `compare`")
     tune.add_argument("--replay", help="evaluate trials from a recorded table (CSV)")
     tune.add_argument(

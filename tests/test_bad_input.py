@@ -281,6 +281,11 @@ CONFIG = [
     config_env("AMIBAKE_SUBNET_IDS", "subnet-1", "subnet_ids: 'subnet-1' is not an id like "
                "subnet-0123456789abcdef0"),
     config_env("AMIBAKE_SECURITY_GROUP_IDS", "sg-01234567", "security_group_ids needs subnet_ids"),
+    case("amibake build --family c7i --subnet subnet-1 --dry-run",
+         "subnet_ids: 'subnet-1' is not an id like subnet-0123456789abcdef0"),
+    case("fleet bench {tmp}/bench.toml --subnet sg-01234567",
+         "subnet_ids: 'sg-01234567' is not an id like subnet-0123456789abcdef0",
+         files={"bench.toml": BENCH}),
     config_env("AMIBAKE_CLUOD", "local", "AMIBAKE_CLUOD is not a setting; did you mean "
                "AMIBAKE_CLOUD?"),
     # Every problem of every layer at once, on one line.
