@@ -195,6 +195,7 @@ def _bench(args: argparse.Namespace) -> int:
     )
     summary = bench.execute(cloud, run_id, results)
     failed = [t for t, s in summary["types"].items() if not s["ok"]]
+    summary["answer"] = _answer(results, run_id, cfg.results_dir / "reports")
     print_result(
         args,
         summary,
@@ -204,10 +205,20 @@ def _bench(args: argparse.Namespace) -> int:
                 f"  {t}: {'done' if v['ok'] else 'FAILED: ' + v['error']}"
                 for t, v in s["types"].items()
             ]
-            + [f"next: fleet report {s['run_id']}"]
+            + [s["answer"], f"report: fleet report {s['run_id']}"]
         ),
     )
     return 1 if failed else 0
+
+
+def _answer(results: Any, run_id: str, reports_dir: Path) -> str:
+    """A bench's last line: what it found (the report's answer line), not only where to look."""
+    from fleet import report
+
+    try:
+        return report.make(results, run_id, reports_dir, html_page=False).answer
+    except UserError as exc:  # nothing measured: the types' errors above say why
+        return f"answer: none ({exc})"
 
 
 def _status(args: argparse.Namespace) -> int:

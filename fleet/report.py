@@ -36,11 +36,13 @@ class Report:
     failures: pd.DataFrame
     text: str
     files: dict[str, Path] = field(default_factory=dict)
+    answer: str = ""  # the run's result in one line: cheapest, fastest, or cannot tell apart
 
     def to_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
             "note": self.note,
+            "answer": self.answer,
             "summary": self.summary.replace({np.nan: None}).to_dict(orient="records"),
             "failures": self.failures.to_dict(orient="records"),
             "files": {k: str(v) for k, v in self.files.items()},
@@ -158,6 +160,47 @@ def summarize(
     return frame.sort_values(
         ["emulated", "cost_rank", "speed_rank"], na_position="last"
     ).reset_index(drop=True)
+
+
+def work_unit(metric: Metric) -> str:
+    """What one unit of work is, in the metric's words: a run for a runtime, the numerator of a
+    rate ("frames" of frames/s)."""
+    if metric.meaning == "seconds":
+        return "run"
+    unit = metric.unit.removesuffix("/s").removesuffix("/sec").strip()
+    return unit if unit and unit != metric.unit else "unit"
+
+
+def per_units(usd_per_unit: float, unit: str) -> str:
+    """A cost per unit of work as people read it: "$0.12 per 1M frames", not "1.2e-07 USD per
+    unit"; scaled by thousands until the dollars read with two significant digits."""
+    scales = ((1.0, "1"), (1e3, "1k"), (1e6, "1M"), (1e9, "1G"))
+    count, label = next(((c, n) for c, n in scales if usd_per_unit * c >= 0.01), scales[-1])
+    plural = "s" if label != "1" and unit == "run" else ""
+    return f"${usd_per_unit * count:.2g} per {label} {unit}{plural}"
+
+
+def answer(frame: pd.DataFrame, metric: Metric) -> str:
+    """The run's result in one line: the cheapest and the fastest per unit of work (natively
+    measured), or the ones whose intervals overlap, which the data cannot tell apart."""
+    native = frame[~frame.emulated] if not frame.empty else frame
+    if native.empty:
+        return "answer: nothing measured natively, so no ranking (see the table)"
+    unit = work_unit(metric)
+    names = native.type + " " + native.build
+    parts = []
+    for column, what in (("cost_rank", "cheapest"), ("speed_rank", "fastest")):
+        first = native[native[column] == 1]
+        if first.empty:
+            continue  # no prices: no cost ranking
+        if len(first) > 1:
+            parts.append(f"{what}: cannot tell apart {', '.join(names[first.index])}")
+        elif column == "cost_rank":
+            row = first.iloc[0]
+            parts.append(f"{what}: {names[first.index[0]]} ({per_units(row.usd_per_unit, unit)})")
+        else:
+            parts.append(f"{what}: {names[first.index[0]]}")
+    return "answer: " + ("; ".join(parts) if parts else "nothing ranked")
 
 
 def pareto(frame: pd.DataFrame) -> pd.Series:
@@ -377,7 +420,9 @@ def make(
         lines.append(
             f"failed: {failure.instance_type} {failure.build} #{failure.replicate}: {failure.error}"
         )
-    report = Report(run_id, record["note"], frame, failures, "\n".join(lines))
+    said = answer(frame, spec.metric)
+    lines.append(said)
+    report = Report(run_id, record["note"], frame, failures, "\n".join(lines), answer=said)
     out = reports_dir / run_id
     out.mkdir(parents=True, exist_ok=True)
     for name, table in (("summary", frame), ("replicates", rows), ("failures", failures)):

@@ -199,7 +199,7 @@ def wait_for(condition: Any, timeout_s: float = 60.0) -> None:
 
 
 def test_resume_after_sigkill_redoes_nothing_and_leaves_nothing(
-    cloud: Cloud, local_dir: Path
+    cloud: Cloud, local_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_id = new_run(cloud, command="sleep 0.5; echo value=1", replicates=4, metric="value=(\\d+)")
     results = results_of(cloud)
@@ -215,6 +215,10 @@ def test_resume_after_sigkill_redoes_nothing_and_leaves_nothing(
     assert control.status(results, run_id)["state"] == "stopped"
 
     assert main(["bench", "--resume", run_id]) == 0
+    # It ends with what it found, then where the report is (issue 27).
+    last = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert last[0].startswith("answer: cheapest: ") and " per 1" in last[0], last
+    assert last[1] == f"report: fleet report {run_id}", last
     rows = results.replicates(run_id)
     assert list(rows.id[: len(before)]) == list(before.id)  # the first rows stand as they were
     assert sorted(rows.replicate) == [0, 1, 2, 3]  # each replicate exactly once
