@@ -51,7 +51,7 @@ def _left_over(cloud: Cloud, image: batch.Image) -> str:
     """A compute environment of `up`'s name, made as a crashed earlier `up` would have left it
     (seconds after its roles), with the queue over it."""
     client = cloud.client("batch")
-    subnets, group = batch._network(cloud)
+    subnets, groups = batch._network(cloud)
     service_role, profile = batch._ensure_iam(cloud)
     env_name, queue = batch.names(image)
     client.create_compute_environment(
@@ -65,7 +65,7 @@ def _left_over(cloud: Cloud, image: batch.Image) -> str:
             "maxvCpus": 4,
             "instanceTypes": [ANY_TYPE],
             "subnets": subnets,
-            "securityGroupIds": [group],
+            "securityGroupIds": groups,
             "instanceRole": profile,
             "ec2Configuration": [{"imageType": "ECS_AL2023", "imageIdOverride": image.image_id}],
         },
