@@ -41,6 +41,16 @@ def controller(results: Results, run_id: str) -> dict[str, Any] | None:
     return None
 
 
+def type_errors(results: Results, run_id: str) -> dict[str, str]:
+    """Why each type that failed as a whole failed (at launch, staging, install), as the run's
+    last controller recorded it when it ended."""
+    errors: dict[str, str] = {}
+    for _, kind, detail in results.events(run_id):
+        if kind in ("failed", "finished"):
+            errors = dict(detail.get("errors") or {})  # the last controller's word
+    return errors
+
+
 def status(results: Results, run_id: str) -> dict[str, Any]:
     from fleet.bench import planned
     from fleet.spec import BenchSpec
@@ -61,14 +71,26 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
         counts = per_type.setdefault(row.instance_type, {"ok": 0, "failed": 0, "interrupted": 0})
         counts[row.state] = counts.get(row.state, 0) + 1
     if record["kind"] == "tune":
+        search = _search(results, run_id, record["spec"])
+        if state == "finished" and search["best"] is None:
+            state = "failed"  # every trial failed or was infeasible: nothing was found
         return {
             "run_id": run_id,
             "kind": "tune",
             "state": state,
             "controller_pid": live["pid"] if live else None,
             "note": record["note"],
-            **_search(results, run_id, record["spec"]),
+            **search,
         }
+    # Every type asked for is shown, failures first: one that failed as a whole (no replicate
+    # row) was missing from status altogether.
+    lost = {
+        t: e for t, e in type_errors(results, run_id).items() if not per_type.get(t, {}).get("ok")
+    }
+    per_type = {
+        **{t: {"ok": 0, "failed entirely": 1} for t in lost if t not in per_type},
+        **dict(sorted(per_type.items(), key=lambda kv: kv[1].get("ok", 0) > 0)),
+    }
     return {
         "run_id": run_id,
         "kind": record["kind"],
@@ -79,6 +101,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
         "failed": int((rows.state == "failed").sum()) if len(rows) else 0,
         "controller_pid": live["pid"] if live else None,
         "types": per_type,
+        "type_errors": lost,
         "note": record["note"],
     }
 
@@ -106,7 +129,10 @@ def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, An
 def status_line(s: dict[str, Any]) -> str:
     """A run in `fleet status`'s list: id, kind, state and how far it got."""
     if s["kind"] == "tune":
-        progress = f"{sum(s['trials_finished'].values())}/{s['trials_budget']} trials"
+        failed = s["trials_finished"].get("failed", 0)
+        progress = f"{sum(s['trials_finished'].values())}/{s['trials_budget']} trials" + (
+            f" ({failed} failed)" if failed else ""
+        )
     else:
         progress = f"{s['finished']}/{s['planned']} replicates"
     return f"{s['run_id']}  {s['kind']:5}  {s['state']:11}  {progress}"
@@ -130,8 +156,11 @@ def status_text(s: dict[str, Any]) -> str:
         f"replicates finished, {s['failed']} failed, {s['interrupted']} interrupted and rerun"
     ]
     for instance_type, counts in s["types"].items():
+        why = s.get("type_errors", {}).get(instance_type)
         lines.append(
-            f"  {instance_type}: " + ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+            f"  {instance_type}: "
+            + ", ".join(f"{n} {what}" for what, n in counts.items() if n or what == "ok")
+            + (f" (FAILED: {why})" if why else "")
         )
     if s["state"] == "stopped":
         lines.append(f"finish it with: fleet bench --resume {s['run_id']}")

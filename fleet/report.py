@@ -22,6 +22,7 @@ from tabulate import tabulate
 
 from amibake.errors import UserError
 from fleet import stats
+from fleet.control import type_errors
 from fleet.results import Results
 from fleet.spec import BenchSpec, Metric
 
@@ -75,10 +76,7 @@ def types_that_failed(
     """Types the run asked for that failed before measuring anything (at launch, staging or
     install): they have no replicate rows, only the reason their run recorded. A report that
     counted failed replicates alone said "0 failed" and never named them."""
-    errors: dict[str, str] = {}
-    for _, kind, detail in results.events(run_id):
-        if kind in ("failed", "finished"):
-            errors = dict(detail.get("errors") or {})  # the last controller's word
+    errors = type_errors(results, run_id)
     measured = set(rows[rows.state == "ok"].instance_type) if not rows.empty else set()
     missing = [t for t in spec.types if t in errors and t not in measured]
     return pd.DataFrame(

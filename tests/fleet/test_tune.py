@@ -827,6 +827,10 @@ def test_a_search_with_no_feasible_trial_exits_1(
     path.write_text(path.read_text() + "[constraints]\nmax_rss_mb = 500\n")
     assert main(["tune", str(path)]) == 1
     assert "5 trials; none feasible" in capsys.readouterr().out
+    # Status says it failed, not "finished 5/5" (issue 27).
+    assert main(["status"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert " failed " in line and "5/5 trials" in line, line
 
 
 def test_resume_names_a_run_of_the_other_kind(
