@@ -459,7 +459,7 @@ def test_a_type_that_failed_entirely_is_named_first_in_the_report(
     assert broken[0] in (cloud.config.results_dir / "reports" / run_id / "index.html").read_text()
     # And in status and its --json, first, with why: status listed only the other type.
     state = control.status(results, run_id)
-    assert list(state["types"])[0] == broken[0], state["types"]
+    assert next(iter(state["types"])) == broken[0], state["types"]
     assert "could not be staged" in state["type_errors"][broken[0]]
     assert control.status_text(state).splitlines()[1].startswith(f"  {broken[0]}: 0 ok")
     assert "(FAILED: injected: the instance could not be staged)" in control.status_text(state)
