@@ -56,7 +56,7 @@ zstd-source: install
 	$(BIN)/amibake source add $$dir/libzstd_1.5.4+dfsg2.orig.tar.xz; rm -rf $$dir; \
 	$(BIN)/amibake source has zstd || echo "zstd source not available: the zstd build test will say so"
 
-# The price snapshot fleet ships (fleet/catalog/prices_us-east-1.json), from the reference table.
+# The EC2 price snapshot fleet and amibake ls use (amibake/catalog/prices_us-east-1.json).
 PRICE_TABLE ?= ../shared/data/aws_prices_us-east-1.csv
 prices: install
 	$(BIN)/python -m fleet.prices build $(PRICE_TABLE) --date 2026-11-22 \

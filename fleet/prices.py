@@ -15,14 +15,13 @@ import statistics
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from amibake.catalog import prices as shipped_prices
 from amibake.saved import read_json
 
-SNAPSHOT = "prices_us-east-1.json"  # the shipped table, in fleet/catalog/
+SNAPSHOT = shipped_prices.SNAPSHOT  # the shipped table, in amibake/catalog/ (amibake ls reads it)
 
 
 class PriceError(Exception):
@@ -101,10 +100,8 @@ def build(table: Path, source: str, date: str, region: str) -> dict[str, Any]:
     }
 
 
-@cache
 def snapshot() -> dict[str, Any]:
-    data = resources.files("fleet.catalog").joinpath(SNAPSHOT).read_text()
-    return json.loads(data)  # type: ignore[no-any-return]
+    return shipped_prices.snapshot()
 
 
 def lookup(instance_type: str, document: dict[str, Any] | None = None) -> Price:
@@ -292,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     make.add_argument("--source", required=True, help="where the table came from")
     make.add_argument("--date", required=True, help="when its prices were taken (YYYY-MM-DD)")
     make.add_argument("--region", default="us-east-1")
-    make.add_argument("--out", type=Path, default=Path(__file__).parent / "catalog" / SNAPSHOT)
+    shipped = Path(shipped_prices.__file__).parent / SNAPSHOT
+    make.add_argument("--out", type=Path, default=shipped)
     args = parser.parse_args(argv)
     try:
         document = build(args.table, args.source, args.date, args.region)
