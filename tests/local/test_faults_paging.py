@@ -57,7 +57,7 @@ def test_a_describe_is_cut_to_a_page_and_its_token_continues(
     assert done["DescribeVolumes truncated"] >= 2 and done["DescribeVolumes continued"] >= 3
 
 
-def test_json_and_iam_lists_page_too(
+def test_json_iam_and_s3_lists_page_too(
     faulty: Callable[[str, int], Cloud],  # noqa: F811
 ) -> None:
     cloud = faulty("pagination", seed_where(lambda f: True))
@@ -81,8 +81,17 @@ def test_json_and_iam_lists_page_too(
         for r in page["Roles"]
     ]
     assert sorted(roles) == [f"paging-{n}" for n in range(MANY)]
+    s3 = cloud.client("s3")
+    s3.create_bucket(Bucket="paging")
+    for n in range(MANY):
+        s3.put_object(Bucket="paging", Key=f"k{n}", Body=b"x")
+    listed = s3.list_objects_v2(Bucket="paging")
+    assert listed["IsTruncated"] and listed["KeyCount"] == len(listed["Contents"]) < MANY
+    keys = [o["Key"] for o in every(s3, "list_objects_v2", "Contents", Bucket="paging")]
+    assert keys == [f"k{n}" for n in range(MANY)]
     done = met(cloud)["pagination"]
     assert done["GetParametersByPath truncated"] and done["ListRoles truncated"]
+    assert done["ListObjectsV2 truncated"] == 2  # the two first requests; the rest continued
 
 
 def test_a_list_longer_than_the_api_takes_is_refused_as_aws_does(
