@@ -24,6 +24,7 @@ def apply() -> None:
     _terminate_once()
     _fleet_network()
     _created_subnets_are_not_default()
+    _compute_environment_in_a_queue()
     _batch_action_names()
     _s3_action_names()
 
@@ -190,6 +191,32 @@ def _created_subnets_are_not_default() -> None:
 
     create_subnet._amibake = True  # type: ignore[attr-defined]
     SubnetBackend.create_subnet = create_subnet  # type: ignore[method-assign]
+
+
+def _compute_environment_in_a_queue() -> None:
+    """Batch refuses to delete a compute environment a job queue still orders: ClientException
+    "Cannot delete, found existing JobQueue relationship" (terraform-provider-aws #2044,
+    #13221, #46925). moto deleted it and left the queue pointing at nothing, so a teardown
+    that forgot to detach the environment first passed here and failed on AWS."""
+    from moto.batch.exceptions import ClientException
+    from moto.batch.models import BatchBackend
+
+    original = BatchBackend.delete_compute_environment
+    if getattr(original, "_amibake", False):
+        return
+
+    def delete(self: Any, compute_environment_name: str) -> None:
+        found = self.get_compute_environment(compute_environment_name)
+        if found is not None and any(
+            found.arn in {e["computeEnvironment"] for e in queue.env_order_json}
+            or found in queue.environments
+            for queue in self._job_queues.values()
+        ):
+            raise ClientException("Cannot delete, found existing JobQueue relationship")
+        original(self, compute_environment_name)
+
+    delete._amibake = True  # type: ignore[attr-defined]
+    BatchBackend.delete_compute_environment = delete  # type: ignore[method-assign]
 
 
 def _template_network(backend: Any, spec: Any) -> tuple[bool | None, list[str]]:

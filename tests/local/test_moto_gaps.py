@@ -106,3 +106,36 @@ def test_the_gateway_lets_one_request_into_moto_at_a_time() -> None:
     acquired = moto_gaps.BACKENDS.acquire(blocking=False)  # released after each request
     assert acquired
     moto_gaps.BACKENDS.release()
+
+
+def test_a_compute_environment_a_queue_orders_cannot_be_deleted(cloud: Any) -> None:
+    """As Batch answers (terraform-provider-aws #2044): detach, or delete the queue, first."""
+    import json
+
+    import botocore.exceptions
+
+    iam, batch = cloud.client("iam"), cloud.client("batch")
+    role = iam.create_role(
+        RoleName="gap-test-batch",
+        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}),
+    )["Role"]["Arn"]
+    env = batch.create_compute_environment(
+        computeEnvironmentName="gap-test", type="UNMANAGED", serviceRole=role
+    )["computeEnvironmentArn"]
+    batch.create_job_queue(
+        jobQueueName="gap-test",
+        state="ENABLED",
+        priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": env}],
+    )
+    batch.update_compute_environment(computeEnvironment="gap-test", state="DISABLED")
+    with pytest.raises(botocore.exceptions.ClientError, match="found existing JobQueue"):
+        batch.delete_compute_environment(computeEnvironment="gap-test")
+    batch.update_job_queue(jobQueue="gap-test", state="DISABLED")
+    batch.delete_job_queue(jobQueue="gap-test")
+    batch.delete_compute_environment(computeEnvironment="gap-test")
+    assert (
+        batch.describe_compute_environments(computeEnvironments=["gap-test"])["computeEnvironments"]
+        == []
+    )
+    iam.delete_role(RoleName="gap-test-batch")
