@@ -17,6 +17,7 @@ from botocore.awsrequest import AWSResponse
 
 from amibake import cpu
 from amibake.cloud import Cloud
+from amibake.cloud.calls import every
 from amibake.cloud.reach import reach
 from amibake.remote import Remote
 
@@ -104,23 +105,24 @@ def wait_until_clean(directory: Path, timeout_s: float = 5.0) -> list[str]:
 
 
 def tagged_alive(cloud: Cloud, run_id: str) -> list[str]:
-    """Everything in the cloud tagged with the run id that still exists (independent of gc)."""
+    """Everything in the cloud tagged with the run id that still exists (independent of gc),
+    read to the last page: a leftover on a second page must not pass for nothing left."""
     ec2 = cloud.ec2
     tag = [{"Name": "tag:amibake:run-id", "Values": [run_id]}]
     alive = [
         f"instance {i['InstanceId']} {i['State']['Name']}"
-        for r in ec2.describe_instances(Filters=tag)["Reservations"]
+        for r in every(ec2, "describe_instances", "Reservations", Filters=tag)
         for i in r["Instances"]
         if i["State"]["Name"] != "terminated"
     ]
     alive += [f"key-pair {k['KeyName']}" for k in ec2.describe_key_pairs(Filters=tag)["KeyPairs"]]
     alive += [
         f"security-group {g['GroupId']}"
-        for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]
+        for g in every(ec2, "describe_security_groups", "SecurityGroups", Filters=tag)
     ]
     alive += [
         f"launch-template {t['LaunchTemplateId']}"
-        for t in ec2.describe_launch_templates(Filters=tag)["LaunchTemplates"]
+        for t in every(ec2, "describe_launch_templates", "LaunchTemplates", Filters=tag)
     ]
     # DescribeFleets without ids never lists instant fleets (on AWS, and under the local cloud's
     # fleet-errors): the run's fleets are asked for by the ids its journal holds.
@@ -131,7 +133,7 @@ def tagged_alive(cloud: Cloud, run_id: str) -> list[str]:
         {r.resource_id for r in journal.resources(run_id) if r.kind == "fleet"}
         | {
             f["FleetId"]
-            for f in ec2.describe_fleets()["Fleets"]
+            for f in every(ec2, "describe_fleets", "Fleets")
             if {"Key": "amibake:run-id", "Value": run_id} in f.get("Tags", [])
         }
     )
@@ -140,16 +142,18 @@ def tagged_alive(cloud: Cloud, run_id: str) -> list[str]:
         for f in (ec2.describe_fleets(FleetIds=fleet_ids)["Fleets"] if fleet_ids else [])
         if not f["FleetState"].startswith("deleted")
     ]
-    alive += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]]
+    alive += [
+        f"volume {v['VolumeId']}" for v in every(ec2, "describe_volumes", "Volumes", Filters=tag)
+    ]
     client = cloud.client("batch")
     alive += [
         f"compute-environment {e['computeEnvironmentName']}"
-        for e in client.describe_compute_environments()["computeEnvironments"]
+        for e in every(client, "describe_compute_environments", "computeEnvironments")
         if e.get("tags", {}).get("amibake:run-id") == run_id
     ]
     alive += [
         f"job-queue {q['jobQueueName']}"
-        for q in client.describe_job_queues()["jobQueues"]
+        for q in every(client, "describe_job_queues", "jobQueues")
         if q.get("tags", {}).get("amibake:run-id") == run_id
     ]
     return alive
@@ -160,11 +164,12 @@ def tagged_images_alive(cloud: Cloud, run_id: str) -> list[str]:
     ec2 = cloud.ec2
     tag = [{"Name": "tag:amibake:run-id", "Values": [run_id]}]
     alive = [
-        f"image {i['ImageId']}" for i in ec2.describe_images(Owners=["self"], Filters=tag)["Images"]
+        f"image {i['ImageId']}"
+        for i in every(ec2, "describe_images", "Images", Owners=["self"], Filters=tag)
     ]
     alive += [
         f"snapshot {s['SnapshotId']}"
-        for s in ec2.describe_snapshots(OwnerIds=["self"], Filters=tag)["Snapshots"]
+        for s in every(ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"], Filters=tag)
     ]
     return alive
 
