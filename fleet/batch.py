@@ -69,6 +69,11 @@ WAITING = ("SUBMITTED", "PENDING", "RUNNABLE")
 LOG_PAGES = 200
 LOG_EMPTY_WAIT_S = 0.5
 LOG_DEADLINE_S = 120.0
+# Events reach CloudWatch Logs after the job has ended (its agent ships them in batches): a
+# stream read to its end without the wrapper's FLEET-RESULT line is read again for this long
+# before the replicate is taken to have died without one (the local cloud's logs-pages
+# behaviour holds events back 1-4 s; a test run lost two replicates' results that way).
+LOG_LATE_S = 30.0
 # The job's own side: fetch the payload, unpack it, hand over to job.py (standard library only).
 # What replicate.sh runs that the amazonlinux:2023 container image lacks (it has bash,
 # coreutils, curl and python3, and not util-linux's setsid). The local cloud runs jobs on the
@@ -455,6 +460,7 @@ class Jobs:
         lines: list[str] = []
         token = None
         deadline = time.monotonic() + LOG_DEADLINE_S
+        late_until = time.monotonic() + LOG_LATE_S
         # An empty page is not the end: only the token sent coming back is (GetLogEvents:
         # "If you have reached the end of the stream, it returns the same token you passed in").
         for _ in range(LOG_PAGES):
@@ -474,7 +480,11 @@ class Jobs:
             lines += [e["message"] for e in page["events"]]
             following = page.get("nextForwardToken")
             if not following or following == token:
-                return "\n".join(lines)
+                ended = any(line.startswith("FLEET-RESULT ") for line in lines)
+                if ended or not following or time.monotonic() > late_until:
+                    return "\n".join(lines)
+                time.sleep(LOG_EMPTY_WAIT_S)  # the end for now: later events may follow
+                continue
             token = following
             if not page["events"]:
                 if time.monotonic() > deadline:

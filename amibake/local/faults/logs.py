@@ -9,9 +9,12 @@ what GetLogEvents returns (PutLogEvents, and the awslogs driver's buffering for 
 output).
 
 Locally: a share of streams answer 1 to 3 empty pages on their first reads, and a share hold
-their events from some point on back for 1 to 4 s after the stream is first read (empty pages,
-each with a new token, where those events will be). The tokens given are moto's, written with
-one more leading zero: the same place in the stream, and a token unlike the one passed in.
+their events from some point on back for 1 to 4 s after the stream is first read. Held events
+are not in the stream yet, so a read that reaches them finds the stream's end as it stands
+then: the token passed in comes back, as AWS answers before late events are ingested (a reader
+that takes that end for the whole output loses the job's last lines). The tokens given are
+moto's, written with one more leading zero: the same place in the stream, and a token unlike
+the one passed in.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
     if len(kept) == len(events):
         return reply
     faults.count(BEHAVIOUR.name, "late events held back")
+    if not kept and token:  # the end for now: the token sent comes back
+        return reply.with_json({**data, "events": [], "nextForwardToken": token})
     following = f"f/{start + len(kept) - 1:056d}" if kept else _same_place(token)
     return reply.with_json({**data, "events": kept, "nextForwardToken": following})
 
