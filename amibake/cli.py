@@ -68,6 +68,16 @@ def network_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def yes_option(parser: argparse.ArgumentParser) -> None:
+    """For commands that launch instances: what they will spend is said first, and asked."""
+    parser.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="proceed without asking (needed above $1 when no terminal can be asked)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="amibake", description=__doc__.splitlines()[0])
     cliutil.add_version(parser)
@@ -98,9 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="on failure, leave the instance up and print how to SSH in (amibake gc removes it)",
     )
-    build.add_argument("--dry-run", action="store_true", help="validate and show the plan")
+    build.add_argument(
+        "--dry-run", action="store_true", help="validate and show the plan and its estimate"
+    )
     common_options(build)
     network_options(build)
+    yes_option(build)
 
     bake = commands.add_parser("bake", help="bake the built artifacts into ECS-optimized AMIs")
     bake.add_argument("--family", help="families whose artifacts to bake (default: all built)")
@@ -123,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     bake.add_argument("--dry-run", action="store_true", help="render, verify, show the plan")
     common_options(bake)
     network_options(bake)
+    yes_option(bake)
 
     batch = commands.add_parser("batch", help="AWS Batch environments on the baked images")
     batch_commands = batch.add_subparsers(dest="batch_command", required=True, parser_class=Parser)
@@ -285,7 +299,7 @@ def _family_list(text: str) -> list[str]:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from amibake import pipelines
+    from amibake import cost, pipelines
     from amibake.cloud import connect
 
     cfg = config_from(args, recipe=args.recipe, size=args.size, spot=args.spot)
@@ -302,10 +316,20 @@ def _build(args: argparse.Namespace) -> int:
     states = pipelines.prepare(request, cfg.results_dir)  # bad input fails before any cloud call
     cloud = connect(cfg)
     pipelines.preflight_all(cloud, states)  # ... or here, before anything is created
+    estimate = cost.build_estimate(states, cfg.results_dir, cfg.region)
+    if not args.dry_run:
+        cost.approve(estimate, f"amibake: {estimate.text()}", yes=args.yes)
     logs.to_terminal()
     outcomes = pipelines.build(cloud, request, states=states)
     summaries = [o.summary() for o in outcomes]
-    print_result(args, summaries, _build_text)
+    if args.dry_run:
+        for summary in summaries:  # each family's share; the text shows the whole
+            summary["estimate"] = estimate.to_json()
+    print_result(
+        args,
+        summaries,
+        lambda s: _build_text(s) + (f"\n{estimate.text()}" if args.dry_run else ""),
+    )
     return 0 if all(o.ok for o in outcomes) else 1
 
 
@@ -354,9 +378,12 @@ def _bake(args: argparse.Namespace) -> int:
         recipes.load(request.build_recipe, cfg.recipes_dir)
     cloud = connect(cfg)
     if request.build_recipe is not None:
+        estimate = _bake_estimate(args, cfg, request, None)  # before the builds spend
         logs.to_terminal()
         pipelines.build_missing(cloud, request)
     states = pipelines.prepare_bake(cloud, request)  # bad input fails here, creating nothing
+    if request.build_recipe is None:
+        estimate = _bake_estimate(args, cfg, request, states)
     logs.to_terminal()
     outcomes = pipelines.bake(cloud, request, states=states)
     summaries = [o.summary() for o in outcomes]
@@ -376,8 +403,54 @@ def _bake(args: argparse.Namespace) -> int:
                 lines.append(f"{r.get('architecture', r['family'])}: FAILED: {r['error']}")
         return "\n".join(lines)
 
-    print_result(args, summaries, text)
+    if args.dry_run:
+        for summary in summaries:
+            summary["estimate"] = estimate.to_json()
+    print_result(
+        args, summaries, lambda r: text(r) + (f"\n{estimate.text()}" if args.dry_run else "")
+    )
     return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _bake_estimate(
+    args: argparse.Namespace, cfg: config_module.Config, request: Any, states: Any
+) -> Any:
+    """What a bake will launch and spend, said (and asked) before it does: with --build, the
+    builds of the families not built yet and a bake per architecture of the families asked;
+    else a bake per prepared architecture."""
+    from amibake import catalog, cost
+
+    if states is not None:
+        bakes = [(s.architecture, s.family.instance_type(s.size), s.spot) for s in states]
+        estimate = cost.bake_estimate(bakes, cfg.results_dir, cfg.region)
+    else:
+        families = [catalog.family(f) for f in request.families or []]
+        first = {f.architecture: f for f in reversed(families)}
+        bakes = [(a, f.instance_type("large"), True) for a, f in sorted(first.items())]
+        estimate = cost.bake_estimate(bakes, cfg.results_dir, cfg.region)
+        artifacts = cfg.results_dir / "artifacts"
+        missing = [
+            f
+            for f in families
+            if not (artifacts / f"{request.build_recipe}_{f.name}.manifest.json").exists()
+        ]
+        each, basis = cost.build_seconds(cfg.results_dir, request.build_recipe)
+        table = cost.price_table(cfg.results_dir, cfg.region)
+        estimate.lines[:0] = [
+            cost.Line(
+                f"build {f.name}",
+                f.instance_type("large"),
+                1,
+                each / 3600,
+                cost.hourly(table, f.instance_type("large"), True),
+            )
+            for f in missing
+        ]
+        estimate.runs = f"{len(missing)} builds, then {estimate.runs}"
+        estimate.basis.append(basis)
+    if not args.dry_run:
+        cost.approve(estimate, f"amibake: {estimate.text()}", yes=args.yes)
+    return estimate
 
 
 def _batch(args: argparse.Namespace) -> int:
