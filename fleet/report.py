@@ -1,6 +1,6 @@
 """`fleet report`: what a bench run measured, as a terminal table, CSV files and one
 self-contained HTML page with plots (a tune run's report is fleet/tune_report.py; both pages are
-made by `render_page`).
+made by fleet/page.py).
 
 Only measured replicates count (warm-ups and interrupted attempts are kept in the database but
 never scored). Cost per unit of work uses the price of the exact market each replicate ran in.
@@ -8,11 +8,8 @@ never scored). Cost per unit of work uses the price of the exact market each rep
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +20,13 @@ from tabulate import tabulate
 from amibake.errors import UserError
 from fleet import stats
 from fleet.control import type_errors
+from fleet.page import Report, png, pyplot, render_page
 from fleet.results import Results
 from fleet.spec import BenchSpec, Metric
+from fleet.stats import pareto
+from fleet.tune_report import make_tune
 
 MAX_TIMELINES = 24  # monitor timelines drawn: a readable plot, whatever the run's size
-
-
-@dataclass
-class Report:
-    run_id: str
-    note: str
-    summary: pd.DataFrame
-    failures: pd.DataFrame
-    text: str
-    files: dict[str, Path] = field(default_factory=dict)
-    answer: str = ""  # the run's result in one line: cheapest, fastest, or cannot tell apart
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "note": self.note,
-            "answer": self.answer,
-            "summary": self.summary.replace({np.nan: None}).to_dict(orient="records"),
-            "failures": self.failures.to_dict(orient="records"),
-            "files": {k: str(v) for k, v in self.files.items()},
-        }
 
 
 def load_bench(results: Results, run_id: str) -> tuple[dict[str, Any], BenchSpec, pd.DataFrame]:
@@ -201,20 +180,6 @@ def answer(frame: pd.DataFrame, metric: Metric) -> str:
     return "answer: " + ("; ".join(parts) if parts else "nothing ranked")
 
 
-def pareto(frame: pd.DataFrame) -> pd.Series:
-    """True for the rows no other row beats on both time and cost per unit of work."""
-    points = frame[["seconds_per_unit", "usd_per_unit"]].to_numpy(dtype=float)
-    front = []
-    for i, (t, c) in enumerate(points):
-        dominated = any(
-            (t2 <= t and c2 <= c) and (t2 < t or c2 < c)
-            for j, (t2, c2) in enumerate(points)
-            if j != i and not math.isnan(c2)
-        )
-        front.append(not dominated and not math.isnan(c))
-    return pd.Series(front, index=frame.index)
-
-
 def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
     shown = pd.DataFrame(
         {
@@ -238,25 +203,6 @@ def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
     if frame.emulated.any():  # ranked apart: say which ranking a row is in
         shown.insert(2, "runs", frame.emulated.map({True: "emulated", False: "native"}))
     return tabulate(shown, headers="keys", showindex=False)
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot, drawing to files only (no display here or on a CI machine)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def png(figure: Any) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
-    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str, str]:
@@ -335,30 +281,6 @@ def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str,
     return plots
 
 
-def render_page(
-    title: str, note: str, intro: list[str], plots: dict[str, str], tail: list[str]
-) -> str:
-    """One self-contained page: the local-cloud note first, the plots inline as PNG."""
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
-        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
-        "padding:3px 6px}.note{background:#fff3cd;padding:.5em}img{max-width:100%}</style>",
-        "</head><body>",
-    ]
-    if note:
-        parts.append(f"<p class='note'>{html.escape(note)}</p>")
-    parts.append(f"<h1>{html.escape(title)}</h1>")
-    parts += intro
-    for name, image in plots.items():
-        escaped = html.escape(name)
-        parts.append(f"<h2>{escaped}</h2><img alt='{escaped}' src='data:image/png;base64,{image}'>")
-    parts += tail
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
 def _html(report: Report, plots: dict[str, str], spec: BenchSpec, frame: pd.DataFrame) -> str:
     what = spec.recipe or spec.command
     intro = [
@@ -384,8 +306,6 @@ def make(
 ) -> Report:
     record = results.run(run_id)
     if record is not None and record["kind"] == "tune":
-        from fleet.tune_report import make_tune
-
         return make_tune(results, record, reports_dir, html_page, prefer)
     record, spec, rows = load_bench(results, run_id)
     lost = types_that_failed(results, run_id, spec, rows)

@@ -8,10 +8,12 @@ common on shared hardware). It is seeded, so a report is reproducible.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 HIGH_CV = 0.05  # a coefficient of variation above this is flagged: the numbers are noisy
 
@@ -80,3 +82,17 @@ def rank(results: dict[str, Summary], *, lower_is_better: bool = True) -> list[R
 def cost_per_unit(seconds_per_unit: float, usd_per_hour: float) -> float:
     """USD for one unit of work, at the price of the market the run used."""
     return seconds_per_unit * usd_per_hour / 3600.0
+
+
+def pareto(frame: pd.DataFrame) -> pd.Series:
+    """True for the rows no other row beats on both time and cost per unit of work."""
+    points = frame[["seconds_per_unit", "usd_per_unit"]].to_numpy(dtype=float)
+    front = []
+    for i, (t, c) in enumerate(points):
+        dominated = any(
+            (t2 <= t and c2 <= c) and (t2 < t or c2 < c)
+            for j, (t2, c2) in enumerate(points)
+            if j != i and not math.isnan(c2)
+        )
+        front.append(not dominated and not math.isnan(c))
+    return pd.Series(front, index=frame.index)

@@ -13,8 +13,9 @@ import pandas as pd
 from tabulate import tabulate
 
 from amibake.errors import UserError
-from fleet.report import Report, pareto, png, pyplot, render_page
+from fleet.page import Report, png, pyplot, render_page
 from fleet.results import Results
+from fleet.stats import pareto
 
 if TYPE_CHECKING:
     from fleet.replay import Comparison
