@@ -64,7 +64,9 @@ def render_page(
         f"<title>{html.escape(title)}</title>",
         "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
-        "padding:3px 6px}.note{background:#fff3cd;padding:.5em}img{max-width:100%}</style>",
+        "padding:3px 6px}.note{background:#fff3cd;padding:.5em}img{max-width:100%}"
+        ".answer{background:#e6f4ea;padding:.6em;font-size:1.15em}"
+        "table{display:block;max-width:100%;overflow-x:auto}</style>",
         "</head><body>",
     ]
     if note:

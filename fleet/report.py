@@ -180,7 +180,11 @@ def answer(frame: pd.DataFrame, metric: Metric) -> str:
     return "answer: " + ("; ".join(parts) if parts else "nothing ranked")
 
 
-def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
+def readable(frame: pd.DataFrame, metric: Metric) -> pd.DataFrame:
+    """The summary as people read it (the terminal's table and the page's): numbers to four
+    digits, intervals as ranges, cost per a count of units that reads naturally; summary.csv
+    keeps every raw column."""
+    unit = work_unit(metric)
     shown = pd.DataFrame(
         {
             "type": frame.type,
@@ -195,14 +199,60 @@ def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
                 for c, n in zip(frame.cv, frame.noisy, strict=True)
             ],
             "USD/h": frame.usd_per_hour.map(lambda v: "-" if math.isnan(v) else f"{v:.4f}"),
-            "USD per unit": frame.usd_per_unit.map(lambda v: "-" if math.isnan(v) else f"{v:.3g}"),
+            "cost": frame.usd_per_unit.map(lambda v: "-" if math.isnan(v) else per_units(v, unit)),
             "speed rank": frame.speed_rank,
             "cost rank": frame.cost_rank.map(lambda v: "-" if v is None or pd.isna(v) else int(v)),
         }
     )
     if frame.emulated.any():  # ranked apart: say which ranking a row is in
         shown.insert(2, "runs", frame.emulated.map({True: "emulated", False: "native"}))
-    return tabulate(shown, headers="keys", showindex=False)
+    return shown
+
+
+def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
+    return tabulate(readable(frame, metric), headers="keys", showindex=False)
+
+
+def headline(frame: pd.DataFrame, metric: Metric, current: str | None = None) -> str:
+    """The page's first words: the type and build to pick (cheapest per unit of work measured
+    natively; fastest when nothing has a price), its cost and time per unit with intervals, and
+    what it saves against the next best and against the type the user runs today."""
+    native = frame[~frame.emulated] if not frame.empty else frame
+    if native.empty:
+        return "Nothing was measured natively, so nothing is recommended (see the table)."
+    unit = work_unit(metric)
+    priced = native.dropna(subset=["usd_per_unit"]).sort_values(["cost_rank", "usd_per_unit"])
+    if priced.empty:
+        best = native.sort_values("speed_rank").iloc[0]
+        return f"Fastest: {best.type} {best.build} (no prices: no cost ranking)."
+    best = priced.iloc[0]
+    seconds = [metric.seconds_per_unit(v) for v in (best.ci_low, best.ci_high)]
+    said = [
+        f"Recommended: {best.type} {best.build}, {per_units(best.usd_per_unit, unit)} "
+        f"(95%: {per_units(best.usd_per_unit_low, unit)} to "
+        f"{per_units(best.usd_per_unit_high, unit)}), {best.seconds_per_unit:.4g} s per {unit} "
+        f"({min(seconds):.4g} to {max(seconds):.4g})."
+    ]
+    tied = priced[(priced.cost_rank == best.cost_rank) & (priced.index != best.name)]
+    if not tied.empty:
+        said.append(
+            "It cannot be told apart from "
+            + ", ".join(tied.type + " " + tied.build)
+            + " on cost: their intervals overlap."
+        )
+    others = priced[priced.index != best.name]
+    if not others.empty:
+        runner = others.iloc[0]
+        saving = 1 - best.usd_per_unit / runner.usd_per_unit
+        said.append(f"It costs {saving:.0%} less than the next best, {runner.type} {runner.build}.")
+    if current:
+        theirs = priced[priced.type == current].sort_values("usd_per_unit")
+        if theirs.empty:
+            said.append(f"{current} was not measured in this run.")
+        elif theirs.iloc[0].name != best.name:
+            saving = 1 - best.usd_per_unit / theirs.iloc[0].usd_per_unit
+            said.append(f"Against {current}, which you run today: {saving:.0%} less per {unit}.")
+    return " ".join(said)
 
 
 def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str, str]:
@@ -281,15 +331,25 @@ def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str,
     return plots
 
 
-def _html(report: Report, plots: dict[str, str], spec: BenchSpec, frame: pd.DataFrame) -> str:
+def _html(
+    report: Report,
+    plots: dict[str, str],
+    spec: BenchSpec,
+    frame: pd.DataFrame,
+    current: str | None = None,
+) -> str:
     what = spec.recipe or spec.command
     intro = [
+        # The answer first; the facts behind it after (issue 23: the page led with a raw
+        # 16-column frame wider than the screen).
+        f"<p class='answer'>{html.escape(headline(frame, spec.metric, current))}</p>",
         f"<p>{html.escape(what)}: {len(spec.types)} types, builds {', '.join(spec.builds)}, "
         f"{spec.replicates} replicates after {spec.warmups} warm-up(s); metric "
         f"{html.escape(spec.metric.kind)} ({html.escape(spec.metric.unit)}, "
         f"{'higher' if spec.metric.higher_is_better else 'lower'} is better). Equal ranks "
-        "cannot be told apart: their intervals overlap.</p>",
-        frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"),
+        "cannot be told apart: their intervals overlap. Every raw column is in summary.csv."
+        "</p>",
+        readable(frame, spec.metric).to_html(index=False),
     ]
     tail = []
     if not report.failures.empty:
@@ -303,6 +363,7 @@ def make(
     reports_dir: Path,
     html_page: bool = True,
     prefer: str = "balanced",
+    current: str | None = None,
 ) -> Report:
     record = results.run(run_id)
     if record is not None and record["kind"] == "tune":
@@ -350,7 +411,7 @@ def make(
     if html_page and not frame.empty:
         plots = _plots(frame, rows, spec.metric)
         page = out / "index.html"
-        page.write_text(_html(report, plots, spec, frame))
+        page.write_text(_html(report, plots, spec, frame, current))
         report.files["index.html"] = page
         report.text += f"\nreport: {page}"
     return report

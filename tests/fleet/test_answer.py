@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fleet.report import answer, per_units
+from fleet.report import answer, headline, per_units
 from fleet.spec import Metric
 
 RUNTIME = Metric()
@@ -47,3 +47,42 @@ def test_costs_scale_to_read_with_two_digits() -> None:
     assert per_units(3e-6, "run") == "$3 per 1M runs"
     assert per_units(1.2e-7, "frames") == "$0.12 per 1M frames"
     assert per_units(4e-12, "run") == "$0.004 per 1G runs"  # the largest scale, however small
+
+
+def _summary(*rows: tuple[str, int, float]) -> pd.DataFrame:
+    """Runtime rows (seconds per run) as summarize() makes them: type, cost rank, $ per run."""
+    return pd.DataFrame(
+        [
+            {
+                "type": t,
+                "build": "tuned",
+                "emulated": False,
+                "cost_rank": rank,
+                "speed_rank": 1,
+                "usd_per_unit": usd,
+                "usd_per_unit_low": usd * 0.9,
+                "usd_per_unit_high": usd * 1.1,
+                "seconds_per_unit": 2.0,
+                "ci_low": 1.9,
+                "ci_high": 2.1,
+            }
+            for t, rank, usd in rows
+        ]
+    )
+
+
+def test_the_page_leads_with_the_pick_its_intervals_and_what_it_saves() -> None:
+    frame = _summary(("m.large", 1, 2e-5), ("c.large", 2, 4e-5), ("r.large", 3, 8e-5))
+    said = headline(frame, RUNTIME, current="r.large")
+    assert said.startswith(
+        "Recommended: m.large tuned, $0.02 per 1k runs (95%: $0.018 per 1k runs to $0.022 per "
+        "1k runs), 2 s per run (1.9 to 2.1)."
+    ), said
+    assert "It costs 50% less than the next best, c.large tuned." in said
+    assert "Against r.large, which you run today: 75% less per run." in said
+    assert "was not measured" in headline(frame, RUNTIME, current="x.large")
+
+
+def test_the_page_says_when_the_pick_cannot_be_told_apart() -> None:
+    frame = _summary(("m.large", 1, 2e-5), ("c.large", 1, 2.1e-5))
+    assert "It cannot be told apart from c.large tuned on cost" in headline(frame, RUNTIME)

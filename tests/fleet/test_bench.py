@@ -139,6 +139,23 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     )
     # The bars were drawn: many pixels of the throughput plot's colour on the rendered page.
     assert blue_pixels(shot) > 5000
+    # At a laptop's width the page needs no sideways scrolling, and the answer comes first.
+    probe = tmp_path / "probe.html"
+    measure = "<script>document.body.dataset.width=document.documentElement.scrollWidth</script>"
+    probe.write_text(page.read_text().replace("</body>", measure + "</body>"))
+    dom = subprocess.run(
+        [
+            *("chromium", "--headless", "--no-sandbox", "--disable-gpu"),
+            *("--window-size=1366,900", "--dump-dom", probe.as_uri()),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    width = re.search(r'data-width="(\d+)"', dom)
+    assert width is not None and int(width.group(1)) <= 1366, width
+    assert dom.index('class="answer">Recommended: ') < dom.index("<table")
 
     assert main(["plan", run_id, "--work", "1e6", "--deadline", "1m", "--budget", "100"]) == 0
     planned = capsys.readouterr().out
