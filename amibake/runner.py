@@ -19,8 +19,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar
 
-import psutil
-
 from amibake.cloud.network import Network
 from amibake.cloud.network import find as find_network
 from amibake.cloud.session import Cloud
@@ -237,12 +235,3 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process (a run's controller, the local cloud's daemon) is still running. A
-    zombie has exited: only its parent has not collected it yet."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

@@ -17,7 +17,7 @@ from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.errors import UserError
 from amibake.journal import Journal
-from amibake.runner import process_alive
+from amibake.procs import process_alive
 from fleet.results import Results
 
 log = logging.getLogger("amibake")

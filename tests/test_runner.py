@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from amibake.runner import process_alive
+from amibake.procs import process_alive
 
 
 def test_a_process_is_alive_until_it_exits_even_before_it_is_reaped() -> None:

@@ -15,14 +15,10 @@ import botocore.config
 import botocore.exceptions
 
 from amibake import iam_policy
+from amibake.cloud.tags import LOCAL_SSH_TAG
 from amibake.config import Config
 from amibake.cpu import Cpu, this_machine
 from amibake.errors import CloudError, UserError
-
-# The local cloud tags each sandboxed instance with where its sshd listens. On AWS the instance's
-# own IP is the address and the port is 22.
-LOCAL_SSH_TAG = "amibake-local:ssh"
-
 
 # "403": a HEAD request's denial has no body, so botocore has only the status for a code.
 DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403"}

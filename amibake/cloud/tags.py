@@ -12,6 +12,10 @@ STEP = "amibake:step"  # which step launched an instance, so its cleanup finds i
 LABEL = "amibake:label"  # which runner of the run (family or architecture) it belongs to
 KEPT = "amibake:kept"  # a product (a baked image), not a leftover: gc leaves it alone
 TOOL = "amibake"
+# The local cloud tags each sandboxed instance with where its sshd listens (the one thing its
+# address lookup reads); on AWS the instance's own IP is the address and the port is 22. Here, in
+# a leaf, so the product and the local cloud both import it and neither imports the other.
+LOCAL_SSH_TAG = "amibake-local:ssh"
 
 
 def run_tags(run_id: str, owner: str, ttl: timedelta = timedelta(hours=6)) -> dict[str, str]:

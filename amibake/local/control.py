@@ -26,7 +26,7 @@ from amibake.local.daemon import ERROR_FILE, INFO_FILE
 from amibake.local.engine import LocalSettings
 from amibake.local.images import LAUNCHER_NS_ENV
 from amibake.local.sandbox import check_host, port_free, remove_tree
-from amibake.runner import process_alive
+from amibake.procs import process_alive
 
 START_TIMEOUT_S = 60.0
 # Admin calls go straight to loopback, never through a proxy from the environment.

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from amibake.cloud.session import LOCAL_SSH_TAG
+from amibake.cloud.tags import LOCAL_SSH_TAG
 from amibake.errors import AmibakeError, UserError
 from amibake.local import faults
 from amibake.local.engine import Launch, LocalCloud
