@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from amibake.runner import Boundary
 from amibake.steps.preflight import preflight_instance
 from amibake.steps.state import Variant
 from fleet import control, prices
+from fleet import plan as planning
 from fleet.batch import JobsState, batch_steps, registered
 from fleet.executor import BenchState, BuildArtifact, Replicate, build_verdict, ssh_steps
 from fleet.results import LOCAL_NOTE, Results, new_run_id
@@ -115,10 +117,41 @@ class Board:
     live: dict[str, tuple[float, float]] = field(default_factory=dict)  # type -> (start, price)
     unpriced: set[str] = field(default_factory=set)  # types running without a price
     lock: threading.Lock = field(default_factory=threading.Lock)
+    cap: float | None = None  # USD: no new work once spent + in flight would pass it
+    expected: dict[str, float] = field(default_factory=dict)  # type -> a replicate's seconds
+    capped: str = ""  # why work stopped at the cap, once it has
 
     def spent_now(self) -> float:
         now = time.time()
         return self.spent + sum((now - t) * p / 3600 for t, p in self.live.values())
+
+    def may_start(self, state: BenchState) -> str:
+        """Why no more work may start for `state` ("" if it may): the money spent so far (every
+        instance's time at its price), plus one more replicate on each instance up, plus, for
+        an instance not launched yet, its launch and staging too, would pass the cap. A
+        replicate's seconds are the type's measured median once it has some, else the
+        estimate's."""
+        if self.cap is None:
+            return ""
+        with self.lock:
+            if state.measured:
+                self.expected[state.label] = statistics.median(state.measured)
+
+            def next_one(label: str) -> float:
+                return self.expected.get(label, self.expected.get("", planning.GUESS_REPLICATE_S))
+
+            flight = sum(next_one(t) * price / 3600 for t, (_, price) in self.live.items())
+            if state.label not in self.live:
+                price = state.price_of(state.label, state.spot, "") or 0.0
+                flight += (planning.SETUP_S + next_one(state.label)) * price / 3600
+            spent = self.spent_now()
+            if spent + flight <= self.cap:
+                return ""
+            self.capped = (
+                f"max cost ${self.cap:g}: ${spent:.4f} spent and ${flight:.4f} more in flight "
+                "would pass it"
+            )
+            return self.capped
 
     def update(self, state: BenchState, what: str) -> None:
         with self.lock:
@@ -129,7 +162,7 @@ class Board:
                 self.live[state.label] = (state.launched_at, state.price)
             elif what == "staging":
                 self.unpriced.add(state.label)
-            if what in ("done", "failed") and state.label in self.live:
+            if what in ("done", "failed", "stopped") and state.label in self.live:
                 start, price = self.live.pop(state.label)
                 self.spent += (time.time() - start) * price / 3600
             self.status[state.label] = what
@@ -235,11 +268,18 @@ def execute(
     *,
     on_boundary: Boundary | None = None,
     before_replicate: Any = None,
+    max_cost: float | None = None,
 ) -> dict[str, Any]:
-    """Run (or finish) a recorded run; returns what happened per type."""
+    """Run (or finish) a recorded run; returns what happened per type. `max_cost` caps this
+    controller's spend (default: the run's own max_cost)."""
     with logs.run_log(results.log_path(run_id)):
         return _execute(
-            cloud, run_id, results, on_boundary=on_boundary, before_replicate=before_replicate
+            cloud,
+            run_id,
+            results,
+            on_boundary=on_boundary,
+            before_replicate=before_replicate,
+            max_cost=max_cost,
         )
 
 
@@ -250,6 +290,7 @@ def _execute(
     *,
     on_boundary: Boundary | None,
     before_replicate: Any,
+    max_cost: float | None,
 ) -> dict[str, Any]:
     record = results.require(run_id)
     spec = BenchSpec.from_json(record["spec"])
@@ -268,7 +309,13 @@ def _execute(
     check_runnable(cloud, spec.types, builds)
     artifacts = ensure_builds(cloud, spec)
     check_runnable(cloud, spec.types, builds, artifacts)
-    board = Board(run_id, total=planned(spec), done=planned(spec) - len(todo))
+    board = Board(
+        run_id,
+        total=planned(spec),
+        done=planned(spec) - len(todo),
+        cap=spec.max_cost if max_cost is None else max_cost,
+        expected=planning.replicate_seconds(spec, results)[0],
+    )
     outcomes = measure(
         cloud,
         run_id,
@@ -284,15 +331,32 @@ def _execute(
     for outcome in outcomes:
         ended = outcome.state
         assert isinstance(ended, BenchState)
-        board.update(ended, "done" if outcome.ok else "failed")
+        board.update(ended, "failed" if not outcome.ok else "stopped" if ended.stopped else "done")
         summary["types"][ended.label] = {
             "ok": outcome.ok,
             "error": outcome.error,
             "replicates_left": len(ended.pending),
-            "instances": ended.attempt + 1,
+            "instances": ended.attempt + 1 if ended.instance_id or not ended.stopped else 0,
+            "stopped": ended.stopped,
         }
+    summary["spent_usd"] = board.spent_now()
     failed = {t: s["error"] for t, s in summary["types"].items() if not s["ok"]}
-    results.event(run_id, "finished" if not failed else "failed", errors=failed)
+    if board.capped:
+        # Stopped for the cap, everything it launched torn down: resumable with a new cap.
+        summary["stopped"] = board.capped
+        log.warning(
+            "[%s] stopped at the cap (%s); $%.4f spent", run_id, board.capped, summary["spent_usd"]
+        )
+        results.event(
+            run_id,
+            "stopped",
+            reason=f"{board.capped}",
+            cap=board.cap,
+            spent=summary["spent_usd"],
+            errors=failed,
+        )
+    else:
+        results.event(run_id, "finished" if not failed else "failed", errors=failed)
     return summary
 
 
@@ -340,6 +404,7 @@ def measure(
             price_of=price_of,
             on_event=board.update,
             before_replicate=before_replicate or (lambda state, rep: None),
+            may_start=board.may_start,
         )
         preflight_instance(cloud, state)
         if isinstance(state, JobsState):

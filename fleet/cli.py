@@ -130,6 +130,7 @@ def _prices(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from amibake.cloud import connect
     from fleet import bench, spec
+    from fleet import plan as planning
 
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
@@ -175,8 +176,21 @@ def _bench(args: argparse.Namespace) -> int:
                     f"`fleet kill {run_id}` removes what it left"
                 )
         cfg = _run_config(args, results, run_id)
+        # A cap is not the plan: a resumed run may be given a new one.
+        problem = "" if args.max_cost is None else spec.cap_problem(args.max_cost)
+        if problem:
+            raise UserError(f"--max-cost: {problem}")
+        bench_spec = spec.BenchSpec.from_json(record["spec"])
+        finished = results.finished(run_id)
+        todo = [
+            r
+            for r in bench.plan(bench_spec)
+            if (r.instance_type, r.build, r.index, r.warmup) not in finished
+        ]
     else:
+        overrides["max_cost"] = args.max_cost
         bench_spec = spec.load(Path(args.file) if args.file else None, overrides, cfg.recipes_dir)
+        todo = bench.plan(bench_spec)
         # A missing price is refused before anything is recorded.
         bench.price_lookup(
             bench_spec.types, bench_spec.allow_missing_price, cfg.results_dir, cfg.region
@@ -188,12 +202,19 @@ def _bench(args: argparse.Namespace) -> int:
         bench.check_runnable(
             cloud, bench_spec.types, bench_spec.builds if bench_spec.recipe else ()
         )
+    estimate = planning.bench_estimate(
+        bench_spec, results, cfg.results_dir, cfg.region, todo, cfg.recipes_dir
+    )
+    cap = bench_spec.max_cost if args.max_cost is None else args.max_cost
+    if _estimated(args, estimate, cap):
+        return 0
+    if not args.resume:
         run_id = bench.create(cloud, bench_spec, results)
     print(
         f"fleet: run {run_id} (report: fleet report {run_id}; log: {results.log_path(run_id)})",
         file=sys.stderr,
     )
-    summary = bench.execute(cloud, run_id, results)
+    summary = bench.execute(cloud, run_id, results, max_cost=args.max_cost)
     failed = [t for t, s in summary["types"].items() if not s["ok"]]
     summary["answer"] = _answer(results, run_id, cfg.results_dir / "reports")
     print_result(
@@ -205,10 +226,43 @@ def _bench(args: argparse.Namespace) -> int:
                 f"  {t}: {'done' if v['ok'] else 'FAILED: ' + v['error']}"
                 for t, v in s["types"].items()
             ]
+            + _spent_lines(s, f"fleet bench --resume {s['run_id']}")
             + [s["answer"], f"report: fleet report {s['run_id']}"]
         ),
     )
-    return 1 if failed else 0
+    # A run stopped at its cap did not do all it was asked: not a success for a script.
+    return 1 if failed or summary.get("stopped") else 0
+
+
+def _estimated(args: argparse.Namespace, estimate: Any, cap: float | None) -> bool:
+    """Say what a run will launch and spend; with --dry-run that is all (True: stop here).
+    Otherwise ask to proceed where a terminal is attached, or check --yes or a cap where not."""
+    from amibake import cost
+
+    capped = f"; capped at ${cap:g} (--max-cost / max_cost)" if cap is not None else ""
+    if args.dry_run:
+        print_result(
+            args,
+            {"dry_run": True, "estimate": estimate.to_json(), "max_cost": cap, "created": []},
+            lambda _: f"{estimate.text()}{capped}\n(dry run: nothing was created)",
+        )
+        return True
+    show = f"fleet: {estimate.text()}{capped}"
+    cost.approve(estimate, show, yes=args.yes, capped=cap is not None, cap_flag="--max-cost")
+    return False
+
+
+def _spent_lines(summary: dict[str, Any], resume: str) -> list[str]:
+    """What the run spent, and, if it stopped at its cap, how to go on."""
+    usd = summary.get("spent_usd", 0.0)
+    shown = f"{usd:.4f}" if usd >= 0.01 else f"{usd:.2g}"  # seconds on the local cloud: tiny
+    lines = [f"spent: ${shown} (instance time at its price)"]
+    if summary.get("stopped"):
+        lines.append(
+            f"STOPPED at the cap ({summary['stopped']}); everything it launched is gone. "
+            f"Go on with: {resume} --max-cost USD"
+        )
+    return lines
 
 
 def _answer(results: Any, run_id: str, reports_dir: Path) -> str:
@@ -304,6 +358,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from amibake.cloud import connect
     from fleet import bench, control, tune
+    from fleet import plan as planning
     from fleet.trial import CloudEvaluator
 
     cfg = config_from(args)
@@ -317,6 +372,7 @@ def _tune(args: argparse.Namespace) -> int:
         "parallel": args.parallel,
         "replay": str(Path(args.replay).resolve()) if args.replay else None,
         "startup_trials": args.startup_trials,
+        "max_usd": args.max_cost,  # the search's money budget, max_usd (or max_cost) in the file
     }
     if args.resume:
         args.resume = _run_id(results, args.resume)
@@ -334,15 +390,18 @@ def _tune(args: argparse.Namespace) -> int:
         if fixed or args.file:
             raise UserError(
                 f"--resume continues run {args.resume} as it was set up: "
-                f"{', '.join(fixed) or 'a tune file'} cannot change it (only --trials and "
-                "--parallel can); start a new run instead"
+                f"{', '.join(fixed) or 'a tune file'} cannot change it (only --trials, --parallel "
+                "and --max-cost can); start a new run instead"
             )
         logs.to_terminal()
-        # Not while another controller searches; what a dead one's trials left goes first.
-        control.take_over(
-            None if record["spec"].get("replay") else connect(cfg), results, args.resume
-        )
-        changes = {k: overrides[k] for k in ("trials", "parallel") if overrides[k] is not None}
+        if not args.dry_run:
+            # Not while another controller searches; what a dead one's trials left goes first.
+            control.take_over(
+                None if record["spec"].get("replay") else connect(cfg), results, args.resume
+            )
+        changes = {
+            k: overrides[k] for k in ("trials", "parallel", "max_usd") if overrides[k] is not None
+        }
         spec = tune.resumed(results, args.resume, changes)
         run_id = args.resume
     else:
@@ -356,6 +415,22 @@ def _tune(args: argparse.Namespace) -> int:
         # trials, each failed in turn and the search ended "none feasible" with exit 0. So is
         # what its CPU can run, when every instance runs on one (the local cloud).
         bench.check_runnable(evaluate.cloud(), evaluate.types, ("tuned",))
+        trials = results.trials(run_id) if run_id else None
+        asked = int((trials.state == "asked").sum()) if trials is not None and len(trials) else 0
+        left = max(0, spec.trials - asked)
+        estimate = planning.tune_estimate(spec, results, cfg.results_dir, cfg.region, left)
+        # Until a trial has cost something, the money budget counts trials at the estimate's.
+        spec.trial_usd_guess = estimate.usd / left if left else 0.0
+        if _estimated(args, estimate, spec.max_usd):
+            return 0
+    elif args.dry_run:
+        where = spec.replay or "the replay table"
+        print_result(
+            args,
+            {"dry_run": True, "estimate": None, "created": []},
+            lambda _: f"{spec.trials} trials looked up in {where}: nothing is launched or spent",
+        )
+        return 0
     if not run_id:
         run_id = tune.start(results, spec, cfg.cloud, cfg.region)
     logs.to_terminal()
@@ -368,6 +443,8 @@ def _tune(args: argparse.Namespace) -> int:
             "trials": outcome.trials,
             "best": outcome.best,
             "recommended": outcome.recommended,
+            "spent_usd": outcome.spent_usd,
+            "stopped": outcome.stopped,
         },
         lambda o: (
             f"run {o['run_id']}: {o['trials']} trials; "
@@ -375,6 +452,11 @@ def _tune(args: argparse.Namespace) -> int:
                 "recommended: " + tune.recommendation_text(spec.objective, o["recommended"])
                 if o["recommended"]
                 else "none feasible (the report says why each trial failed)"
+            )
+            + "".join(
+                "\n" + line
+                for line in _spent_lines(o, f"fleet tune --resume {o['run_id']}")
+                if o["spent_usd"] or o["stopped"]  # a replay spends nothing: no line
             )
             + f"\nnext: fleet report {o['run_id']}"
         ),
@@ -495,6 +577,29 @@ TUNE_FILE = """a tune file (see examples/kernels.tune.toml and the README):
   when = { arch = "x86_64" }    # or { param = "opt", in = ["-O3"] }"""
 
 
+def spending_options(parser: argparse.ArgumentParser) -> None:
+    """For commands that launch instances: the estimate, the question, the cap."""
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would run and its estimate (instance-hours, USD); create nothing",
+    )
+    parser.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="proceed without asking (needed above $1 when "
+        "no terminal can be asked, unless --max-cost caps the run)",
+    )
+    parser.add_argument(
+        "--max-cost",
+        type=float,
+        metavar="USD",
+        help="start no new work once the spend so far plus what is in flight would pass it "
+        "(also max_cost in the file)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fleet", description=__doc__.splitlines()[0])
     cliutil.add_version(parser)
@@ -529,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-missing-price", action="store_true", help="measure types without a price, unpriced"
     )
     bench.add_argument("--resume", metavar="RUN", help="finish an interrupted run")
+    spending_options(bench)
 
     status = commands.add_parser("status", help="what a run has done (or every run)")
     common_options(status)
@@ -586,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help=f"compare: trials per seed (default {DEFAULT_BUDGET}, or the space's size if smaller)",
     )
+    spending_options(tune)
 
     cliutil.add_completion(commands, "fleet")
     cliutil.document(parser, EXAMPLES, cliutil.exit_codes_text())
@@ -599,6 +706,8 @@ EXAMPLES = {
     "bench": [
         "fleet bench --types c7i.large,c7g.large --recipe kernels",
         "fleet bench examples/kernels.bench.toml --replicates 5",
+        "fleet bench examples/kernels.bench.toml --dry-run",
+        "fleet bench examples/kernels.bench.toml --max-cost 2 --yes",
         "fleet bench --resume last",
     ],
     "status": ["fleet status", "fleet status last --json"],

@@ -73,6 +73,10 @@ class BenchState(InstanceState):
     price_of: Callable[[str, bool, str], float | None]  # (type, spot, zone id) -> USD/hour
     on_event: Callable[[BenchState, str], None] = lambda state, what: None
     before_replicate: Callable[[BenchState, Replicate], None] = lambda state, rep: None
+    # Why no more work may start on this type ("" if it may): a spending cap would be passed.
+    may_start: Callable[[BenchState], str] = lambda state: ""
+    stopped: str = ""  # why the type stopped with replicates pending (the cap), if it did
+    measured: list[float] = field(default_factory=list)  # seconds of its replicates so far
     zone: str = ""
     price: float | None = None
     facts: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +95,7 @@ class BenchState(InstanceState):
 
 def ssh_steps(context: RunContext) -> list[Step[BenchState]]:
     return [
+        Gate(context),
         KeyPair(context),
         SecurityGroup(context),
         LaunchTemplate(context),
@@ -111,6 +116,27 @@ def host_setup(state: BenchState, tools: Iterable[str]) -> str:
     return "\n".join(
         [packages.install_command(needed), packages.install_command(monitor, optional=True)]
     )
+
+
+class Gate:
+    """Before anything is made for a type: whether its instance may still start (a cap on the
+    run's spend). If not, the type ends here, having launched nothing."""
+
+    name = "gate"
+    local_only = True  # nothing to clean up
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: BenchState) -> None:
+        why = state.may_start(state)
+        if why:
+            log.warning("%s: not launched: %s", state.label, why)
+            state.stopped = why
+            state.finished_early = True
+
+    def cleanup(self, state: BenchState) -> None:
+        pass
 
 
 class Stage:
@@ -196,6 +222,12 @@ class Measure:
         state.pending[0:0] = warmups_again(state)
         while state.pending:
             self.context.check_cancel()
+            why = state.may_start(state)
+            if why:
+                # Nothing more starts on it; the runner then tears the instance down.
+                log.warning("%s: stopping with %d left: %s", state.label, len(state.pending), why)
+                state.stopped = why
+                break
             replicate = state.pending[0]
             state.before_replicate(state, replicate)
             state.on_event(state, f"running {replicate.tag}")
@@ -217,6 +249,8 @@ class Measure:
                 except RemoteError as exc:
                     log.warning("%s: no monitor CSV for %s: %s", state.label, replicate.tag, exc)
             state.record(row)
+            if row.state == "ok" and row.seconds is not None:
+                state.measured.append(row.seconds)
             if row.state == "interrupted":
                 raise Rerun(f"spot interruption notice on {state.instance_id}")
             state.pending.pop(0)

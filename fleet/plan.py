@@ -1,18 +1,28 @@
 """`fleet plan`: what N units of work would take, in time and money, on each type and build a
-bench run measured, against a deadline and a budget."""
+bench run measured, against a deadline and a budget; and, before a bench or a tune launches
+anything, what it will run and spend (its instance-hours and dollars, with their basis)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from typing import Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from amibake import checks
+from amibake import catalog, checks, cost, recipes
 from amibake.errors import UserError
+from fleet import prices
 from fleet.report import emulated, load_bench, summarize
 from fleet.results import Results
+from fleet.space import TYPE
+from fleet.spec import BenchSpec
+
+if TYPE_CHECKING:
+    from fleet.tune import TuneSpec
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hm]?)\s*$")
 # More instances than an account's vCPU quota would ever allow: a plan for them is a typo's.
@@ -111,3 +121,221 @@ def plan_text(rows: list[dict[str, Any]]) -> str:
         for r in rows
     ]
     return tabulate(table, headers="keys")
+
+
+# --- Before a run: what it will launch and spend (fleet bench, fleet tune) -------------------
+
+# Launching an instance, reaching it over SSH, installing the run's packages and staging the
+# builds, before its first replicate (about 2-3 minutes on AWS): a guess, said as one.
+SETUP_S = 180.0
+GUESS_REPLICATE_S = 300.0  # one replicate of a workload never run before, nor declared
+
+
+def _guess(seconds: float, what: str, declared: str = ", nor expected_runtime") -> str:
+    return f"{what}: {_minutes(seconds)} (a guess: no earlier run{declared})"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.3g} min" if seconds >= 60 else f"{seconds:.3g} s"
+
+
+def _table(results_dir: Path, region: str) -> dict[str, Any] | None:
+    try:
+        return prices.in_use(results_dir, region)
+    except prices.PriceError:
+        return None
+
+
+def _measured(
+    results: Results, same: Callable[[dict[str, Any]], bool], kinds: tuple[str, ...]
+) -> tuple[str, dict[str, float]] | None:
+    """The newest run (of `kinds`, whose spec is `same`) with finished replicates: its id and
+    the median seconds of a replicate per type ("" for all types together)."""
+    for run_id in reversed(results.run_ids()):
+        record = results.run(run_id)
+        if record is None or record["kind"] not in kinds:
+            continue
+        try:
+            if not same(record["spec"]):
+                continue
+        except (KeyError, TypeError, ValueError):
+            continue  # a run recorded in an older layout: not comparable
+        rows = results.replicates(run_id)
+        rows = rows[(rows.state == "ok") & rows.seconds.notna()] if len(rows) else rows
+        if rows.empty:
+            continue
+        medians = {str(t): float(g.seconds.median()) for t, g in rows.groupby("instance_type")}
+        return run_id, {**medians, "": float(rows.seconds.median())}
+    return None
+
+
+def _cached(results_dir: Path, recipe: Any, family: str, variant: str) -> bool:
+    """Whether amibake's artifact cache likely holds this build (same recipe, same family):
+    the build then launches nothing. Likely: a new base image would build it again."""
+    folder = results_dir / "artifacts" / ("variants" if variant else "")
+    sidecar = folder / f"{recipe.name}_{family}{'-' + variant if variant else ''}.manifest.json"
+    try:
+        manifest = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        bool(manifest.get("recipe_sha256") == recipe.digest())
+        and (folder / sidecar.name.replace(".manifest.json", ".tar.xz")).exists()
+    )
+
+
+def replicate_seconds(spec: BenchSpec, results: Results) -> tuple[dict[str, float], str]:
+    """How long a replicate of the run takes, by type ("": any other type), and the basis:
+    the newest earlier run of the same workload that measured some, else the file's
+    expected_runtime, else a guess."""
+    earlier = _measured(
+        results,
+        lambda s: (
+            BenchSpec.from_json(s).command_line() == spec.command_line()
+            and s.get("recipe", "") == spec.recipe
+        ),
+        ("bench",),
+    )
+    if earlier is not None:
+        run_id, medians = earlier
+        return medians, f"durations: run {run_id} of the same workload measured " + ", ".join(
+            f"{t} {_minutes(s)}" for t, s in medians.items() if t
+        ) + " a replicate"
+    if spec.expected_runtime_s is not None:
+        each = spec.expected_runtime_s
+        return {"": each}, f"durations: expected_runtime {_minutes(each)} a replicate"
+    return {"": GUESS_REPLICATE_S}, _guess(GUESS_REPLICATE_S, "durations") + " a replicate"
+
+
+def bench_estimate(
+    spec: BenchSpec,
+    results: Results,
+    results_dir: Path,
+    region: str,
+    todo: Sequence[Any],
+    recipes_dir: Path | None = None,
+) -> cost.Estimate:
+    """What a bench run will launch and spend: one instance per type for its replicates in
+    `todo` (the plan, or what a resumed run has left), and the builds not in the cache."""
+    table = _table(results_dir, region)
+    market = "spot" if spec.spot else "on-demand"
+    medians, basis = replicate_seconds(spec, results)
+    lines = []
+    for instance_type in spec.types:
+        count = sum(1 for r in todo if r.instance_type == instance_type)
+        if not count:
+            continue
+        each = medians.get(instance_type, medians[""])
+        lines.append(
+            cost.Line(
+                f"{instance_type}: {count} replicates",
+                instance_type,
+                1,
+                (SETUP_S + count * each) / 3600,
+                cost.hourly(table, instance_type, spec.spot),
+            )
+        )
+    notes = [cost.price_basis(table, region, spec.spot), basis]
+    notes.append(f"+ {_minutes(SETUP_S)} an instance to launch and stage (a guess)")
+    builds = _bench_builds(spec, results_dir, recipes_dir, table, notes) if lines else []
+    replicates = sum(1 for _ in todo)
+    per = f"{spec.warmups} warm-up{'s' * (spec.warmups != 1)} + {spec.replicates} measured"
+    shape = f"{len(spec.builds)} builds x ({per})" if len(spec.builds) > 1 else per
+    runs = (
+        f"{replicates} replicates ({shape} per type) of {spec.recipe or spec.command} on "
+        f"{len(lines)} {market} instance{'s' * (len(lines) != 1)}: "
+        f"{', '.join(line.instance_type for line in lines) or 'none'}"
+    )
+    return cost.Estimate(runs, builds + lines, notes)
+
+
+def _bench_builds(
+    spec: BenchSpec,
+    results_dir: Path,
+    recipes_dir: Path | None,
+    table: dict[str, Any] | None,
+    notes: list[str],
+) -> list[cost.Line]:
+    """The build instances a bench run of a recipe will launch: one per (family, build) that
+    the artifact cache does not hold."""
+    if not spec.recipe:
+        return []
+    recipe = recipes.load(spec.recipe, recipes_dir or recipes.RECIPES_DIR)
+    families = sorted({t.split(".")[0] for t in spec.types})
+    missing = [
+        (family, build)
+        for family in families
+        for build in spec.builds
+        if not _cached(results_dir, recipe, family, "" if build == "tuned" else build)
+    ]
+    if not missing:
+        notes.append("builds: all in the artifact cache")
+        return []
+    each, basis = cost.build_seconds(results_dir, spec.recipe)
+    notes.append(basis)
+    lines = []
+    for family in families:
+        mine = [b for f, b in missing if f == family]
+        if mine:
+            instance_type = catalog.family(family).instance_type("large")
+            lines.append(
+                cost.Line(
+                    f"build {', '.join(mine)} on {instance_type}",
+                    instance_type,
+                    len(mine),
+                    len(mine) * each / 3600,
+                    cost.hourly(table, instance_type, True),
+                )
+            )
+    return lines
+
+
+def tune_estimate(
+    spec: TuneSpec, results: Results, results_dir: Path, region: str, trials: int
+) -> cost.Estimate:
+    """What `trials` trials of a cloud search will launch and spend: each an instance for its
+    replicates, and a build where the trial's compile flags are new. Where the type is a
+    parameter, every trial is priced as the dearest type: an upper bound."""
+    table = _table(results_dir, region)
+    types = [str(t) for t in spec.space.params[TYPE].values] if TYPE in spec.space.params else []
+    types = types or list(spec.types)
+    priced = {t: cost.hourly(table, t, True) for t in types}
+    dearest = max(types, key=lambda t: priced[t] or 0.0)
+    earlier = _measured(results, lambda s: s.get("recipe") == spec.recipe, ("tune", "bench"))
+    if earlier is not None:
+        run_id, medians = earlier
+        each = medians.get(dearest, medians[""])
+        basis = f"durations: run {run_id} of {spec.recipe} measured {_minutes(each)} a replicate"
+    elif spec.expected_runtime_s is not None:
+        each = spec.expected_runtime_s
+        basis = f"durations: expected_runtime {_minutes(each)} a replicate"
+    else:
+        each = GUESS_REPLICATE_S
+        basis = _guess(each, "durations") + " a replicate"
+    shown = dearest if len(types) == 1 else f"{dearest}, the dearest of {len(types)} types"
+    lines = [
+        cost.Line(
+            f"{trials} trials x {spec.replicates} replicates on {shown}",
+            dearest,
+            trials,
+            trials * (SETUP_S + spec.replicates * each) / 3600,
+            priced[dearest],
+        )
+    ]
+    notes = [cost.price_basis(table, region, True), basis]
+    notes.append(f"+ {_minutes(SETUP_S)} an instance to launch and stage (a guess)")
+    if any(p.stage == "compile" for p in spec.space.params.values()):
+        build_s, build_basis = cost.build_seconds(results_dir, spec.recipe)
+        builder = catalog.family(dearest.split(".")[0]).instance_type("large")
+        lines.append(
+            cost.Line(
+                f"up to {trials} builds of new compile flags on {builder}",
+                builder,
+                trials,
+                trials * build_s / 3600,
+                cost.hourly(table, builder, True),
+            )
+        )
+        notes.append(build_basis)
+    runs = f"{trials} trials of {spec.recipe} ({spec.parallel} at a time) on spot instances"
+    return cost.Estimate(runs, lines, notes)

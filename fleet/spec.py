@@ -10,6 +10,8 @@ anything is launched. Errors name the file and the line of the key at fault.
     executor = "ssh"                         # or "batch": jobs on `amibake batch up`
     spot = true
     concurrency = 2
+    expected_runtime = "5m"                  # one replicate, for the estimate before launching
+    max_cost = 5.0                           # USD: no new work once it would spend more
     [metric]                                 # default: the recipe's bench metric, or runtime
     kind = "regex"                           # runtime | regex | file ($FLEET_METRIC_FILE)
     pattern = "throughput=([0-9.]+)"
@@ -26,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amibake import catalog, checks, recipes, tomlfile
+from amibake import catalog, checks, cost, recipes, tomlfile
 from amibake.errors import UnknownNameError, UserError
 
 BUILDS = ("tuned", "generic")
@@ -52,6 +54,8 @@ KNOWN_KEYS = {
     "timeout_s",
     "allow_missing_price",
     "monitor",
+    "expected_runtime",
+    "max_cost",
 }
 # The counts a run may ask for, and why no more: past them a number is a typo, and recorded it
 # made a run nobody could read back (`fleet status` planned 99999999999999 replicates).
@@ -67,6 +71,8 @@ COUNTS = {
 MAX_TIMEOUT_S = 7 * 86400.0  # a replicate still running after a week is stuck
 # The flag that gives a key on the command line, where it is not --KEY.
 FLAGS = {"command": "--command", "metric": "--metric-regex", "spot": "--on-demand"}
+# The most a cap may be: past it a number is a typo (and 1e400 is inf).
+MAX_COST_USD = 1e6
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,8 @@ class BenchSpec:
     name: str = ""
     workload: str = ""  # the command template: the plain command, or the recipe's [bench]
     parameters: dict[str, str] = field(default_factory=dict)  # the recipe's {NAME}s' values
+    expected_runtime_s: float | None = None  # one replicate, as declared: for the estimate
+    max_cost: float | None = None  # USD: no new work once spent + in flight would pass it
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -323,6 +331,19 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     for key in ("spot", "allow_missing_price", "monitor"):
         if not isinstance(data.get(key, True), bool):
             raise fail(key, "must be true or false")
+    expected = data.get("expected_runtime")
+    try:
+        expected_s = None if expected is None else cost.seconds(expected)
+    except ValueError as exc:
+        raise fail("expected_runtime", str(exc)) from None
+    max_cost = data.get("max_cost")
+    problem = "" if max_cost is None else cap_problem(max_cost)
+    if problem:
+        raise fail("max_cost", problem)
+    if max_cost is not None and executor == "batch":
+        # Batch starts and stops the instances itself: the cap acts between an ssh run's
+        # replicates, where fleet decides what is launched next.
+        raise fail("max_cost", "caps runs on the ssh executor only; batch jobs run on the queue's")
     return BenchSpec(
         types=tuple(types),
         recipe=recipe,
@@ -341,6 +362,15 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         name=str(data.get("name", "")),
         workload=workload,
         parameters=parameters,
+        expected_runtime_s=expected_s,
+        max_cost=None if max_cost is None else float(max_cost),
+    )
+
+
+def cap_problem(value: Any) -> str:
+    """What is wrong with a spending cap (max_cost, --max-cost), or ''."""
+    return checks.number(
+        value, above=0, at_most=MAX_COST_USD, why="a cap is for what you mean to spend"
     )
 
 

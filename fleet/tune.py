@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from amibake import checks, logs, recipes, tomlfile
+from amibake import checks, cost, logs, recipes, tomlfile
 from amibake.errors import UserError
 from amibake.runner import cancel_all
 from fleet.results import LOCAL_NOTE, Results, new_run_id
@@ -60,7 +60,7 @@ COUNTS = {
 }
 MAX_HOURS = 24 * 366.0  # a search that runs for more than a year is a typo
 # The flag that gives a key on the command line, where it is not --KEY.
-FLAGS = {"replay_column": "--objective-column"}
+FLAGS = {"replay_column": "--objective-column", "max_usd": "--max-cost"}
 
 
 @dataclass
@@ -81,7 +81,11 @@ class TuneSpec:
     recipe: str = ""
     replicates: int = 1
     executor: str = "ssh"  # or "batch": trials measured as Batch jobs
+    expected_runtime_s: float | None = None  # one replicate, as declared: for the estimate
     raw: dict[str, Any] = field(default_factory=dict)
+    # What a trial is expected to cost before any has (the estimate's): the money budget counts
+    # the trials in flight at it, not at nothing. Set by the caller; never recorded.
+    trial_usd_guess: float = 0.0
 
     @property
     def startup(self) -> int:
@@ -118,11 +122,21 @@ def from_dict(
     known = {
         "params", "objective", "algorithm", "seed", "trials", "startup_trials", "parallel",
         "max_usd", "max_hours", "constraints", "replay", "replay_column", "types", "recipe",
-        "replicates", "name", "executor",
+        "replicates", "name", "executor", "expected_runtime", "max_cost",
     }  # fmt: skip
     for key in data:
         if key not in known:
             raise fail(key, f"unknown key; known: {', '.join(sorted(known))}")
+    if "max_cost" in data:
+        # The money budget by the name bench files use (and --max-cost): one budget, two names.
+        if "max_usd" in data and "max_usd" not in flags:
+            raise fail("max_cost", "is max_usd by another name: give one of them")
+        cap = data.pop("max_cost")
+        problem = checks.number(cap, above=0)
+        if problem:
+            raise fail("max_cost", f"{problem} (leave it out for no limit)")
+        if "max_usd" not in flags:
+            data["max_usd"] = cap
     types = data.get("types", [])
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
         raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
@@ -174,6 +188,11 @@ def from_dict(
     executor = data.get("executor", "ssh")
     if executor not in EXECUTORS:
         raise fail("executor", f"{executor!r} is not one of {', '.join(EXECUTORS)}")
+    expected = data.get("expected_runtime")
+    try:
+        expected_s = None if expected is None else cost.seconds(expected)
+    except ValueError as exc:
+        raise fail("expected_runtime", str(exc)) from None
     if algorithm == "grid":
         space.size()  # a continuous parameter is refused here, not mid-search
     return TuneSpec(
@@ -193,6 +212,7 @@ def from_dict(
         recipe=str(data.get("recipe", "")),
         replicates=int(data.get("replicates", 1)),
         executor=str(executor),
+        expected_runtime_s=expected_s,
         raw=data,
     )
 
@@ -248,6 +268,8 @@ class Outcome:
     best: dict[str, Any] | None  # the best single trial, as observed
     trials: int
     recommended: dict[str, Any] | None = None  # what to use: see recommendation()
+    spent_usd: float = 0.0  # what the run's trials cost, all its controllers together
+    stopped: str = ""  # why it stopped with trials left (its money budget), if it did
 
 
 @dataclass
@@ -271,18 +293,24 @@ class Budget:
             earlier_hours=_searched_hours(results, run_id),
         )
 
+    def capped(self, running: int) -> bool:
+        """Whether one more trial would pass the money budget. The trials in flight will cost
+        too: one more is asked only if they and it, at the mean trial's cost so far (before
+        any, the estimate's), stay within it."""
+        cap = self.spec.max_usd
+        if cap is None:
+            return False
+        spent = sum(self.costs)
+        mean = spent / len(self.costs) if self.costs else self.spec.trial_usd_guess
+        return spent >= cap or spent + (running + 1) * mean > cap
+
     def exhausted(self, running: int) -> bool:
         """No trial is to start now that `running` are in flight."""
         spec = self.spec
         if self.asked >= spec.trials:
             return True
-        if spec.max_usd is not None:
-            # The trials in flight will cost too: one more is asked only if they and it, at
-            # the mean trial's cost so far, stay within the budget.
-            spent = sum(self.costs)
-            mean = spent / len(self.costs) if self.costs else 0.0
-            if spent >= spec.max_usd or spent + (running + 1) * mean > spec.max_usd:
-                return True
+        if self.capped(running):
+            return True
         hours = self.earlier_hours + (time.monotonic() - self.started) / 3600
         return spec.max_hours is not None and hours >= spec.max_hours
 
@@ -355,8 +383,23 @@ def _search(
         # even while the process that ran it lives on (a caller that caught the interrupt).
         results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
         raise
-    results.event(run_id, "finished")
-    return Outcome(run_id, best(results, run_id), budget.asked, recommendation(results, run_id))
+    spent = sum(budget.costs)
+    reason = ""
+    if budget.asked < spec.trials and budget.capped(0):
+        # Stopped by the money budget with trials left: said so, and resumable with a new one.
+        reason = f"max cost ${spec.max_usd:g}: one more trial would pass it"
+        log.warning("[%s] stopped: %s, %d of %d trials", run_id, reason, budget.asked, spec.trials)
+        results.event(run_id, "stopped", reason=reason, cap=spec.max_usd, spent=spent)
+    else:
+        results.event(run_id, "finished")
+    return Outcome(
+        run_id,
+        best(results, run_id),
+        budget.asked,
+        recommendation(results, run_id),
+        spent_usd=spent,
+        stopped=reason,
+    )
 
 
 def _record(

@@ -407,6 +407,21 @@ BENCH_FLAGS = [
     case("fleet bench --types c5a.large --sizes xlarge --command true", "--sizes: sizes are of "
          "families"),
     case("fleet bench --resume nope", "no fleet run 'nope'"),
+    # Issue 27: a spending cap is a finite amount above nothing.
+    case("fleet bench --types c5a.large --command true --max-cost -1", "--max-cost: must be a "
+         "finite number above 0 and at most 1e+06, not -1"),
+    case("fleet bench --types c5a.large --command true --max-cost 0", "--max-cost: must be a "
+         "finite number above 0"),
+    case("fleet bench --types c5a.large --command true --max-cost nan", "--max-cost: must be a "
+         "finite number above 0 and at most 1e+06, not nan"),
+    case("fleet bench --types c5a.large --command true --max-cost inf", "--max-cost: must be a "
+         "finite number above 0 and at most 1e+06, not inf"),
+    case("fleet bench --types c5a.large --command true --max-cost 1e400", "--max-cost: must be a "
+         "finite number above 0 and at most 1e+06, not inf"),
+    case("fleet bench --types c5a.large --command true --max-cost ten", "argument --max-cost: "
+         "invalid float value: 'ten'"),
+    case("fleet bench --types c5a.large --command true --executor batch --max-cost 5",
+         "--max-cost: caps runs on the ssh executor only"),
     case("fleet bench --resume fb-0 --replicates 5 --on-demand", "--resume RUN takes the run's "
          "own plan: drop --replicates, --on-demand"),
     case("fleet bench {tmp}/missing.toml", "{tmp}/missing.toml: cannot read the bench file: No "
@@ -464,6 +479,17 @@ BENCH_FILE_ERRORS = {
     "recipe=../x": ":2: recipe: recipe '../x' is not a plain name",
     "recipe=/etc": ":2: recipe: recipe '/etc' is not a plain name",
     "recipe-and-command": ":3: recipe: give exactly one of recipe (a build recipe) or command",
+    "expected_runtime=soon": ":3: expected_runtime: 'soon' is not a duration like 90s, 5m or 1.5h",
+    "expected_runtime=5": ":3: expected_runtime: 5 is not a duration like 90s, 5m or 1.5h",
+    "expected_runtime=0m": ":3: expected_runtime: '0m' is not a duration like 90s, 5m or 1.5h",
+    "expected_runtime=-5m": ":3: expected_runtime: '-5m' is not a duration like 90s",
+    "expected_runtime=1e9h": ":3: expected_runtime: '1e9h' is not a duration like 90s",
+    "expected_runtime=9999h": ":3: expected_runtime: '9999h' is more than a week",
+    "max_cost=nan": ":3: max_cost: must be a finite number above 0 and at most 1e+06, not nan",
+    "max_cost=-inf": ":3: max_cost: must be a finite number above 0 and at most 1e+06, not -inf",
+    "max_cost=string": ":3: max_cost: must be a finite number above 0 and at most 1e+06, not '5'",
+    "max_cost=1e9": ":3: max_cost: must be a finite number above 0 and at most 1e+06, not 1e+09: "
+    "a cap is for what you mean to spend",
 }
 
 BENCH_FILES = [
@@ -510,6 +536,16 @@ BENCH_FILES = [
     bench_file('types = ["c5a.large"]\nrecipe = "../x"\n', "recipe=../x"),
     bench_file('types = ["c5a.large"]\nrecipe = "/etc"\n', "recipe=/etc"),
     bench_file(BENCH + 'recipe = "kernels"\n', "recipe-and-command"),
+    bench_file(BENCH + 'expected_runtime = "soon"\n', "expected_runtime=soon"),
+    bench_file(BENCH + "expected_runtime = 5\n", "expected_runtime=5"),
+    bench_file(BENCH + 'expected_runtime = "0m"\n', "expected_runtime=0m"),
+    bench_file(BENCH + 'expected_runtime = "-5m"\n', "expected_runtime=-5m"),
+    bench_file(BENCH + 'expected_runtime = "1e9h"\n', "expected_runtime=1e9h"),
+    bench_file(BENCH + 'expected_runtime = "9999h"\n', "expected_runtime=9999h"),
+    bench_file(BENCH + "max_cost = nan\n", "max_cost=nan"),
+    bench_file(BENCH + "max_cost = -inf\n", "max_cost=-inf"),
+    bench_file(BENCH + 'max_cost = "5"\n', "max_cost=string"),
+    bench_file(BENCH + "max_cost = 1e9\n", "max_cost=1e9"),
 ]  # fmt: skip
 TUNE_FLAGS = [
     case("fleet tune", "fleet tune needs a tune file (or compare, or --resume RUN)"),
@@ -530,6 +566,9 @@ for flags, start in (
     ("--startup-trials 99999999", "--startup-trials: must be an integer from 0 to 10000"),
     ("--algorithm bogus", "--algorithm: 'bogus' is not one of"),
     ("--replay {tmp}/missing.csv", "{tmp}/missing.csv: cannot read the replay table: No such"),
+    ("--max-cost nan", "--max-cost: must be a finite number above 0, not nan"),
+    ("--max-cost -1", "--max-cost: must be a finite number above 0, not -1"),
+    ("--max-cost inf", "--max-cost: must be a finite number above 0, not inf"),
 ):  # fmt: skip
     TUNE_FLAGS.append(
         case(f"fleet tune {{tmp}}/tune.toml {flags}", start, files={"tune.toml": TUNE, **TABLE})
@@ -583,6 +622,13 @@ TUNE_FILES = [
               "finite number above 0, not -1", "max_usd=-1"),
     tune_file(TUNE_HEAD + 'max_usd = "ten"\n' + PARAM_A, "{tmp}/tune.toml:3: max_usd: must be a "
               "finite number above 0, not 'ten'", "max_usd=string"),
+    tune_file(TUNE_HEAD + "max_cost = nan\n" + PARAM_A, "{tmp}/tune.toml:3: max_cost: must be a "
+              "finite number above 0, not nan (leave it out for no limit)", "max_cost=nan"),
+    tune_file(TUNE_HEAD + "max_cost = 2\nmax_usd = 3\n" + PARAM_A, "{tmp}/tune.toml:3: max_cost:"
+              " is max_usd by another name: give one of them", "max_cost+max_usd"),
+    tune_file(TUNE_HEAD + 'expected_runtime = "later"\n' + PARAM_A, "{tmp}/tune.toml:3: "
+              "expected_runtime: 'later' is not a duration like 90s, 5m or 1.5h",
+              "expected_runtime=later"),
     tune_file(TUNE_HEAD + "max_hours = nan\n" + PARAM_A, "{tmp}/tune.toml:3: max_hours: must be "
               "a finite number above 0 and at most 8784, not nan", "max_hours=nan"),
     tune_file(TUNE_HEAD + "max_hours = 1e9\n" + PARAM_A, "{tmp}/tune.toml:3: max_hours: must be "
