@@ -95,16 +95,16 @@ demo: install
 	$(BIN)/amibake families --compiler gcc@12.2
 	$(BIN)/amibake families --host
 	$(BIN)/amibake build --cloud local --family c7i --recipe kernels --dry-run
-	$(BIN)/amibake build --cloud local --family $(DEMO_FAMILIES) --recipe kernels
-	$(BIN)/amibake bake --cloud local --family $(DEMO_FAMILIES)
+	$(BIN)/amibake build --cloud local --family $(DEMO_FAMILIES) --recipe kernels --yes
+	$(BIN)/amibake bake --cloud local --family $(DEMO_FAMILIES) --yes
 	$(BIN)/amibake batch up --cloud local --from-bake
 	$(BIN)/amibake batch status --cloud local
 	$(BIN)/amibake batch down --cloud local
-	$(BIN)/fleet bench --cloud local --types $(HOST_FAMILY).large,$(HOST_FAMILY).xlarge --recipe kernels \
+	$(BIN)/fleet bench --cloud local --yes --types $(HOST_FAMILY).large,$(HOST_FAMILY).xlarge --recipe kernels \
 	  --builds tuned,generic --replicates 3 --warmups 1 --args "--size 2"
 	$(BIN)/fleet report last
 	$(BIN)/fleet plan last --work 1e6 --deadline 1h --budget 1
-	$(BIN)/fleet tune examples/kernels.tune.toml --cloud local --trials 4
+	$(BIN)/fleet tune examples/kernels.tune.toml --cloud local --trials 4 --yes
 	$(BIN)/fleet report last
 	$(BIN)/fleet tune compare --replay benchmarks/data/kernels_space.csv --algorithms tpe,random \
 	  --seeds 10 --budget 22
