@@ -4,10 +4,12 @@ bash -n and shellcheck)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import archspec.cpu
 from amibake import catalog
 from amibake.cloud import Cloud
 from amibake.cloud.calls import describe_image
-from amibake.cloud.ec2 import describe_instance_types
+from amibake.cloud.ec2 import delete_image, describe_instance_types, snapshots_of
 from amibake.errors import UserError
 from amibake.render import USER_DATA_LIMIT, Checks, check_shell, render
 from amibake.saved import read_json
@@ -71,6 +73,57 @@ def baked(amis_file: Path) -> list[dict[str, Any]]:
     return read_json(
         amis_file, "restore it, or move it away to start a new record of the images baked", records
     )
+
+
+def recipe_of(record: dict[str, Any]) -> tuple[str, ...]:
+    """The apps a baked image holds: images of the same apps and architecture replace each
+    other."""
+    return tuple(sorted({str(m["app"]) for m in record["artifacts"].values()}))
+
+
+def here(record: dict[str, Any], cloud: Cloud) -> bool:
+    """Baked in this cloud and region, and not retired: an image EC2 here should have."""
+    return (
+        not record.get("retired")
+        and record.get("cloud", cloud.config.cloud) == cloud.config.cloud
+        and record.get("region", cloud.config.region) == cloud.config.region
+    )
+
+
+def retire_older(cloud: Cloud, amis_file: Path, image_id: str, keep: int) -> list[dict[str, Any]]:
+    """`bake --keep N`: the images of `image_id`'s recipe and architecture older than the newest
+    `keep` (amis.json is in the order baked), deregistered with their snapshots
+    (DeregisterImage's DeleteAssociatedSnapshots, which cannot race) and marked retired in
+    amis.json; what was retired."""
+    records = baked(amis_file)
+    new = next(r for r in records if r["image_id"] == image_id)
+    same = [
+        r
+        for r in records
+        if here(r, cloud)
+        and r["architecture"] == new["architecture"]
+        and recipe_of(r) == recipe_of(new)
+    ]
+    retired = []
+    for record in same[: max(0, len(same) - keep)]:
+        image = describe_image(cloud.ec2, record["image_id"])
+        snapshots = snapshots_of(image) if image is not None else []
+        if image is not None:
+            delete_image(cloud.ec2, record["image_id"], snapshots)
+        record["retired"] = datetime.now(UTC).isoformat(timespec="seconds")
+        retired.append(
+            {
+                "image_id": record["image_id"],
+                "architecture": record["architecture"],
+                "apps": list(recipe_of(record)),
+                "baked": record.get("created", ""),
+                "snapshots": snapshots,
+                "was_there": image is not None,
+            }
+        )
+    if retired:
+        amis_file.write_text(json.dumps(records, indent=2))
+    return retired
 
 
 def _manifest(manifest: Any) -> dict[str, Any]:

@@ -62,14 +62,70 @@ class Image:
     apps: tuple[str, ...]
 
 
-def images_from_bake(amis_file: Path) -> list[Image]:
+@dataclass(frozen=True)
+class FromBake:
+    """What `batch up --from-bake` registers: one image per architecture (its queue takes one
+    environment, on one image), and every family baked that those images leave out, with why."""
+
+    images: list[Image]
+    skipped: dict[str, str]  # family -> why it is not registered
+
+
+def images_from_bake(amis_file: Path, cloud: Cloud | None = None) -> list[Image]:
     """The newest baked image of each architecture, from results/amis.json."""
+    return from_bake(amis_file, cloud).images
+
+
+def from_bake(amis_file: Path, cloud: Cloud | None = None) -> FromBake:
+    """The newest image of each architecture baked (in this cloud and region when `cloud` is
+    given, and not retired by `bake --keep`), and each family only an older, retired or
+    elsewhere image holds, named with why: a family is never dropped without a word."""
     if not amis_file.exists():
         raise UserError(f"{amis_file} does not exist: run `amibake bake` first, or pass --ami")
+    records = bake.baked(amis_file)  # oldest first
     newest: dict[str, Image] = {}
-    for image in _baked(amis_file):  # in the order baked: the last of each architecture wins
-        newest[image.architecture] = image
-    return list(newest.values())
+    for record in records:
+        if not record.get("retired") and (cloud is None or bake.here(record, cloud)):
+            newest[record["architecture"]] = _image(
+                record["image_id"], record["architecture"], record["artifacts"].values()
+            )
+    registered = {f for image in newest.values() for f in image.families}
+    skipped: dict[str, str] = {}
+    for record in reversed(records):  # the newest word on each family
+        image = _image(record["image_id"], record["architecture"], record["artifacts"].values())
+        for family in image.families:
+            if family in registered or family in skipped:
+                continue
+            if record.get("retired"):
+                why = f"its image {image.image_id} was retired by `amibake bake --keep`"
+            elif cloud is not None and not bake.here(record, cloud):
+                why = (
+                    f"its image {image.image_id} was baked in {record.get('cloud')} "
+                    f"{record.get('region')}, not {cloud.config.cloud} {cloud.config.region}"
+                )
+            else:
+                chosen = newest[image.architecture]
+                why = (
+                    f"only the older image {image.image_id} holds it, and the "
+                    f"{names(chosen)[1]} queue takes the newest {image.architecture} image, "
+                    f"{chosen.image_id} ({', '.join(chosen.families)}): bake the families "
+                    f"together (amibake bake --family {','.join([*chosen.families, family])})"
+                )
+            skipped[family] = why
+    return FromBake(list(newest.values()), skipped)
+
+
+def check_alive(cloud: Cloud, images: list[Image], amis_file: Path) -> None:
+    """Every image exists in the cloud: one deregistered, or gone with a local cloud that
+    stopped, is refused before anything is made (an environment on it could start nothing)."""
+    for image in images:
+        if describe_image(cloud.ec2, image.image_id) is None:
+            raise UserError(
+                f"{amis_file} names {image.image_id} ({image.architecture}: "
+                f"{', '.join(image.families)}), which does not exist in {cloud.config.region} "
+                "any more (deregistered, or the local cloud stopped): bake again (amibake bake), "
+                "or pass --ami with an image that exists"
+            )
 
 
 def _baked(amis_file: Path) -> list[Image]:
@@ -597,6 +653,7 @@ def up_text(result: dict[str, Any]) -> str:
         [f"queue {q} -> {e}" for q, e in result["queues"].items()]
         + [f"job definition {_name(d)}" for d in result["job_definitions"]]
         + [f"retired {_name(e)}" for e in result["retired"]]
+        + [f"skipped {f}: {why}" for f, why in result.get("skipped", {}).items()]
     )
 
 

@@ -208,7 +208,6 @@ def preflight_all(cloud: Cloud, states: list[BuildState]) -> None:
         checked = [pool.submit(preflight, cloud, state, lookups) for state in states]
     for done in checked:  # the first problem in the order the families were given
         done.result()
-    spot_role_for(cloud, states)
 
 
 def dry_run(states: list[BuildState]) -> list[Outcome]:
@@ -269,6 +268,9 @@ def build(
     if states is None:
         states = prepare(request, cloud.config.results_dir)
         preflight_all(cloud, states)
+    # Spot's service-linked role, once every check has passed and the user has said to go on
+    # (the cost question comes between preflight and here): bad input or a "no" makes nothing.
+    spot_role_for(cloud, states)
     if request.dry_run:
         return dry_run(states)
     with open_run(cloud, f"build {','.join(request.families)} {request.recipe}") as context:

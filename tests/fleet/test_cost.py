@@ -16,6 +16,7 @@ import pytest
 from amibake import cost
 from amibake.cli import main as amibake
 from amibake.cloud import Cloud
+from amibake.steps.preflight import SPOT_ROLE_PATH
 from fleet import bench, control, plan, prices, spec, tune
 from fleet.cli import main
 from fleet.results import ReplicateRow, Results
@@ -149,12 +150,16 @@ def test_a_large_estimate_without_a_terminal_needs_yes_or_a_cap(
     monkeypatch.setattr(cost, "terminal", lambda: False)
     monkeypatch.setattr(cost, "THRESHOLD_USD", 0.0001)
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(cloud.config.results_dir / "fresh"))
+    iam = cloud.client("iam")
+    for role in iam.list_roles(PathPrefix=SPOT_ROLE_PATH)["Roles"]:  # a fresh account's
+        iam.delete_service_linked_role(RoleName=role["RoleName"])
     assert amibake(["build", "--family", "c5a", "--recipe", "kernels"]) == 2
-    # (Its preflight may first create the account's spot service-linked role, once, and say so.)
-    err = capsys.readouterr().err.splitlines()[-1]
-    assert err.startswith("amibake: error: the estimate is $"), err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("amibake: error: the estimate is $"), err
     assert "--yes" in err and "--max-cost" not in err
     assert journal_runs(cloud.config.results_dir / "fresh") == []
+    # Refused before the go-ahead: not even the account's spot role was made.
+    assert iam.list_roles(PathPrefix=SPOT_ROLE_PATH)["Roles"] == []
 
 
 def test_dry_run_says_what_would_run_and_creates_nothing(

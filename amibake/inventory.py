@@ -1,0 +1,466 @@
+"""What amibake owns in a region, alive now: `amibake ls` lists it with age, size and cost, and
+`amibake gc` deletes the part of it that is not kept. One discovery for both.
+
+Found by tag and by the journal, because either alone can miss something: the tags
+(``amibake:run-id`` on what a run creates, at creation, so nothing a run makes is untagged even if
+the journal write never happened; ``amibake:batch`` on what `amibake batch up` makes) and the
+journal (which knows what a describe cannot list: DescribeFleets without ids never lists an
+instant fleet, so amibake's fleets are found by their journaled ids). A journaled resource is
+confirmed alive by describing it: a NotFound for an instance just created is EC2 not seeing it
+yet. The job bucket is found by the SSM parameter that records its name.
+
+Kept, not gc's to delete: baked images and their snapshots (the product; `amibake bake --keep N`
+retires old ones) and what `amibake batch up` registered (`amibake batch down` removes it).
+amibake makes no log group: Batch jobs log to /aws/batch/job, which AWS makes and keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import botocore.exceptions
+
+from amibake import batch
+from amibake.catalog import prices
+from amibake.cloud import Cloud
+from amibake.cloud.calls import error_code, every
+from amibake.cloud.ec2 import NEW_INSTANCE_VISIBLE_S, snapshots_of
+from amibake.cloud.tags import EXPIRES, KEPT, RUN_ID, parse_expires
+from amibake.journal import Journal
+
+log = logging.getLogger("amibake")
+TAG_TTL = timedelta(hours=6)  # amibake:expires = creation + this (see cloud.tags.run_tags)
+# What holds others first: the order gc deletes in, and ls lists in.
+ORDER = [
+    "job-queue",
+    "compute-environment",
+    "fleet",
+    "instance",
+    "launch-template",
+    "image",
+    "snapshot",
+    "volume",
+    "security-group",
+    "key-pair",
+    "job-definition",
+    "bucket",
+]
+# Why gc leaves each kind of kept resource (the text after "keep ...: ").
+BAKED = "a baked image, the product (amibake bake --keep N retires older ones)"
+BATCH_DOWN = "registered by amibake batch up; amibake batch down removes it"
+BATCH_GROUP = "amibake batch up's group for its hosts, reused by the next (free)"
+BATCH_HOST = "a host of amibake's Batch environment; amibake batch down ends it"
+DENIED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403")
+
+
+@dataclass(frozen=True)
+class Resource:
+    kind: str
+    resource_id: str
+    run_id: str
+    created: datetime | None
+    kept: str = ""  # why gc leaves it alone; '' when it is a leftover gc deletes
+    size_gib: float | None = None  # volumes, snapshots
+    objects: int | None = None  # buckets
+    size_bytes: int | None = None  # buckets
+    usd_per_hour: float | None = None  # what runs: instances (None: no price known)
+    usd_per_month: float | None = None  # what is stored: volumes, snapshots, buckets
+    detail: str = ""  # instance type and market, volume type, a snapshot's image
+
+    def unseen_for(self) -> float:
+        """How much longer EC2 may answer NotFound for it though it exists (eventual
+        consistency after its creation); 0 when its age is not known."""
+        if self.created is None:
+            return 0.0
+        age = (datetime.now(UTC) - self.created).total_seconds()
+        return max(0.0, NEW_INSTANCE_VISIBLE_S - age)
+
+    def age_s(self) -> float | None:
+        if self.created is None:
+            return None
+        return (datetime.now(UTC) - self.created).total_seconds()
+
+    def describe(self) -> str:
+        age = ""
+        if self.created is not None:
+            age = f", {(datetime.now(UTC) - self.created).total_seconds() / 3600:.1f}h old"
+        return f"{self.kind} {self.resource_id} (run {self.run_id or '?'}{age})"
+
+    def as_json(self) -> dict[str, Any]:
+        found = asdict(self)
+        found["id"] = found.pop("resource_id")
+        found["created"] = None if self.created is None else self.created.isoformat()
+        found["age_s"] = self.age_s()
+        found["gc"] = "keep" if self.kept else "delete"
+        return found
+
+
+def _tags(item: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in item.get("Tags", [])}
+
+
+def _created(item: dict[str, Any], field: str = "") -> datetime | None:
+    """When it was made: the describe's own time where it gives one, else from its expiry tag."""
+    stamp = item.get(field) if field else None
+    if isinstance(stamp, datetime):
+        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+    if isinstance(stamp, str):
+        try:
+            return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+    expires = parse_expires(_tags(item).get(EXPIRES, ""))
+    return None if expires is None else expires - TAG_TTL
+
+
+def _monthly(kind: str, size_gib: float, region: str) -> float | None:
+    return prices.storage_monthly(kind, size_gib * prices.GIB, region)
+
+
+def scan(cloud: Cloud) -> dict[tuple[str, str], Resource]:
+    """Every tagged resource of amibake's in the region, kept or not, each list read to its
+    last page (AWS answers in pages: a leftover on the second one would be reported as nothing
+    left, issue 26 finding 7). Only describes that gc's own policy statement grants."""
+    ec2 = cloud.ec2
+    region = cloud.config.region
+    tagged = [{"Name": "tag-key", "Values": [RUN_ID]}]
+    # `batch up` puts its own tag on the two EC2 things it makes: its security group and (by
+    # the environment's tags) the hosts Batch starts. One tag a filter: moto takes several
+    # values of tag-key as all of them, where AWS takes any.
+    by_batch = [{"Name": "tag-key", "Values": [batch.TAG]}]
+    found: dict[tuple[str, str], Resource] = {}
+
+    def add(
+        kind: str,
+        resource_id: str,
+        item: dict[str, Any],
+        field: str = "",
+        *,
+        kept: str = "",
+        batch_kept: str = BATCH_DOWN,
+        **extra: Any,
+    ) -> None:
+        """`kept`: why gc leaves it; `batch_kept`: why, when `batch up` made it (no run did)."""
+        item_tags = _tags(item)
+        if RUN_ID not in item_tags and batch.TAG not in item_tags:
+            return
+        if KEPT in item_tags:
+            kept = kept or "marked amibake:kept"
+        if RUN_ID not in item_tags:
+            kept = kept or batch_kept
+        found[(kind, resource_id)] = Resource(
+            kind, resource_id, item_tags.get(RUN_ID, ""), _created(item, field), kept, **extra
+        )
+
+    reservations = [
+        *every(ec2, "describe_instances", "Reservations", Filters=tagged),
+        *every(ec2, "describe_instances", "Reservations", Filters=by_batch),
+    ]
+    for reservation in reservations:
+        for instance in reservation["Instances"]:
+            state = instance["State"]["Name"]
+            if state in ("terminated", "shutting-down"):
+                continue
+            spot = instance.get("InstanceLifecycle") == "spot"
+            kind = instance["InstanceType"]
+            hourly = prices.instance_hourly(kind, spot, region) if state != "stopped" else 0.0
+            add(
+                "instance",
+                instance["InstanceId"],
+                instance,
+                "LaunchTime",
+                batch_kept=BATCH_HOST,
+                usd_per_hour=hourly,
+                detail=f"{kind} {'spot' if spot else 'on-demand'}, {state}",
+            )
+    # Fleets of type maintain or request only: an instant fleet (amibake's) is never listed
+    # without its id, and is found through the journal.
+    for fleet in every(ec2, "describe_fleets", "Fleets"):
+        if fleet.get("FleetState") not in ("deleted", "deleted_running", "deleted_terminating"):
+            add("fleet", fleet["FleetId"], fleet, "CreateTime", usd_per_hour=0.0)
+    for template in every(ec2, "describe_launch_templates", "LaunchTemplates", Filters=tagged):
+        add(
+            "launch-template",
+            template["LaunchTemplateId"],
+            template,
+            "CreateTime",
+            usd_per_month=0.0,
+        )
+    for group in [
+        *every(ec2, "describe_security_groups", "SecurityGroups", Filters=tagged),
+        *every(ec2, "describe_security_groups", "SecurityGroups", Filters=by_batch),
+    ]:
+        add("security-group", group["GroupId"], group, batch_kept=BATCH_GROUP, usd_per_month=0.0)
+    for pair in ec2.describe_key_pairs(Filters=tagged)["KeyPairs"]:  # one page: no paginator
+        add("key-pair", pair["KeyName"], pair, "CreateTime", usd_per_month=0.0)
+    image_of: dict[str, str] = {}
+    for image in every(ec2, "describe_images", "Images", Owners=["self"], Filters=tagged):
+        baked = KEPT in _tags(image)
+        for snapshot_id in snapshots_of(image):
+            image_of[snapshot_id] = image["ImageId"]
+        add(
+            "image",
+            image["ImageId"],
+            image,
+            "CreationDate",
+            kept=BAKED if baked else "",
+            usd_per_month=0.0,
+            detail=f"{image.get('Architecture', '?')}, billed as its snapshots",
+        )
+    for snapshot in every(
+        ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"], Filters=tagged
+    ):
+        snapshot_id = snapshot["SnapshotId"]
+        # Billed for the blocks it holds: its full size where EC2 says it, else at most its
+        # volume's.
+        stored = snapshot.get("FullSnapshotSizeInBytes")
+        size = stored / prices.GIB if stored else float(snapshot.get("VolumeSize", 0))
+        image = image_of.get(snapshot_id, "")
+        add(
+            "snapshot",
+            snapshot_id,
+            snapshot,
+            "StartTime",
+            kept=f"the snapshot of baked image {image}" if KEPT in _tags(snapshot) else "",
+            size_gib=size,
+            usd_per_month=_monthly("ebs-snapshot", size, region),
+            detail=", ".join(
+                ([f"of {image}"] if image else []) + ([] if stored else ["at most this size"])
+            ),
+        )
+    for volume in every(ec2, "describe_volumes", "Volumes", Filters=tagged):
+        size, kind = float(volume["Size"]), volume.get("VolumeType", "")
+        attached = [a["InstanceId"] for a in volume.get("Attachments", [])]
+        add(
+            "volume",
+            volume["VolumeId"],
+            volume,
+            "CreateTime",
+            size_gib=size,
+            usd_per_month=_monthly(f"ebs-{kind}", size, region),
+            detail=f"{kind}" + (f", on {', '.join(attached)}" if attached else ", unattached"),
+        )
+    # Batch returns tags as a map, and deleted queues and environments for a while.
+    client = cloud.client("batch")
+    for kind, pages, key, name in (
+        ("job-queue", "describe_job_queues", "jobQueues", "jobQueueName"),
+        (
+            "compute-environment",
+            "describe_compute_environments",
+            "computeEnvironments",
+            "computeEnvironmentName",
+        ),
+    ):
+        for item in every(client, pages, key):
+            if item.get("status") not in ("DELETING", "DELETED"):
+                tags = [{"Key": k, "Value": v} for k, v in item.get("tags", {}).items()]
+                # Free: the instances an environment starts are listed (and priced) as such.
+                add(kind, item[name], {"Tags": tags}, usd_per_hour=0.0)
+    return found
+
+
+def still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0.0) -> bool:
+    """Describe one journal entry: is it really alive? (gone is confirmed, never assumed: an
+    instance NotFound within `unseen_for` of its creation may be running)"""
+    ec2 = cloud.ec2
+    try:
+        if kind == "instance":
+            found = ec2.describe_instances(InstanceIds=[resource_id])["Reservations"]
+            states = [i["State"]["Name"] for r in found for i in r["Instances"]]
+            if not states:
+                return unseen_for > 0
+            return any(s not in ("terminated",) for s in states)
+        if kind == "fleet":
+            fleets = ec2.describe_fleets(FleetIds=[resource_id])["Fleets"]
+            return any(not f.get("FleetState", "").startswith("deleted") for f in fleets)
+        if kind == "launch-template":
+            return bool(
+                ec2.describe_launch_templates(LaunchTemplateIds=[resource_id])["LaunchTemplates"]
+            )
+        if kind == "security-group":
+            return bool(ec2.describe_security_groups(GroupIds=[resource_id])["SecurityGroups"])
+        if kind == "key-pair":
+            return bool(ec2.describe_key_pairs(KeyNames=[resource_id])["KeyPairs"])
+        if kind == "image":
+            return bool(ec2.describe_images(ImageIds=[resource_id])["Images"])
+        if kind == "snapshot":
+            return bool(ec2.describe_snapshots(SnapshotIds=[resource_id])["Snapshots"])
+        if kind == "volume":
+            return bool(ec2.describe_volumes(VolumeIds=[resource_id])["Volumes"])
+        if kind == "job-queue":
+            queues = cloud.client("batch").describe_job_queues(jobQueues=[resource_id])
+            return any(q.get("status") != "DELETED" for q in queues["jobQueues"])
+        if kind == "compute-environment":
+            envs = cloud.client("batch").describe_compute_environments(
+                computeEnvironments=[resource_id]
+            )
+            return any(e.get("status") != "DELETED" for e in envs["computeEnvironments"])
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        if kind == "instance" and code == "InvalidInstanceID.NotFound":
+            return unseen_for > 0
+        if "NotFound" in code or code.startswith("InvalidKeyPair") or "Malformed" in code:
+            return False
+        raise
+    return False
+
+
+def _batch_extras(cloud: Cloud) -> Iterator[Resource]:
+    """What `amibake batch up` registered besides environments and queues: its job definitions
+    and the job bucket, with its objects and bytes. Calls beyond gc's statement: a refusal is
+    said and the rest listed."""
+    try:
+        for definition in every(
+            cloud.client("batch"), "describe_job_definitions", "jobDefinitions", status="ACTIVE"
+        ):
+            tags = definition.get("tags", {})
+            if batch.TAG not in tags and RUN_ID not in tags:
+                continue
+            yield Resource(
+                "job-definition",
+                f"{definition['jobDefinitionName']}:{definition['revision']}",
+                tags.get(RUN_ID, ""),
+                None,
+                BATCH_DOWN if RUN_ID not in tags else "free; deregistered with its run's queue",
+                usd_per_month=0.0,
+            )
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) not in DENIED:
+            raise
+        log.warning("job definitions not listed: %s", exc)
+    try:
+        name = batch.job_bucket(cloud)
+        if name is None or not batch.check_owned(cloud, name):
+            return
+        count = size = 0
+        for item in every(cloud.client("s3"), "list_objects_v2", "Contents", Bucket=name):
+            count += 1
+            size += int(item.get("Size", 0))
+        yield Resource(
+            "bucket",
+            name,
+            "",
+            None,
+            "amibake batch up's job bucket; amibake batch down deletes it",
+            objects=count,
+            size_bytes=size,
+            usd_per_month=prices.storage_monthly("s3-standard", size, cloud.config.region),
+        )
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) not in DENIED:
+            raise
+        log.warning("the job bucket not listed: %s", exc)
+
+
+def discover(
+    cloud: Cloud,
+    journal: Journal,
+    *,
+    run_id: str | None = None,
+    older_than: timedelta | None = None,
+    everything: bool = False,
+) -> list[Resource]:
+    """What amibake owns in the region (of one run when `run_id` is given), kept or not, in
+    ORDER. `everything` adds Batch's job definitions and the job bucket (ls, gc --dry-run)."""
+    found = scan(cloud)
+    for entry in journal.alive(run_id=run_id, cloud=cloud.config.cloud):
+        key = (entry.kind, entry.resource_id)
+        if key in found or entry.region != cloud.config.region:
+            continue
+        created = datetime.fromtimestamp(entry.created, UTC)
+        resource = Resource(entry.kind, entry.resource_id, entry.run_id, created)
+        if still_there(cloud, entry.kind, entry.resource_id, resource.unseen_for()):
+            found[key] = resource
+        else:
+            journal.deleted(entry.kind, entry.resource_id)
+    if everything:
+        found.update({(r.kind, r.resource_id): r for r in _batch_extras(cloud)})
+    chosen = [
+        item
+        for item in found.values()
+        if (run_id is None or item.run_id == run_id)
+        and (
+            older_than is None
+            or item.created is None
+            or datetime.now(UTC) - item.created >= older_than
+        )
+    ]
+    return sorted(chosen, key=lambda x: (ORDER.index(x.kind), x.resource_id))
+
+
+def totals(resources: list[Resource]) -> dict[str, float]:
+    return {
+        "usd_per_hour": sum(r.usd_per_hour or 0.0 for r in resources),
+        "usd_per_month": sum(r.usd_per_month or 0.0 for r in resources),
+    }
+
+
+def basis(region: str) -> str:
+    """Where the prices come from, said once under the list."""
+    ec2, storage = prices.snapshot(), prices.storage()
+    rates = ", ".join(
+        f"{p['what'].split(',')[0]} ${p['usd_per_gb_month']}/GB-month"
+        for p in storage["prices"].values()
+    )
+    where = (
+        "" if region == ec2["region"] else f" (no prices for {region}: these are {ec2['region']}'s)"
+    )
+    return (
+        f"prices{where}: instances per hour from amibake/catalog/{prices.SNAPSHOT} "
+        f"({ec2['date']}; spot as the median over the zones), storage per month (730 hours) "
+        f"at AWS's {storage['region']} list prices of {storage['date']}: {rates} "
+        f"({', '.join(sorted({p['source'] for p in storage['prices'].values()}))}); "
+        "fleets, launch templates, security groups, key pairs, queues, environments and job "
+        "definitions are free; amibake makes no log group"
+    )
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _size(resource: Resource) -> str:
+    if resource.size_gib is not None:
+        return f"{resource.size_gib:g} GiB"
+    if resource.size_bytes is not None:
+        return f"{resource.objects} objects, {resource.size_bytes} bytes"
+    return ""
+
+
+def cost_text(resource: Resource) -> str:
+    if resource.usd_per_hour is not None:
+        return "free" if resource.usd_per_hour == 0 else f"${resource.usd_per_hour:.4f}/h"
+    if resource.usd_per_month is not None:
+        return "free" if resource.usd_per_month == 0 else f"${resource.usd_per_month:.4f}/month"
+    return "no price"
+
+
+def table(resources: list[Resource], region: str) -> str:
+    """`amibake ls` for a reader: one row per resource, the totals, the basis of the prices."""
+    from tabulate import tabulate
+
+    if not resources:
+        return f"amibake owns nothing in {region}"
+    rows = [
+        [r.kind, r.resource_id, r.run_id or "-", _age(r.age_s()), _size(r), cost_text(r), r.detail]
+        for r in resources
+    ]
+    total = totals(resources)
+    return "\n".join(
+        [
+            tabulate(rows, headers=["kind", "id", "run", "age", "size", "cost", ""]),
+            f"{len(resources)} resources in {region}: ${total['usd_per_hour']:.4f}/h running, "
+            f"${total['usd_per_month']:.4f}/month stored",
+            basis(region),
+        ]
+    )
