@@ -133,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="on failure, leave the instance up and print how to SSH in (amibake gc removes it)",
     )
+    bake.add_argument(
+        "--keep",
+        type=count(1),
+        metavar="N",
+        help="after a successful bake, retire (deregister, with their snapshots) the older images "
+        "of the same recipe and architecture beyond the newest N",
+    )
     bake.add_argument("--dry-run", action="store_true", help="render, verify, show the plan")
     common_options(bake)
     network_options(bake)
@@ -144,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     source_of_ami = batch_up.add_mutually_exclusive_group(required=True)
     source_of_ami.add_argument("--ami", help="a baked image id")
     source_of_ami.add_argument(
-        "--from-bake", action="store_true", help="the newest baked image of each architecture"
+        "--from-bake",
+        action="store_true",
+        help="the newest baked image of each architecture; each family it leaves out is named",
     )
     batch_up.add_argument("--on-demand", action="store_true", help="EC2 instead of spot")
     common_options(batch_up)
@@ -179,8 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
     policy = commands.add_parser("iam-policy", help="print the least-privilege IAM policy")
     policy.add_argument("--for", dest="commands", help="build,bake,batch,gc (default: all)")
 
+    ls = commands.add_parser(
+        "ls", help="every resource amibake owns in the region: age, size, cost an hour or month"
+    )
+    common_options(ls)
+
     gc = commands.add_parser("gc", help="delete what amibake created that is still alive")
-    gc.add_argument("--dry-run", action="store_true", help="list, delete nothing")
+    gc.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list what is alive, each marked delete or keep and why; delete nothing",
+    )
     gc.add_argument("--older-than", help="only what is older than this, e.g. 2h or 30m")
     gc.add_argument("--run-id", help="only this run's resources")
     common_options(gc)
@@ -219,13 +237,18 @@ EXAMPLES = {
         "amibake build --family c7i --recipe kernels",
         "amibake build --family c7i,c7g --on-demand-fallback --dry-run",
     ],
-    "bake": ["amibake bake --family c7i,c7g", "amibake bake --build --family c7i --dry-run"],
+    "bake": [
+        "amibake bake --family c7i,c7g",
+        "amibake bake --build --family c7i --dry-run",
+        "amibake bake --family c7i --keep 2",
+    ],
     "batch": ["amibake batch up --from-bake"],
     "batch up": ["amibake batch up --from-bake", "amibake batch up --ami ami-0123456789abcdef0"],
     "batch down": ["amibake batch down"],
     "batch status": ["amibake batch status --json"],
     "families": ["amibake families --compiler gcc@12.2", "amibake families --host --first"],
     "iam-policy": ["amibake iam-policy --for build,gc"],
+    "ls": ["amibake ls", "amibake ls --json"],
     "gc": ["amibake gc --dry-run", "amibake gc --older-than 2h"],
     "source": ["amibake source add ~/Downloads/zstd-1.5.4.tar.gz"],
     "source add": ["amibake source add ~/Downloads/zstd-1.5.4.tar.gz"],
@@ -387,6 +410,15 @@ def _bake(args: argparse.Namespace) -> int:
     logs.to_terminal()
     outcomes = pipelines.bake(cloud, request, states=states)
     summaries = [o.summary() for o in outcomes]
+    if args.keep is not None and not args.dry_run:
+        from amibake import bake as bake_module
+
+        amis_file = cfg.results_dir / "amis.json"
+        for summary in summaries:
+            if summary["ok"]:
+                summary["retired"] = bake_module.retire_older(
+                    cloud, amis_file, summary["image_id"], args.keep
+                )
 
     def text(rows: list[dict[str, Any]]) -> str:
         lines = []
@@ -399,6 +431,12 @@ def _bake(args: argparse.Namespace) -> int:
                     f"{r['architecture']}: {r['image_id']} from {r['base_ami']} "
                     f"({', '.join(r['artifacts'])}); boot test passed"
                 )
+                lines += [
+                    f"  retired {old['image_id']} (baked {old['baked'] or '?'}) and its "
+                    f"snapshots {', '.join(old['snapshots']) or '(none left)'}: older than the "
+                    f"newest {args.keep} of {', '.join(old['apps'])} on {old['architecture']}"
+                    for old in r.get("retired", [])
+                ]
             else:
                 lines.append(f"{r.get('architecture', r['family'])}: FAILED: {r['error']}")
         return "\n".join(lines)
@@ -463,13 +501,22 @@ def _batch(args: argparse.Namespace) -> int:
     amis_file = cfg.results_dir / "amis.json"
     cloud = connect(cfg)
     if args.batch_command == "up":
-        images = (
-            batch.images_from_bake(amis_file)
-            if args.from_bake
-            else [batch.image_by_id(cloud, args.ami, amis_file)]
-        )
+        skipped: dict[str, str] = {}
+        if args.from_bake:
+            chosen = batch.from_bake(amis_file, cloud)
+            if not chosen.images:
+                raise UserError(
+                    f"no image in {amis_file} to register here: "
+                    + "; ".join(f"{f}: {why}" for f, why in chosen.skipped.items())
+                )
+            batch.check_alive(cloud, chosen.images, amis_file)  # before anything is made
+            images, skipped = chosen.images, chosen.skipped
+        else:
+            images = [batch.image_by_id(cloud, args.ami, amis_file)]
         logs.to_terminal()
         result = batch.up(cloud, images, spot=not args.on_demand)
+        if args.from_bake:
+            result["skipped"] = skipped
         print_result(args, result, batch.up_text)
     elif args.batch_command == "down":
         done = batch.down(cloud)
@@ -593,8 +640,26 @@ def _duration(text: str) -> timedelta:
     return timedelta(**{unit: number})
 
 
+def _ls(args: argparse.Namespace) -> int:
+    from amibake import inventory
+    from amibake.cloud import connect
+    from amibake.journal import Journal
+
+    cfg = config_from(args)
+    cloud = connect(cfg)
+    found = inventory.discover(cloud, Journal(cfg.results_dir / "journal.sqlite"), everything=True)
+    result = {
+        "region": cfg.region,
+        "resources": [r.as_json() for r in found],
+        "total": inventory.totals(found),
+        "basis": inventory.basis(cfg.region),
+    }
+    print_result(args, result, lambda _: inventory.table(found, cfg.region))
+    return 0
+
+
 def _gc(args: argparse.Namespace) -> int:
-    from amibake import gc
+    from amibake import gc, inventory
     from amibake.cloud import connect
     from amibake.journal import Journal
 
@@ -607,9 +672,15 @@ def _gc(args: argparse.Namespace) -> int:
     journal = Journal(cfg.results_dir / "journal.sqlite")
     if not args.dry_run:
         journal.close_dead_runs()  # a SIGKILLed run says so, and what it left is found below
-    leftovers = gc.find(cloud, journal, run_id=args.run_id, older_than=older)
-    failures = [] if args.dry_run else gc.delete(cloud, journal, leftovers)
-    if not args.dry_run:
+    if args.dry_run:  # what is alive, as amibake ls finds it, each marked delete or keep
+        alive = inventory.discover(
+            cloud, journal, run_id=args.run_id, older_than=older, everything=True
+        )
+        leftovers = [x for x in alive if not x.kept]
+        failures: list[str] = []
+    else:
+        alive = leftovers = gc.find(cloud, journal, run_id=args.run_id, older_than=older)
+        failures = gc.delete(cloud, journal, leftovers)
         for run_id in {x.run_id for x in leftovers if x.run_id}:
             journal.cleaned_up(run_id)
     elsewhere = gc.other_regions(cloud, journal, args.run_id)
@@ -617,18 +688,20 @@ def _gc(args: argparse.Namespace) -> int:
         "dry_run": args.dry_run,
         "region": cfg.region,
         "found": [x.describe() for x in leftovers],
+        "kept": [{"resource": x.describe(), "why": x.kept} for x in alive if x.kept],
         "failures": failures,
         "other_regions": elsewhere,
     }
     verb = "would delete" if args.dry_run else "deleted"
-    print_result(
-        args,
-        result,
-        lambda r: (
-            "\n".join([f"{verb} {line}" for line in r["found"]] + r["failures"])
-            or f"nothing to clean up in {r['region']}"
-        ),
-    )
+
+    def text(r: dict[str, Any]) -> str:
+        lines = [f"{verb} {line}" for line in r["found"]]
+        lines += [f"keep {k['resource']}: {k['why']}" for k in r["kept"]]
+        if not r["found"]:
+            lines.append(f"nothing to clean up in {r['region']}")
+        return "\n".join(lines + r["failures"])
+
+    print_result(args, result, text)
     for region in elsewhere:  # a run elsewhere may have left something: say where to look
         print(
             f"amibake gc: the journal lists resources in {region} not known to be deleted, and "
@@ -690,6 +763,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bake": _bake,
     "batch": _batch,
     "families": _families,
+    "ls": _ls,
     "gc": _gc,
     "iam-policy": _iam_policy,
     "source": _source,
