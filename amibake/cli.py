@@ -403,7 +403,18 @@ def _bake(args: argparse.Namespace) -> int:
     if request.build_recipe is not None:
         estimate = _bake_estimate(args, cfg, request, None)  # before the builds spend
         logs.to_terminal()
-        pipelines.build_missing(cloud, request)
+        planned = pipelines.build_missing(cloud, request)
+        if request.dry_run and planned:
+            # The bake's own plan needs the artifacts these builds would make: say both.
+            plans = [o.summary() for o in planned]
+            print_result(
+                args,
+                plans,
+                lambda s: _build_text(s)
+                + "\nthen: bake these artifacts into one image per architecture, boot-tested"
+                + f"\n{estimate.text()}",
+            )
+            return 0
     states = pipelines.prepare_bake(cloud, request)  # bad input fails here, creating nothing
     if request.build_recipe is None:
         estimate = _bake_estimate(args, cfg, request, states)

@@ -411,6 +411,7 @@ def build_missing(cloud: Cloud, request: BakeRequest) -> list[Outcome]:
         recipe=request.build_recipe,
         size="large",
         recipes_dir=cloud.config.recipes_dir,
+        dry_run=request.dry_run,  # a dry bake plans its builds, and launches none of them
     )
     outcomes = build(cloud, build_request)
     failed = [o for o in outcomes if not o.ok]

@@ -263,3 +263,19 @@ def test_a_bakes_flag_mistakes_are_named_before_any_cloud_is_asked(
         assert main(["bake", *flags]) == 2, flags
         err = capsys.readouterr().err
         assert err.startswith("amibake: error: ") and expected in err, (flags, err)
+
+
+def test_bake_build_dry_run_plans_the_builds_and_launches_nothing(
+    cloud: Cloud, recipes_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`bake --build --dry-run` ran the real builds before its dry run (found by the cost
+    work): a dry run makes nothing, and says what the builds and then the bake would do."""
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    before = _resources(cloud)
+    assert main(["bake", "--build", "--recipe", "trivial", "--family", "c5a", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("c5a: plan preflight -> ") and "then: bake these artifacts" in out
+    assert not (tmp_path / "results" / "artifacts").exists()
+    assert Journal(tmp_path / "results" / "journal.sqlite").last_run_id() is None
+    assert _resources(cloud) == before
