@@ -186,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     common_options(families)
 
     policy = commands.add_parser("iam-policy", help="print the least-privilege IAM policy")
-    policy.add_argument("--for", dest="commands", help="build,bake,batch,gc (default: all)")
+    policy.add_argument(
+        "--for", dest="commands", help="build,bake,batch,fleet,ls,gc (default: all)"
+    )
 
     ls = commands.add_parser(
         "ls", help="every resource amibake owns in the region: age, size, cost an hour or month"
@@ -410,9 +412,11 @@ def _bake(args: argparse.Namespace) -> int:
             print_result(
                 args,
                 plans,
-                lambda s: _build_text(s)
-                + "\nthen: bake these artifacts into one image per architecture, boot-tested"
-                + f"\n{estimate.text()}",
+                lambda s: (
+                    _build_text(s)
+                    + "\nthen: bake these artifacts into one image per architecture, boot-tested"
+                    + f"\n{estimate.text()}"
+                ),
             )
             return 0
     states = pipelines.prepare_bake(cloud, request)  # bad input fails here, creating nothing

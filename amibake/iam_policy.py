@@ -138,6 +138,22 @@ ACTIONS: dict[str, list[str]] = {
         "s3:ListBucket",
         "s3:PutObject",
     ],
+    # amibake ls and gc --dry-run: what amibake owns, read only (its sizes and ages included).
+    "ls": [
+        "batch:DescribeComputeEnvironments",
+        "batch:DescribeJobDefinitions",
+        "batch:DescribeJobQueues",
+        "ec2:DescribeFleets",
+        "ec2:DescribeImages",
+        "ec2:DescribeInstances",
+        "ec2:DescribeKeyPairs",
+        "ec2:DescribeLaunchTemplates",
+        "ec2:DescribeSecurityGroups",
+        "ec2:DescribeSnapshots",
+        "ec2:DescribeVolumes",
+        "s3:ListBucket",  # the job bucket's objects: their count and bytes
+        "ssm:GetParameter",  # where the job bucket's name is recorded
+    ],
     "gc": [
         "batch:DeleteComputeEnvironment",
         "batch:DeleteJobQueue",

@@ -92,6 +92,10 @@ def test_every_call_each_command_makes_is_in_its_statement(cloud: Cloud) -> None
         batch.down(cloud)
         used["batch"] = recorder.take()
         journal = Journal(cloud.config.results_dir / "journal.sqlite")
+        from amibake import inventory
+
+        inventory.discover(cloud, journal, everything=True)  # amibake ls, gc --dry-run
+        used["ls"] = recorder.take()
         gc.delete(cloud, journal, gc.find(cloud, journal))
         used["gc"] = recorder.take()
         from fleet import bench, spec
