@@ -328,6 +328,7 @@ def _report(args: argparse.Namespace) -> int:
         cfg.results_dir / "reports",
         html_page=not args.no_html,
         prefer=args.prefer,
+        current=args.current.strip().lower() if args.current else None,
     )
     if args.json:
         print(json.dumps(made.to_json(), indent=2, default=str))
@@ -650,6 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
     report_parser.add_argument("--no-html", action="store_true", help="terminal table only")
     report_parser.add_argument(
         "--prefer", default="balanced", help="tune runs: recommend for time, cost or balanced"
+    )
+    report_parser.add_argument(
+        "--current", metavar="TYPE", help="bench runs: the type you run today, to say the saving"
     )
 
     plan = commands.add_parser("plan", help="project time and cost of N units of work")

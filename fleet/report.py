@@ -369,6 +369,10 @@ def make(
     if record is not None and record["kind"] == "tune":
         return make_tune(results, record, reports_dir, html_page, prefer)
     record, spec, rows = load_bench(results, run_id)
+    if current is not None and current not in spec.types:
+        raise UserError(
+            f"--current {current} is not one of run {run_id}'s types: {', '.join(spec.types)}"
+        )
     lost = types_that_failed(results, run_id, spec, rows)
     if rows.empty and lost.empty:
         raise UserError(f"run {run_id} has no replicates yet; see `fleet status {run_id}`")
@@ -401,6 +405,8 @@ def make(
         )
     said = answer(frame, spec.metric)
     lines.append(said)
+    if current is not None and not frame.empty:
+        lines.append(headline(frame, spec.metric, current))
     report = Report(run_id, record["note"], frame, failures, "\n".join(lines), answer=said)
     out = reports_dir / run_id
     out.mkdir(parents=True, exist_ok=True)

@@ -157,6 +157,12 @@ def test_two_builds_on_two_types_measured_reported_and_rendered(
     assert width is not None and int(width.group(1)) <= 1366, width
     assert dom.index('class="answer">Recommended: ') < dom.index("<table")
 
+    # Named as the type run today, the other type's saving is said (or that it is the pick).
+    assert main(["report", run_id, "--no-html", "--current", host_types[1].upper()]) == 0
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said.startswith("Recommended: ") and ("Against " in said or host_types[1] in said)
+    assert main(["report", run_id, "--current", "c5a.huge"]) == 2
+    assert "--current c5a.huge is not one of run" in capsys.readouterr().err
     assert main(["plan", run_id, "--work", "1e6", "--deadline", "1m", "--budget", "100"]) == 0
     planned = capsys.readouterr().out
     assert "NO" in planned and "yes" in planned  # a one-minute deadline needs several instances
