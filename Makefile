@@ -82,8 +82,10 @@ lint: install
 # this machine's best family (HOST_FAMILY: asked at run time, so its smoke test runs natively,
 # whichever CPU this is) and a family of the other architecture (cross-compiled, its smoke test
 # run under QEMU), bake them into one AMI per architecture with a boot test, register Batch on
-# them, tear Batch down, rank the tuned and generic kernels builds on two sizes of this
-# machine's family with fleet (report and plan), and prove nothing temporary is left.
+# them, tear Batch down, tune the kernels' run-time parameters, rank the tuned and generic
+# kernels builds on two sizes of this machine's family with fleet (report and plan), list what
+# is alive (amibake ls: the baked images are kept, nothing temporary is), and end with the
+# bench's answer in one line.
 HOST_FAMILY = $(shell $(BIN)/amibake families --host --first)
 OTHER_FAMILY = $(if $(filter arm64,$(DEB_ARCH)),c7i,c7g)
 DEMO_FAMILIES = $(subst $(space),$(comma),$(sort c7i $(HOST_FAMILY) $(OTHER_FAMILY)))
@@ -100,16 +102,18 @@ demo: install
 	$(BIN)/amibake batch up --cloud local --from-bake
 	$(BIN)/amibake batch status --cloud local
 	$(BIN)/amibake batch down --cloud local
-	$(BIN)/fleet bench --cloud local --yes --types $(HOST_FAMILY).large,$(HOST_FAMILY).xlarge --recipe kernels \
-	  --builds tuned,generic --replicates 3 --warmups 1 --args "--size 2"
-	$(BIN)/fleet report last
-	$(BIN)/fleet plan last --work 1e6 --deadline 1h --budget 1
 	$(BIN)/fleet tune examples/kernels.tune.toml --cloud local --trials 4 --yes
 	$(BIN)/fleet report last
 	$(BIN)/fleet tune compare --replay benchmarks/data/kernels_space.csv --algorithms tpe,random \
 	  --seeds 10 --budget 22
+	$(BIN)/fleet bench --cloud local --yes --types $(HOST_FAMILY).large,$(HOST_FAMILY).xlarge --recipe kernels \
+	  --builds tuned,generic --replicates 3 --warmups 1 --args "--size 2"
+	$(BIN)/fleet report last
+	$(BIN)/fleet plan last --work 1e6 --deadline 1h --budget 1
+	$(BIN)/amibake ls --cloud local
 	$(BIN)/amibake gc --cloud local --dry-run
 	$(BIN)/amibake local down
+	@echo; $(BIN)/fleet report last --no-html | tail -n 1
 
 bench: install
 	$(BIN)/python -m benchmarks
