@@ -325,7 +325,7 @@ def _family_list(text: str) -> list[str]:
 
 def _build(args: argparse.Namespace) -> int:
     from amibake import cost, pipelines
-    from amibake.cloud import connect
+    from amibake.connect import connect
 
     cfg = config_from(args, recipe=args.recipe, size=args.size, spot=args.spot)
     request = pipelines.BuildRequest(
@@ -381,7 +381,7 @@ def _build_text(summaries: list[dict[str, Any]]) -> str:
 
 def _bake(args: argparse.Namespace) -> int:
     from amibake import pipelines
-    from amibake.cloud import connect
+    from amibake.connect import connect
 
     if args.recipe is not None and not args.build:
         raise UserError("--recipe goes with --build: amibake bake --build --recipe NAME")
@@ -508,7 +508,7 @@ def _bake_estimate(
 
 def _batch(args: argparse.Namespace) -> int:
     from amibake import batch
-    from amibake.cloud import connect
+    from amibake.connect import connect
 
     if args.batch_command == "up" and args.ami is not None and not AMI_ID.fullmatch(args.ami):
         raise UserError(f"--ami {args.ami!r} is not an image id (ami- and 8 or 17 hex digits)")
@@ -657,7 +657,7 @@ def _duration(text: str) -> timedelta:
 
 def _ls(args: argparse.Namespace) -> int:
     from amibake import inventory
-    from amibake.cloud import connect
+    from amibake.connect import connect
     from amibake.journal import Journal
 
     cfg = config_from(args)
@@ -675,7 +675,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _gc(args: argparse.Namespace) -> int:
     from amibake import gc, inventory
-    from amibake.cloud import connect
+    from amibake.connect import connect
     from amibake.journal import Journal
 
     older = _duration(args.older_than) if args.older_than else None

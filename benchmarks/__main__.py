@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from amibake import config
-from amibake.cloud import connect
+from amibake.connect import connect
 from amibake.local import control
 
 MODULES = [

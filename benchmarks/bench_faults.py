@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from amibake import config, pipelines
-from amibake.cloud import Cloud, connect
+from amibake.cloud import Cloud
+from amibake.connect import connect
 from amibake.local import control
 from benchmarks import host_family
 

@@ -39,7 +39,7 @@ def launches(cloud: Cloud, count: int) -> list[float]:
 def plain_user_launches(count: int) -> list[float]:
     """Run as the plain user: a local cloud of its own, `count` launches timed."""
     from amibake import config
-    from amibake.cloud import connect
+    from amibake.connect import connect
     from amibake.local import control
 
     cfg = config.load()

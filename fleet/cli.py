@@ -65,7 +65,7 @@ def _prices(args: argparse.Namespace) -> int:
     cfg = config_from(args)
     families = cliutil.names(args.family) if args.family else []  # C7I is c7i
     if args.refresh:
-        from amibake.cloud import connect
+        from amibake.connect import connect
 
         try:
             snapshot = prices.refresh(connect(cfg), families)
@@ -128,7 +128,7 @@ def _prices(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from amibake.cloud import connect
+    from amibake.connect import connect
     from fleet import bench, spec
     from fleet import plan as planning
 
@@ -294,7 +294,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _kill(args: argparse.Namespace) -> int:
-    from amibake.cloud import connect
+    from amibake.connect import connect
     from fleet import bench, control
 
     results = bench.results_db(config_from(args).results_dir)
@@ -357,7 +357,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from amibake.cloud import connect
+    from amibake.connect import connect
     from fleet import bench, control, tune
     from fleet import plan as planning
     from fleet.trial import CloudEvaluator

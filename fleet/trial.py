@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from amibake import recipes
-from amibake.cloud import Cloud, connect
+from amibake.cloud import Cloud
 from amibake.config import Config
+from amibake.connect import connect
 from amibake.errors import AmibakeError, UserError
 from amibake.pipelines import BuildRequest
 from amibake.pipelines import build as build_pipeline

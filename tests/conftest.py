@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from amibake import config, cpu
-from amibake.cloud import Cloud, connect
+from amibake.cloud import Cloud
+from amibake.connect import connect
 from amibake.local import control
 from tests.helpers import leftovers, pick_family
 

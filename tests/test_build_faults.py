@@ -21,7 +21,8 @@ from botocore.awsrequest import AWSResponse
 
 from amibake import pipelines
 from amibake.cli import main
-from amibake.cloud import Cloud, connect
+from amibake.cloud import Cloud
+from amibake.connect import connect
 from amibake.errors import CloudError
 from amibake.journal import Journal
 from amibake.runner import new_run_id

@@ -18,8 +18,9 @@ import botocore.session
 import pytest
 
 from amibake import batch, config, gc, iam_policy, pipelines
-from amibake.cloud import Cloud, connect
+from amibake.cloud import Cloud
 from amibake.cloud.session import name_denied_action
+from amibake.connect import connect
 from amibake.journal import Journal
 from amibake.local import control
 from tests.conftest import free_port

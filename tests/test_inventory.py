@@ -15,7 +15,8 @@ import pytest
 
 from amibake import config, pipelines
 from amibake.cli import main
-from amibake.cloud import Cloud, connect
+from amibake.cloud import Cloud
+from amibake.connect import connect
 from amibake.journal import Journal
 from amibake.local import control
 from tests.conftest import free_port

@@ -17,8 +17,9 @@ import pytest
 
 from amibake import config, pipelines
 from amibake.cli import main
-from amibake.cloud import Cloud, connect, reach
+from amibake.cloud import Cloud, reach
 from amibake.cloud.ec2 import zones_offering
+from amibake.connect import connect
 from amibake.errors import CloudError, UserError
 from amibake.journal import Journal
 from amibake.local import control

@@ -146,22 +146,14 @@ NO_CREDENTIALS = (
 )
 
 
-def connect(config: Config) -> Cloud:
-    """Build the Cloud for a config; for the local cloud, start it when it is not running."""
+def open_cloud(config: Config, local_endpoint: str | None = None) -> Cloud:
+    """The Cloud for a config: AWS, or the local cloud at `local_endpoint` (which
+    amibake.connect starts; this module knows only its address, never the emulator)."""
     endpoint = config.endpoint_url
     if config.is_local:
-        from amibake.local.control import up
-        from amibake.local.daemon import REGIONS
-
-        # Its base images exist in these regions only: elsewhere the first launch failed with
-        # InvalidAMIID.NotFound for the AMI the region's SSM parameter names.
-        if config.region not in REGIONS:
-            raise UserError(
-                f"the local cloud serves {', '.join(REGIONS)}, not {config.region}: pick one "
-                "with --region"
-            )
-
-        endpoint = up(config).endpoint  # started unless already running
+        if local_endpoint is None:
+            raise UserError("the local cloud has no endpoint: connect through amibake.connect")
+        endpoint = local_endpoint
         # moto accepts any credentials unless IAM enforcement is on; fixed ones keep a user's
         # real keys out of local traffic.
         key, _, secret = (config.local_credentials or "testing:testing").partition(":")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from amibake.cloud import Cloud, connect
+from amibake.cloud import Cloud
+from amibake.connect import connect
 from fleet import prices
 from fleet.cli import main
 from fleet.results import Results

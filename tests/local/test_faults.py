@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from amibake import config, pipelines
-from amibake.cloud import Cloud, connect
+from amibake.cloud import Cloud
+from amibake.connect import connect
 from amibake.errors import UserError
 from amibake.local import control, faults
 from tests.conftest import free_port

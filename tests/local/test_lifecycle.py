@@ -14,7 +14,7 @@ import pytest
 
 from amibake import config
 from amibake.cli import main
-from amibake.cloud import connect
+from amibake.connect import connect
 from amibake.local import control, sandbox
 from tests.conftest import free_port
 from tests.helpers import launch_and_reach, leftovers

@@ -152,8 +152,8 @@ def plain_user() -> Iterator[PlainUser]:
 def lifecycle() -> dict[str, Any]:
     """Run as the plain user: one instance from launch to terminate; what it saw, as JSON."""
     from amibake import config
-    from amibake.cloud import connect
     from amibake.cloud.reach import reach
+    from amibake.connect import connect
     from tests.helpers import launch
 
     cloud = connect(config.load())
@@ -191,7 +191,7 @@ def lifecycle() -> dict[str, Any]:
 def build_and_bake() -> dict[str, Any]:
     """Run as the plain user: the trivial recipe built for c5a, then baked with a boot test."""
     from amibake import config, pipelines
-    from amibake.cloud import connect
+    from amibake.connect import connect
     from tests.test_build import FIXTURES
 
     cloud = connect(config.load())
