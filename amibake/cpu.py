@@ -249,6 +249,14 @@ class Choice:
     basis: str  # "built" (the artifact's instructions) or "predicted" (the family's target)
 
 
+# Flags of archspec's targets that say what the kernel or the hardware's security state is, not
+# an instruction a compiler emits, and that hypervisors hide from their guests: a Genoa VM
+# shows no pku or flush_l1d, and was ranked as if older than zen2 (its zen4 family fell behind
+# c5a and Intel's). The generation key below ignores them; what runs is decided by the
+# instructions (verdict), never by these.
+HIDDEN_BY_HYPERVISORS = frozenset({"pku", "flush_l1d"})
+
+
 def families_for(cpu: Cpu, built: dict[str, set[str]] | None = None) -> list[Choice]:
     """Every family, with how `cpu` runs its tuned build, best first: natively before emulated
     before not at all; then the CPU's own architecture, then families whose target's every
@@ -269,7 +277,7 @@ def families_for(cpu: Cpu, built: dict[str, set[str]] | None = None) -> list[Cho
         return (
             ("native", "emulated", "no").index(choice.verdict.how),
             choice.family.architecture != cpu.architecture,
-            bool(normalized(frozenset(target.features)) - cpu.features),
+            bool(normalized(frozenset(target.features)) - cpu.features - HIDDEN_BY_HYPERVISORS),
             not cpu.vendor or target.vendor != cpu.vendor,
             -len(target.ancestors),
             choice.family.name,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,19 @@ def test_each_kind_of_machine_picks_a_family_whose_kernels_build_runs_there(
     needs = set(isa.scan(program.parent, [program.name]).features)
     assert needs <= cpu.predicted_needs(family)  # the prediction did not leave any out
     assert cpu.verdict(family.architecture, needs, machine).how == how
+
+
+@pytest.mark.parametrize(("name", "family"), [("zen3", "c6a"), ("zen4", "c7a")])
+def test_a_virtual_machine_hiding_kernel_flags_still_takes_its_own_generation(
+    name: str, family: str
+) -> None:
+    """A Genoa guest shows no pku or flush_l1d (archspec then names it x86_64_v4 or zen2): it
+    was given c5a (zen2), as if older. Its own generation's family runs and comes first."""
+    real = cpu.Cpu.of_target(name, emulators=BOTH)
+    guest = replace(real, features=real.features - cpu.HIDDEN_BY_HYPERVISORS)
+    assert guest.features != real.features  # the target has them: the case is real
+    assert cpu.best_family(guest) == family
+    assert cpu.families_for(guest)[0].verdict.how == "native"
 
 
 def test_the_examples_family_runs_natively_on_any_x86_64_machine_with_avx2(tmp_path: Path) -> None:
