@@ -20,7 +20,14 @@ import botocore.exceptions
 
 from amibake import bake, catalog
 from amibake.cloud import Cloud
-from amibake.cloud.calls import describe_image, error_code, wait_until
+from amibake.cloud.calls import (
+    describe_image,
+    error_code,
+    every,
+    ignore_missing,
+    retry_on,
+    wait_until,
+)
 from amibake.cloud.network import find as find_network
 from amibake.errors import CloudError, UserError
 
@@ -720,7 +727,8 @@ def delete_environment(batch: Any, environment: str) -> None:
 
 
 def down(cloud: Cloud) -> list[str]:
-    """Disable and delete the queues, then the compute environments, then the job definitions."""
+    """Disable and delete the queues, then the compute environments, then the job definitions,
+    the hosts' security group and the bucket: nothing `up` made is left."""
     batch = cloud.client("batch")
     done = []
     mine = [q["jobQueueName"] for q in queues(batch) if q["jobQueueName"].startswith("amibake-")]
@@ -739,4 +747,29 @@ def down(cloud: Cloud) -> list[str]:
         if definition["jobDefinitionName"].startswith("amibake-"):
             batch.deregister_job_definition(jobDefinition=definition["jobDefinitionArn"])
             done.append(f"deregistered {definition['jobDefinitionName']}:{definition['revision']}")
-    return done + _delete_bucket(cloud)
+    return done + _delete_security_groups(cloud) + _delete_bucket(cloud)
+
+
+# A terminated host's network interface holds its group for a while after the environment is
+# gone (DependencyViolation): minutes on AWS.
+GROUP_RELEASED_S = 300.0
+
+
+def _delete_security_groups(cloud: Cloud) -> list[str]:
+    """The hosts' group up made (no inbound rule), in whichever VPC it was made: free, but
+    something `amibake ls` would list for ever after a `down`."""
+    ec2 = cloud.ec2
+    done = []
+    named = [
+        {"Name": "group-name", "Values": [SECURITY_GROUP]},
+        {"Name": "tag-key", "Values": [TAG]},
+    ]
+    for group in every(ec2, "describe_security_groups", "SecurityGroups", Filters=named):
+        group_id = str(group["GroupId"])
+
+        def delete(group_id: str = group_id) -> bool:
+            return ignore_missing(lambda: ec2.delete_security_group(GroupId=group_id))
+
+        retry_on({"DependencyViolation"}, delete, within_s=GROUP_RELEASED_S)
+        done.append(f"deleted security group {group['GroupId']}")
+    return done

@@ -75,6 +75,7 @@ ACTIONS: dict[str, list[str]] = {
         "ec2:CreateSecurityGroup",
         "ec2:CreateTags",
         "ec2:DescribeImages",
+        "ec2:DeleteSecurityGroup",
         "ec2:DescribeSecurityGroups",
         "ec2:DescribeSubnets",
         "ec2:DescribeVpcs",
@@ -329,6 +330,12 @@ SCOPES: dict[str, tuple[Scope, ...]] = {
             (*OURS, ("ForAllValues:StringEquals", "aws:TagKeys", ("amibake:kept",))),
         ),
     ),
+    # A run's groups carry its run id; Batch's hosts' group (batch up's, deleted by batch down)
+    # carries amibake:batch, as it was made with.
+    "ec2:DeleteSecurityGroup": (
+        Scope(_ec2("security-group"), OURS),
+        Scope(_ec2("security-group"), (("Null", "ec2:ResourceTag/amibake:batch", ("false",)),)),
+    ),
     "ec2:CreateImage": (
         Scope(_ec2("image", "snapshot"), CREATED),
         Scope(_ec2("instance"), OURS),
@@ -337,7 +344,6 @@ SCOPES: dict[str, tuple[Scope, ...]] = {
         a: (Scope(_ec2(*kinds), OURS),)
         for a, kinds in {
             "ec2:AuthorizeSecurityGroupIngress": ("security-group",),
-            "ec2:DeleteSecurityGroup": ("security-group",),
             "ec2:DeleteKeyPair": ("key-pair",),
             "ec2:DeleteLaunchTemplate": ("launch-template",),
             "ec2:DeleteFleets": ("fleet",),

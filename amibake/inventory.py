@@ -52,7 +52,7 @@ ORDER = [
 # Why gc leaves each kind of kept resource (the text after "keep ...: ").
 BAKED = "a baked image, the product (amibake bake --keep N retires older ones)"
 BATCH_DOWN = "registered by amibake batch up; amibake batch down removes it"
-BATCH_GROUP = "amibake batch up's group for its hosts, reused by the next (free)"
+BATCH_GROUP = "amibake batch up's group for its hosts: amibake batch down removes it (free)"
 BATCH_HOST = "a host of amibake's Batch environment; amibake batch down ends it"
 DENIED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403")
 

@@ -110,6 +110,10 @@ def test_full_flow_up_job_swap_down(
     done = batch.down(cloud)
     assert "deleted job queue amibake-x86_64" in done
     assert batch.status(cloud) == {"compute_environments": {}, "queues": {}, "job_definitions": []}
+    # The hosts' security group goes too: amibake ls listed it after every down.
+    named = [{"Name": "group-name", "Values": [batch.SECURITY_GROUP]}]
+    assert cloud.ec2.describe_security_groups(Filters=named)["SecurityGroups"] == []
+    assert any(d.startswith("deleted security group sg-") for d in done), done
     assert batch.down(cloud) == []  # safe to re-run
     assert main(["batch", "status"]) == 0
     assert capsys.readouterr().out.startswith("nothing registered")
