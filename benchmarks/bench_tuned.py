@@ -17,7 +17,7 @@ import numpy as np
 from amibake import recipes
 from amibake.cloud import Cloud
 from benchmarks import host_family
-from fleet import bench, tune
+from fleet import bench, evaluators, tune
 from fleet.trial import CloudEvaluator
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "kernels.tune.toml"
@@ -50,7 +50,7 @@ def run(cloud: Cloud) -> dict[str, Any]:
     spec = tune.load(EXAMPLE, {"trials": TRIALS, "parallel": 1, "types": types})
     results = bench.results_db(cfg.results_dir)
     run_id = tune.start(results, spec, cfg.cloud, cfg.region)
-    evaluator = tune.evaluator(spec, cfg)
+    evaluator = evaluators.evaluator(spec, cfg)
     assert isinstance(evaluator, CloudEvaluator)
     outcome = tune.search(spec, evaluator, results, run_id)
     assert outcome.best is not None, "no feasible trial"

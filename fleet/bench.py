@@ -53,12 +53,6 @@ def plan(spec: BenchSpec) -> list[Replicate]:
     return work
 
 
-def planned(spec: BenchSpec) -> int:
-    """How many replicates `plan` makes, counted without making them: a run recorded before
-    the caps (replicates = 99999999999999) must still be read back at once by `fleet status`."""
-    return len(spec.types) * len(spec.builds) * (spec.warmups + spec.replicates)
-
-
 PriceOf = Callable[[str, bool, str], float | None]
 
 
@@ -311,8 +305,8 @@ def _execute(
     check_runnable(cloud, spec.types, builds, artifacts)
     board = Board(
         run_id,
-        total=planned(spec),
-        done=planned(spec) - len(todo),
+        total=spec.planned,
+        done=spec.planned - len(todo),
         cap=spec.max_cost if max_cost is None else max_cost,
         expected=planning.replicate_seconds(spec, results)[0],
     )

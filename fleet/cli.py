@@ -18,7 +18,7 @@ from amibake.errors import UserError
 
 if TYPE_CHECKING:  # pandas: 0.7 s at start-up that --help and status lists do not need
     from fleet.results import Results
-    from fleet.tune import TuneSpec
+    from fleet.tune_spec import TuneSpec
 
 MAX_SEEDS = 1000  # compare: the median and p90 over seeds settle long before
 DEFAULT_BUDGET = 20  # compare's trials per seed
@@ -358,7 +358,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from amibake.connect import connect
-    from fleet import bench, control, tune
+    from fleet import bench, control, evaluators, tune
     from fleet import plan as planning
     from fleet.trial import CloudEvaluator
 
@@ -410,7 +410,7 @@ def _tune(args: argparse.Namespace) -> int:
             raise UserError("fleet tune needs a tune file (or compare, or --resume RUN)")
         spec = tune.load(Path(args.file), overrides)
         run_id = ""
-    evaluate = tune.evaluator(spec, cfg)
+    evaluate = evaluators.evaluator(spec, cfg)
     if isinstance(evaluate, CloudEvaluator):
         # The cloud (credentials, region, the local cloud's daemon) is checked now: left to the
         # trials, each failed in turn and the search ended "none feasible" with exit 0. So is

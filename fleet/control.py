@@ -52,7 +52,6 @@ def type_errors(results: Results, run_id: str) -> dict[str, str]:
 
 
 def status(results: Results, run_id: str) -> dict[str, Any]:
-    from fleet.bench import planned
     from fleet.spec import BenchSpec
 
     record = results.require(run_id)
@@ -64,7 +63,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
     if state == "running" and live is None:
         state = "stopped"  # the controller died without a word: SIGKILL, a crash, a reboot
     rows = results.replicates(run_id)
-    replicates = planned(BenchSpec.from_json(record["spec"])) if record["kind"] == "bench" else 0
+    replicates = BenchSpec.from_json(record["spec"]).planned if record["kind"] == "bench" else 0
     done = rows[rows.state.isin(["ok", "failed"])] if len(rows) else rows
     per_type: dict[str, dict[str, int]] = {}
     for _, row in rows.iterrows():
@@ -109,7 +108,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A tune run's progress: trials asked and finished (by state) against its budget, money
     spent, the best so far."""
-    from fleet.tune import budget_changes, in_own_terms, trial_costs
+    from fleet.search.record import budget_changes, in_own_terms, trial_costs
 
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"] if len(trials) else trials

@@ -22,7 +22,7 @@ from fleet.space import TYPE
 from fleet.spec import BenchSpec
 
 if TYPE_CHECKING:
-    from fleet.tune import TuneSpec
+    from fleet.tune_spec import TuneSpec
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hm]?)\s*$")
 # More instances than an account's vCPU quota would ever allow: a plan for them is a typo's.

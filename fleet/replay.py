@@ -17,7 +17,7 @@ import pandas as pd
 from amibake.errors import UserError
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
-from fleet.tune import (
+from fleet.tune_spec import (
     MEASURES,
     TuneSpec,
     broken_constraint,

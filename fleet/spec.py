@@ -159,6 +159,13 @@ class BenchSpec:
             data[key] = tuple(data[key])
         return cls(**data)
 
+    @property
+    def planned(self) -> int:
+        """How many replicates the run makes (warm-ups included), counted without listing them:
+        a run recorded before the caps (replicates = 99999999999999) must still be read back
+        at once by `fleet status`."""
+        return len(self.types) * len(self.builds) * (self.warmups + self.replicates)
+
     def command_line(self) -> str:
         """The workload as run in the build's directory on the instance: the recipe's {NAME}
         placeholders filled with their values (quoted for the shell), {args} with the args."""

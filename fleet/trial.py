@@ -23,7 +23,7 @@ from fleet.executor import BenchState, BuildArtifact, Replicate
 from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE
 from fleet.spec import BenchSpec, Metric
-from fleet.tune import TuneSpec, broken_constraint
+from fleet.tune_spec import TuneSpec, broken_constraint
 
 
 class CloudEvaluator:

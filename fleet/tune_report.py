@@ -172,7 +172,7 @@ def importance(ok: pd.DataFrame) -> dict[str, float]:
 def _own_terms(trials: pd.DataFrame, objective: str) -> tuple[pd.Series, str, bool]:
     """The trials' losses as the user stated the objective, the axis label, and whether higher
     is better: a rate is searched negated, so its plot shows the rate, not "-104"."""
-    from fleet.tune import is_rate
+    from fleet.search.record import is_rate
 
     loss = trials.loss.astype(float)
     scored = trials[loss.notna()]

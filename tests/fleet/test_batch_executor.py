@@ -23,7 +23,7 @@ from amibake.cli import main as main_amibake
 from amibake.cloud import Cloud
 from amibake.local import control as local_control
 from amibake.runner import Interrupted
-from fleet import bench, control, tune
+from fleet import bench, control, evaluators, tune
 from fleet.cli import main
 from tests.fleet.test_bench import (
     assert_nothing_left,
@@ -364,7 +364,7 @@ def test_a_tune_search_measures_its_trials_as_batch_jobs(
     spec = tune.load(path)
     results = results_of(cloud)
     run_id = tune.start(results, spec, "local", cloud.config.region)
-    outcome = tune.search(spec, tune.evaluator(spec, config.load()), results, run_id)
+    outcome = tune.search(spec, evaluators.evaluator(spec, config.load()), results, run_id)
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"]
     assert len(final) == 2 and set(final.state) == {"ok"}, final.reason.tolist()

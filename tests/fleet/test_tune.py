@@ -22,7 +22,7 @@ from amibake import config
 from amibake.cloud import Cloud
 from amibake.journal import Journal
 from amibake.local import control as local_control
-from fleet import bench, control, tune
+from fleet import bench, control, evaluators, tune
 from fleet.cli import main
 from fleet.replay import ReplayEvaluator, blind_chance, space_from_table
 from fleet.results import Results
@@ -515,7 +515,7 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
     assert (spec.trials, spec.parallel) == (12, 2)
     results = bench.results_db(cfg.results_dir)
     run_id = tune.start(results, spec, cfg.cloud, cfg.region)
-    evaluator = tune.evaluator(spec, cfg)
+    evaluator = evaluators.evaluator(spec, cfg)
     outcome = tune.search(spec, evaluator, results, run_id)
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"]
@@ -687,7 +687,7 @@ def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
 
     # Staged, and into the first replicate (each takes ~3.5 s), when Ctrl-C comes.
     with ctrl_c_when(both_up, delay_s=3.0), pytest.raises(KeyboardInterrupt):
-        tune.search(spec, tune.evaluator(spec, cfg), results, run_id)
+        tune.search(spec, evaluators.evaluator(spec, cfg), results, run_id)
     journal = Journal(cfg.results_dir / "journal.sqlite")
     runs = [d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"]
     assert len(runs) == 2
@@ -875,5 +875,5 @@ def test_a_run_parameter_the_workload_cannot_take_is_refused(
         + run_param.format("min_time")
         + 'arg = "--min-time {}"\n'
     )
-    evaluator: Any = tune.evaluator(tune.load(path), config.load())
+    evaluator: Any = evaluators.evaluator(tune.load(path), config.load())
     assert evaluator.workload == "bin/kernels {args}"

@@ -1,0 +1,249 @@
+"""What a `fleet tune` file says: the space, the objective, the constraints and the budget,
+checked; and how a trial's evaluation becomes the search's loss. The search (fleet/tune.py),
+its evaluators (fleet/replay.py, fleet/trial.py) and its estimate (fleet/plan.py) import it,
+and it imports none of them."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amibake import checks, cost, recipes, tomlfile
+from amibake.errors import UserError
+from fleet.search import engines
+from fleet.search.evaluation import Evaluation
+from fleet.space import TYPE, Space, parse
+from fleet.spec import COUNTS as BENCH_COUNTS
+from fleet.spec import EXECUTORS, check_type, line_of
+
+log = logging.getLogger("amibake")
+
+ALGORITHMS = tuple(engines.ALGORITHMS)
+OBJECTIVES = ("runtime", "metric", "cost")
+CONSTRAINTS = ("max_seconds", "max_usd_per_unit", "max_rss_mb", "min_rate")
+# What each constraint reads, as the reason names it when a trial lacks it.
+CONSTRAINT_MEASURE = {
+    "max_seconds": "time per unit",
+    "max_usd_per_unit": "cost per unit (no price)",
+    "max_rss_mb": "memory figure (the monitor took no sample: a run under 1 s, or no psutil)",
+    "min_rate": "rate",
+}
+# A replay table's columns that are measurements, never parameters: the objective's default
+# column, time and price per unit, and what the constraints read (rss_mb, rate).
+MEASURES = ("metric", "seconds", "price_per_hour", "rss_mb", "rate")
+# A search's budget and its shape, and why no more: past these a number is a typo, and recorded
+# it made a run whose budget was never spent (`compare --budget 100000000` ran without end).
+MAX_TRIALS = 10000
+COUNTS = {
+    "trials": (1, MAX_TRIALS, "every trial is built and measured, and the model slows with each"),
+    "parallel": (1, 256, "each trial in flight is an instance and a thread here"),
+    "replicates": BENCH_COUNTS["replicates"],
+    "seed": (0, 2**32 - 1, "a seed is 32 bits"),
+    "startup_trials": (0, MAX_TRIALS, "they are trials of the budget"),
+}
+MAX_HOURS = 24 * 366.0  # a search that runs for more than a year is a typo
+# The flag that gives a key on the command line, where it is not --KEY.
+FLAGS = {"replay_column": "--objective-column", "max_usd": "--max-cost"}
+
+
+@dataclass
+class TuneSpec:
+    space: Space
+    objective: str = "runtime"
+    algorithm: str = engines.DEFAULT
+    seed: int = 0
+    trials: int = 20
+    startup_trials: int | None = None
+    parallel: int = 1
+    max_usd: float | None = None
+    max_hours: float | None = None
+    constraints: dict[str, float] = field(default_factory=dict)
+    replay: Path | None = None
+    replay_column: str = "metric"
+    types: list[str] = field(default_factory=list)
+    recipe: str = ""
+    replicates: int = 1
+    executor: str = "ssh"  # or "batch": trials measured as Batch jobs
+    expected_runtime_s: float | None = None  # one replicate, as declared: for the estimate
+    raw: dict[str, Any] = field(default_factory=dict)
+    # What a trial is expected to cost before any has (the estimate's): the money budget counts
+    # the trials in flight at it, not at nothing. Set by the caller; never recorded.
+    trial_usd_guess: float = 0.0
+
+    @property
+    def startup(self) -> int:
+        # hyperopt's default of 20 random trials is a third of a small budget: a quarter here.
+        if self.startup_trials is not None:
+            return self.startup_trials
+        return max(3, min(20, self.trials // 4))
+
+
+def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
+    """A tune file with command-line values on top (`overrides`: None for a flag not given)."""
+    text, data = tomlfile.read(path, "tune file")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    data.update(given)
+    return from_dict(data, str(path), text, path.parent, flags=given)
+
+
+def from_dict(
+    data: dict[str, Any],
+    where: str,
+    text: str = "",
+    base: Path = Path("."),
+    flags: Collection[str] = (),
+) -> TuneSpec:
+    """A tune spec, every value checked; `flags` are the keys the command line gave, whose
+    errors name the flag rather than the file."""
+
+    def fail(key: str, message: str) -> UserError:
+        if key in flags:
+            return UserError(f"{FLAGS.get(key, '--' + key.replace('_', '-'))}: {message}")
+        line = line_of(text, key)
+        return UserError(f"{where}{f':{line}' if line else ''}: {key}: {message}")
+
+    known = {
+        "params", "objective", "algorithm", "seed", "trials", "startup_trials", "parallel",
+        "max_usd", "max_hours", "constraints", "replay", "replay_column", "types", "recipe",
+        "replicates", "name", "executor", "expected_runtime", "max_cost",
+    }  # fmt: skip
+    for key in data:
+        if key not in known:
+            raise fail(key, f"unknown key; known: {', '.join(sorted(known))}")
+    if "max_cost" in data:
+        # The money budget by the name bench files use (and --max-cost): one budget, two names.
+        if "max_usd" in data and "max_usd" not in flags:
+            raise fail("max_cost", "is max_usd by another name: give one of them")
+        cap = data.pop("max_cost")
+        problem = checks.number(cap, above=0)
+        if problem:
+            raise fail("max_cost", f"{problem} (leave it out for no limit)")
+        if "max_usd" not in flags:
+            data["max_usd"] = cap
+    types = data.get("types", [])
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
+    for instance_type in types:
+        check_type(instance_type, fail)  # before a run is recorded, not in every trial
+    if types and isinstance(data.get("params"), dict) and TYPE in data["params"]:
+        raise fail("types", "the types are named twice: keep types or params.instance_type")
+    space = parse(data.get("params"), where, text, types)
+    objective = data.get("objective", "runtime")
+    if objective not in OBJECTIVES:
+        raise fail("objective", f"{objective!r} is not one of {', '.join(OBJECTIVES)}")
+    algorithm = data.get("algorithm", engines.DEFAULT)
+    if algorithm not in ALGORITHMS:
+        raise fail("algorithm", f"{algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    for key, (low, high, why) in COUNTS.items():
+        if key in data:
+            problem = checks.integer(data[key], low, high, why)
+            if problem:
+                raise fail(key, problem)
+    startup = data.get("startup_trials")
+    for key, cap in (("max_usd", None), ("max_hours", MAX_HOURS)):
+        if key in data:
+            problem = checks.number(data[key], above=0, at_most=cap, why="over a year")
+            if problem:
+                raise fail(key, f"{problem} (leave it out for no limit)")
+    constraints = data.get("constraints", {})
+    if not isinstance(constraints, dict) or any(k not in CONSTRAINTS for k in constraints):
+        raise fail("constraints", f"a table of {', '.join(CONSTRAINTS)}")
+    for key, value in constraints.items():
+        # A nan bound compares false with every trial: it would pass them all unchecked.
+        problem = checks.number(value, above=0)
+        if problem:
+            raise fail(key, problem)
+    replay = data.get("replay")
+    if replay is not None and (not isinstance(replay, str) or not replay):
+        raise fail("replay", f"must be the path of a CSV table, not {replay!r}")
+    if not isinstance(data.get("replay_column", ""), str):
+        raise fail("replay_column", "must be the name of a column of the replay table")
+    recipe = data.get("recipe")
+    if replay is None and not recipe:
+        raise fail("recipe", "name the recipe to tune (or a replay table to search offline)")
+    if recipe is not None:
+        try:
+            recipes.check_name(recipe)
+        except UserError as exc:
+            raise fail("recipe", str(exc)) from None
+    if replay is None and not types and TYPE not in space.params:
+        raise fail("types", "name the instance type (or make instance_type a parameter)")
+    executor = data.get("executor", "ssh")
+    if executor not in EXECUTORS:
+        raise fail("executor", f"{executor!r} is not one of {', '.join(EXECUTORS)}")
+    expected = data.get("expected_runtime")
+    try:
+        expected_s = None if expected is None else cost.seconds(expected)
+    except ValueError as exc:
+        raise fail("expected_runtime", str(exc)) from None
+    if algorithm == "grid":
+        space.size()  # a continuous parameter is refused here, not mid-search
+    return TuneSpec(
+        space=space,
+        objective=objective,
+        algorithm=algorithm,
+        seed=int(data.get("seed", 0)),
+        trials=int(data.get("trials", 20)),
+        startup_trials=startup,
+        parallel=int(data.get("parallel", 1)),
+        max_usd=data.get("max_usd"),
+        max_hours=data.get("max_hours"),
+        constraints={k: float(v) for k, v in constraints.items()},
+        replay=(base / replay) if replay else None,
+        replay_column=str(data.get("replay_column", "metric")),
+        types=types,
+        recipe=str(data.get("recipe", "")),
+        replicates=int(data.get("replicates", 1)),
+        executor=str(executor),
+        expected_runtime_s=expected_s,
+        raw=data,
+    )
+
+
+def new_engine(
+    space: Space, algorithm: str, seed: int, startup: int, budget: int
+) -> engines.Engine:
+    """The search engine of a run (fleet/search/engines.py names them)."""
+    return engines.make(algorithm, space, seed, startup, budget)
+
+
+def loss_of(spec: TuneSpec, evaluation: Evaluation) -> float | None:
+    return evaluation.loss if evaluation.state == "ok" else None
+
+
+def broken_constraint(
+    spec: TuneSpec,
+    *,
+    seconds: float | None = None,
+    row: dict[str, Any] | None = None,
+    usd_per_unit: float | None = None,
+    rss_mb: float | None = None,
+    rate: float | None = None,
+) -> str:
+    """The first service-level target the trial breaks, or ''."""
+    limits = spec.constraints
+    row = row or {}
+    rss_mb = rss_mb if rss_mb is not None else row.get("rss_mb")
+    rate = rate if rate is not None else row.get("rate")
+    checks: list[tuple[str, Any, bool]] = [
+        ("max_seconds", seconds, False),
+        ("max_usd_per_unit", usd_per_unit, False),
+        ("max_rss_mb", rss_mb, False),
+        ("min_rate", rate, True),  # a floor; the others are ceilings
+    ]
+    for name, value, floor in checks:
+        if name not in limits:
+            continue
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            # Not passed unchecked (an empty cell in a replay table is no figure either): the
+            # target is the user's, not optional.
+            lacking = CONSTRAINT_MEASURE[name]
+            return f"{name} {limits[name]:g} cannot be checked: the trial has no {lacking}"
+        broken = float(value) < limits[name] if floor else float(value) > limits[name]
+        if broken:
+            return f"{name} {limits[name]:g} broken: {float(value):.4g}"
+    return ""
