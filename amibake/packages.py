@@ -12,10 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from amibake.recipes import Recipe
+from typing import Any
 
 # What amibake itself runs on a host: artifacts are tar.xz (unpacked on every host that runs
 # one; the build host tars its output and unpacks xz sources). The ISA scan runs on the
@@ -59,9 +56,3 @@ def runtime(manifests: Iterable[dict[str, Any]]) -> list[str]:
     """The runtime packages of these artifacts' recipes, as their manifests record them."""
     needed = [str(name) for manifest in manifests for name in manifest.get("runtime_packages", [])]
     return list(dict.fromkeys(needed))
-
-
-def for_build(recipe: Recipe) -> list[str]:
-    """What the build host installs: amibake's tools, the build's and the artifact's packages
-    (the smoke test runs the artifact there)."""
-    return list(dict.fromkeys([*BUILD_TOOLS, *recipe.packages, *recipe.runtime_packages]))

@@ -14,7 +14,7 @@ from typing import Any
 import botocore.exceptions
 
 from amibake import bake as bake_module
-from amibake import catalog, packages, recipes, render, runner, sources
+from amibake import catalog, recipes, render, runner, sources
 from amibake.cloud import Cloud, tags
 from amibake.errors import AmibakeError, CloudError, UserError
 from amibake.flags import Compiler, for_build
@@ -230,7 +230,7 @@ def dry_run(states: list[BuildState]) -> list[Outcome]:
                     ],
                     "compiler": str(state.compiler),
                     "flags": state.cflags,
-                    "packages": packages.for_build(state.recipe),
+                    "packages": state.recipe.build_packages,
                     "build_script": script,
                     "created": [],
                 },

@@ -72,6 +72,12 @@ class Recipe:
         return {n: str(chosen.get(n, self.bench_defaults[n])) for n in self.placeholders}
 
     @property
+    def build_packages(self) -> list[str]:
+        """What the build host installs: amibake's tools, the build's and the artifact's
+        packages (the smoke test runs the artifact there)."""
+        return list(dict.fromkeys([*packages.BUILD_TOOLS, *self.packages, *self.runtime_packages]))
+
+    @property
     def file(self) -> Path:
         return self.directory / "recipe.toml"
 

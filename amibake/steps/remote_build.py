@@ -90,7 +90,7 @@ class Build:
         # One round trip (as root) learns the build host's facts and prepares the tmpfs, sized
         # from its memory: half of it, or the recipe's cap.
         # The recipe's packages first: the base image has no compiler (amibake.packages).
-        needed = packages.for_build(state.recipe)
+        needed = state.recipe.build_packages
         install = packages.install_command(needed)
         # dnf on a new instance takes a while (its metadata, then gcc): say what it waits on.
         log.info("%s: packages %s (installed where missing)", state.label, " ".join(needed))
