@@ -24,12 +24,14 @@ class Report:
     text: str
     files: dict[str, Path] = field(default_factory=dict)
     answer: str = ""  # the run's result in one line: cheapest, fastest, or cannot tell apart
+    details: dict[str, Any] = field(default_factory=dict)  # the kind's own findings, for --json
 
     def to_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
             "note": self.note,
             "answer": self.answer,
+            **self.details,
             "summary": self.summary.replace({np.nan: None}).to_dict(orient="records"),
             "failures": self.failures.to_dict(orient="records"),
             "files": {k: str(v) for k, v in self.files.items()},

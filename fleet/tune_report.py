@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from fleet.replay import Comparison
 
 TERMINAL_TRIALS = 10  # a tune report's trials in the terminal; the page and trials.csv hold all
+# Below this many feasible trials per parameter, a parameter's share of the variance is a hint,
+# not a finding: with 4 trials and 4 parameters, each value was seen once or twice.
+IMPORTANCE_TRIALS_PER_PARAM = 5
 
 PREFERENCES = ("time", "cost", "balanced")
 
@@ -52,6 +55,7 @@ def make_tune(
     from fleet import tune
 
     run_id = record["run_id"]
+    details: dict[str, Any] = {}
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"].copy()
     if final.empty:
@@ -74,10 +78,20 @@ def make_tune(
             spec.get("objective", "runtime"), float(best.loss), best.metric, interval
         )
         lines.append(f"best: {described} at trial {best.trial}: {best.params}")
+        details["best"] = {
+            "trial": int(best.trial),
+            "loss": float(best.loss),
+            "metric": None if pd.isna(best.metric) else float(best.metric),
+            "params": json.loads(best.params),
+            "described": described,
+        }
         through_noise = tune.recommendation(results, run_id)
         if through_noise is not None:
             objective = spec.get("objective", "runtime")
             lines.append(f"recommended: {tune.recommendation_text(objective, through_noise)}")
+            ready = ready_line(spec, run_id, through_noise["params"])
+            lines.append(ready)
+            details["recommended"] = {**through_noise, "use": ready}
         lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
     else:
         lines.append("no feasible trial yet")
@@ -88,6 +102,17 @@ def make_tune(
             "its value explains alone, epsilon squared): "
             + ", ".join(f"{name} {share:.2f}" for name, share in shares.items())
         )
+        needed = IMPORTANCE_TRIALS_PER_PARAM * len(shares)
+        if len(ok) < needed:
+            lines.append(
+                f"  (a hint, not a finding: {len(ok)} feasible trials for {len(shares)} "
+                f"parameters; about {needed} would support it)"
+            )
+        details["importance"] = {
+            "shares": shares,
+            "trials": len(ok),
+            "supported": len(ok) >= needed,
+        }
     for _, bad in final[final.state != "ok"].head(5).iterrows():
         lines.append(f"{bad.state}: trial {bad.trial}: {bad.reason}")
     summary_lines = list(lines)  # the page's introduction: all but the table
@@ -106,6 +131,13 @@ def make_tune(
     ].rename(columns={"seconds": "seconds_per_unit"})  # as cost is: per unit of work
     report = Report(
         run_id, record["note"], shown, final[final.state != "ok"][["trial", "state", "reason"]], ""
+    )
+    report.details = details
+    recommended = details.get("recommended")
+    report.answer = (
+        f"recommended: {tune.recommendation_text(spec.get('objective', 'runtime'), recommended)}"
+        if recommended
+        else "no feasible trial"
     )
     if len(shown) > TERMINAL_TRIALS:
         lines.append(f"the last {TERMINAL_TRIALS} of {len(shown)} trials (all in trials.csv):")
@@ -130,6 +162,27 @@ def make_tune(
         lines.append(f"report: {page}")
     report.text = "\n".join(lines)
     return report
+
+
+def ready_line(spec: dict[str, Any], run_id: str, params: dict[str, Any]) -> str:
+    """The recommendation as something to paste: the compile-stage parameters as the flags they
+    add to the family's tuned ones, the run-stage ones as the workload's arguments."""
+    from fleet.space import TYPE
+    from fleet.tune_spec import from_dict
+
+    try:
+        space = from_dict(spec, f"run {run_id}").space
+    except UserError:  # its replay table moved, say: the parameters as they are
+        return f"use: {params}"
+    cflags, args = space.cflags(params), space.args(params)
+    parts = []
+    if cflags:
+        parts.append(f'build with CFLAGS="<the family\'s tuned flags> {cflags}"')
+    if args:
+        parts.append(f'run with "{args}"')
+    if TYPE in params:
+        parts.append(f"on {params[TYPE]}")
+    return "use: " + ("; ".join(parts) if parts else f"{params}")
 
 
 def _blank_missing(table: pd.DataFrame) -> pd.DataFrame:

@@ -877,3 +877,38 @@ def test_a_run_parameter_the_workload_cannot_take_is_refused(
     )
     evaluator: Any = evaluators.evaluator(tune.load(path), config.load())
     assert evaluator.workload == "bin/kernels {args}"
+
+
+def test_the_report_says_the_recommendation_ready_to_use_and_how_far_importance_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27: the best was a Python dict, importance a line with no warning at a handful of
+    trials, and --json had neither."""
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    rows = [
+        {"threads": t, "opt": o, "metric": t * (2 if o == "-O3" else 1)}
+        for t in range(1, 9)
+        for o in ("-O2", "-O3")
+    ]
+    replay = table(tmp_path / "t.csv", rows)
+    path = tmp_path / "tune.toml"
+    path.write_text(
+        f'replay = "{replay}"\nobjective = "metric"\ntrials = 6\nseed = 3\n'
+        '[params.threads]\nkind = "int"\nlow = 1\nhigh = 8\nstage = "run"\n'
+        '[params.opt]\nkind = "categorical"\nvalues = ["-O2", "-O3"]\nstage = "compile"\n'
+    )
+    assert main(["tune", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["report", "last", "--no-html", "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    chosen = made["recommended"]["params"]
+    use = made["recommended"]["use"]
+    assert use.startswith("use: build with CFLAGS=\"<the family's tuned flags> ")
+    assert f'CFLAGS="<the family\'s tuned flags> {chosen["opt"]}"' in use
+    assert f'run with "--threads {chosen["threads"]}"' in use
+    assert made["best"]["params"].keys() == {"threads", "opt"}
+    assert made["importance"]["trials"] == 6 and made["importance"]["supported"] is False
+    assert made["answer"].startswith("recommended: ")
+    assert main(["report", "last", "--no-html"]) == 0
+    text = capsys.readouterr().out
+    assert use in text and "a hint, not a finding: 6 feasible trials for 2 parameters" in text
