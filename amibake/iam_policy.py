@@ -21,6 +21,19 @@ from typing import Any
 
 from amibake.errors import UserError
 
+# What finding amibake's resources reads (gc and ls alike): its describes, by tag and by id.
+_FIND = [
+    "batch:DescribeComputeEnvironments",
+    "batch:DescribeJobQueues",
+    "ec2:DescribeFleets",
+    "ec2:DescribeImages",
+    "ec2:DescribeInstances",
+    "ec2:DescribeKeyPairs",
+    "ec2:DescribeLaunchTemplates",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeSnapshots",
+    "ec2:DescribeVolumes",
+]
 _LAUNCH = [
     "ec2:AuthorizeSecurityGroupIngress",
     "ec2:CreateFleet",
@@ -141,25 +154,14 @@ ACTIONS: dict[str, list[str]] = {
     ],
     # amibake ls and gc --dry-run: what amibake owns, read only (its sizes and ages included).
     "ls": [
-        "batch:DescribeComputeEnvironments",
+        *_FIND,
         "batch:DescribeJobDefinitions",
-        "batch:DescribeJobQueues",
-        "ec2:DescribeFleets",
-        "ec2:DescribeImages",
-        "ec2:DescribeInstances",
-        "ec2:DescribeKeyPairs",
-        "ec2:DescribeLaunchTemplates",
-        "ec2:DescribeSecurityGroups",
-        "ec2:DescribeSnapshots",
-        "ec2:DescribeVolumes",
         "s3:ListBucket",  # the job bucket's objects: their count and bytes
         "ssm:GetParameter",  # where the job bucket's name is recorded
     ],
     "gc": [
         "batch:DeleteComputeEnvironment",
         "batch:DeleteJobQueue",
-        "batch:DescribeComputeEnvironments",
-        "batch:DescribeJobQueues",
         "batch:UpdateComputeEnvironment",
         "batch:UpdateJobQueue",
         "ec2:DeleteFleets",
@@ -169,15 +171,8 @@ ACTIONS: dict[str, list[str]] = {
         "ec2:DeleteSnapshot",
         "ec2:DeleteVolume",
         "ec2:DeregisterImage",
-        "ec2:DescribeFleets",
-        "ec2:DescribeImages",
-        "ec2:DescribeInstances",
-        "ec2:DescribeKeyPairs",
-        "ec2:DescribeLaunchTemplates",
-        "ec2:DescribeSecurityGroups",
-        "ec2:DescribeSnapshots",
-        "ec2:DescribeVolumes",
         "ec2:TerminateInstances",
+        *_FIND,
     ],
 }
 # Called, but AWS checks no permission for them (and ignores a Deny): not in the policy.

@@ -11,15 +11,18 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.awsrequest import AWSResponse
 
-from amibake import cpu
+from amibake import config, cpu
 from amibake.cloud import Cloud
 from amibake.cloud.calls import every
 from amibake.cloud.reach import reach
 from amibake.remote import Remote
+
+if TYPE_CHECKING:
+    import pytest
 
 BASE_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
 
@@ -225,3 +228,24 @@ def ctrl_c_when(
         done.set()
         sender.join()
         signal.signal(signal.SIGINT, previous)
+
+
+def own_local_cloud(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, faults: str = "none", seed: int = 0
+) -> config.Config:
+    """The config of a local cloud of the test's own (its directory, a free port, its own
+    loopback range, its results), for tests that change the account (delete its default VPC,
+    turn AWS behaviours on). The caller connects, and takes it down with control.down."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    monkeypatch.setenv("AMIBAKE_CLOUD", "local")
+    monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(directory / "cloud"))
+    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
+    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{200 + port % 50}.0.0/16")
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(directory / "results"))
+    monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS", faults)
+    monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS_SEED", str(seed))
+    return config.load()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from amibake import config, pipelines
+from amibake import pipelines
 from amibake.cli import main
 from amibake.cloud import Cloud, reach
 from amibake.cloud.ec2 import zones_offering
@@ -23,8 +23,7 @@ from amibake.connect import connect
 from amibake.errors import CloudError, UserError
 from amibake.journal import Journal
 from amibake.local import control
-from tests.conftest import free_port
-from tests.helpers import base_ami, tagged_alive, wait_until_clean
+from tests.helpers import base_ami, own_local_cloud, tagged_alive, wait_until_clean
 from tests.test_build import FIXTURES
 
 FAMILY = "c5a"  # data: the trivial recipe's hello runs on any x86-64 machine (arm64: QEMU)
@@ -33,14 +32,7 @@ TYPE = f"{FAMILY}.large"
 
 @pytest.fixture
 def own_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
-    port = free_port()
-    monkeypatch.setenv("AMIBAKE_CLOUD", "local")
-    monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(tmp_path / "cloud"))
-    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{200 + port % 50}.0.0/16")
-    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
-    monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS", "none")
-    cfg = config.load()
+    cfg = own_local_cloud(tmp_path, monkeypatch)
     yield connect(cfg)
     control.down(cfg)
     assert wait_until_clean(tmp_path / "cloud") == []

@@ -18,8 +18,7 @@ from amibake.cloud import Cloud
 from amibake.connect import connect
 from amibake.errors import UserError
 from amibake.local import control, faults
-from tests.conftest import free_port
-from tests.helpers import tagged_alive, tagged_images_alive, wait_until_clean
+from tests.helpers import own_local_cloud, tagged_alive, tagged_images_alive, wait_until_clean
 from tests.test_build import FIXTURES
 
 
@@ -36,15 +35,7 @@ def faulty(
     started: list[config.Config] = []
 
     def start(spec: str, seed: int) -> Cloud:
-        port = free_port()
-        monkeypatch.setenv("AMIBAKE_CLOUD", "local")
-        monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(tmp_path / "cloud"))
-        monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-        monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{200 + port % 50}.0.0/16")
-        monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
-        monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS", spec)
-        monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS_SEED", str(seed))
-        cfg = config.load()
+        cfg = own_local_cloud(tmp_path, monkeypatch, spec, seed)
         started.append(cfg)
         return connect(cfg)
 
