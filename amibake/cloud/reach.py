@@ -112,7 +112,7 @@ def reach(
             last_problem = f"state {state}"
         progress.tick(last_problem)
         time.sleep(delay)
-        delay = min(delay * 2, 2.0)
+        delay = min(delay * 2, 1.0)  # SSH is tried at least once a second
     hint = ""
     if cloud.config.ssh_address == "public" and "address" not in last_problem:
         # Addressed but never answering: the usual cause is a subnet without a route to an
