@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amibake import catalog, checks, cost, recipes, tomlfile
-from amibake.errors import UnknownNameError, UserError
+from amibake import catalog, checks, cost, instance_kinds, recipes, tomlfile
+from amibake.errors import UserError
 
 BUILDS = ("tuned", "generic")
 EXECUTORS = ("ssh", "batch")
@@ -277,8 +277,8 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
             types.append(family.instance_type(size))
     if not types:
         raise fail("types", "name at least one instance type (types = [...] or --types)")
-    for instance_type in types:
-        check_type(instance_type, fail)
+    for instance_type in types:  # a build needs the type's family in the build catalog
+        check_type(instance_type, fail, build=bool(data.get("recipe")))
     types = list(dict.fromkeys(types))
     recipe, command = str(data.get("recipe", "")), str(data.get("command", ""))
     if bool(recipe) == bool(command):
@@ -381,16 +381,24 @@ def cap_problem(value: Any) -> str:
     )
 
 
-def check_type(instance_type: str, fail: Any) -> None:
-    """An instance type is FAMILY.SIZE of a known family and one of its sizes."""
-    family_name, _, size = instance_type.partition(".")
-    try:
-        family = catalog.family(family_name)
-    except UnknownNameError as exc:
-        raise fail("types", f"unknown instance type {instance_type!r}: {exc}") from None
-    if size not in family.sizes:
+def check_type(instance_type: str, fail: Any, build: bool = True) -> None:
+    """An instance type EC2 has: for a build, FAMILY.SIZE of a build-catalog family and one of
+    its sizes; for a workload that needs none (build=False), any type EC2 names (whether the
+    region offers it is asked at run time, before anything is launched)."""
+    if instance_kinds.in_catalog(instance_type):
+        return
+    family_name = instance_type.partition(".")[0]
+    known = catalog.families().get(family_name)
+    if instance_type in instance_kinds.ec2_names() and not (build and known):
+        if build:
+            raise fail("types", instance_kinds.not_for_builds(instance_type))
+        return
+    if known is not None:
         raise fail(
             "types",
             f"unknown instance type {instance_type!r}: {family_name} comes in "
-            f"{', '.join(family.sizes)}",
+            f"{', '.join(known.sizes)}",
         )
+    close = instance_kinds.suggestions(instance_type)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise fail("types", f"unknown instance type {instance_type!r}: EC2 has no such type{hint}")

@@ -372,6 +372,10 @@ BENCH_FLAGS = [
          "'c5x.large'"),
     case("fleet bench --types c5a.huge --command true", "--types: unknown instance type "
          "'c5a.huge': c5a comes in large"),
+    case("fleet bench --types g5.xlarg --command true", "--types: unknown instance type "
+         "'g5.xlarg': EC2 has no such type; did you mean g5.xlarge"),
+    case("fleet bench --types g5.xlarge --recipe kernels", "--types: g5.xlarge: family g5 is not "
+         "in the build catalog (amibake/catalog/families.json)"),
     case("fleet bench --types c5a.large", "command line: recipe: give exactly one of recipe"),
     case("fleet bench --types c5a.large --command true --recipe kernels", "--recipe: give exactly "
          "one of recipe"),
