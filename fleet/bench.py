@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from amibake import catalog, cpu, flags, logs
+from amibake import catalog, cpu, flags, instance_kinds, logs
 from amibake.cloud import Cloud
 from amibake.errors import UserError
 from amibake.pipelines import BuildRequest, Outcome, open_run, run_each
@@ -197,7 +197,7 @@ def check_runnable(
     for it: from the builds' own instructions when `artifacts` holds them, else predicted from
     each family's target. A build QEMU runs is allowed, and said to be emulated."""
     machine = cloud.instance_cpu
-    if machine is None:
+    if machine is None or not builds:  # a plain command: nothing built, any type runs it
         return
     for instance_type in types:
         family = catalog.family(instance_type.split(".")[0])
@@ -380,7 +380,7 @@ def measure(
             continue
         kind = JobsState if spec.executor == "batch" else BenchState
         state = kind(
-            family=catalog.family(family_name),
+            family=instance_kinds.kind_of(cloud, instance_type),
             size=size,
             exact_size=True,
             spot=spec.spot,

@@ -25,6 +25,7 @@ from amibake.cloud import Cloud
 from amibake.cloud.reach import describe
 from amibake.cpu import Verdict
 from amibake.errors import RemoteError, UserError
+from amibake.instance_kinds import InstanceKind, Kind
 from amibake.runner import Rerun, RunContext, Step
 from amibake.steps.access import KeyPair, SecurityGroup
 from amibake.steps.launch import LaunchFleet, LaunchTemplate
@@ -317,6 +318,8 @@ def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str)
         },
         "emulated": {n: v.emulator for n, v in verdicts.items() if v.how == "emulated"},
     }
+    if isinstance(state.family, InstanceKind):  # a type outside the build catalog: as EC2 has it
+        state.facts.update(state.family.facts())
     state.record_environment(state)
     where = (
         " (on the local cloud every type runs on this machine's CPU)"
@@ -339,7 +342,7 @@ def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str)
                 verdict.emulator.split()[0],
                 verdict.reason,
             )
-    if cloud.instance_cpu is None and state.artifacts:
+    if cloud.instance_cpu is None and state.artifacts and isinstance(state.family, Family):
         # On AWS the CPU is the family's: one lacking what the family's build is made for
         # landed on a generation the catalog does not list for it.
         lacking = sorted(cpu_module.predicted_needs(state.family) - machine.features)
@@ -350,7 +353,7 @@ def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str)
             )
 
 
-def build_verdict(build: BuildArtifact, family: Family, machine: cpu_module.Cpu) -> Verdict:
+def build_verdict(build: BuildArtifact, family: Kind, machine: cpu_module.Cpu) -> Verdict:
     """How `machine` runs a build, from the instructions its scan found."""
     architecture = str(build.manifest.get("architecture", family.architecture))
     return cpu_module.verdict(architecture, set(build.manifest.get("isa_features", [])), machine)

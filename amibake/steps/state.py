@@ -9,6 +9,7 @@ from typing import IO, Any
 from amibake.catalog import Family
 from amibake.cpu import Cpu
 from amibake.flags import Compiler, Flags
+from amibake.instance_kinds import Kind
 from amibake.recipes import Recipe
 from amibake.remote import Remote
 from amibake.sources import Source
@@ -18,7 +19,9 @@ from amibake.sources import Source
 class InstanceState:
     """What the steps that launch and reach one instance share (build, bake, boot test)."""
 
-    family: Family
+    # A build-catalog Family, or (for a workload nothing is built for) an InstanceKind that
+    # EC2 described: the launch steps use only name, architecture, sizes and instance_type().
+    family: Kind
     size: str
     spot: bool = True
     on_demand_fallback: bool = False
@@ -72,6 +75,7 @@ class Variant:
 
 @dataclass(kw_only=True)
 class BuildState(InstanceState):
+    family: Family  # a build targets a catalog family's CPUs
     recipe: Recipe
     source: Source
     artifacts_dir: Path
