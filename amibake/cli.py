@@ -216,6 +216,35 @@ def build_parser() -> argparse.ArgumentParser:
     has.add_argument("recipe", help="recipe name")
     common_options(has)
 
+    recipe = commands.add_parser("recipe", help="recipes for your own source trees")
+    recipe_commands = recipe.add_subparsers(
+        dest="recipe_command", required=True, parser_class=Parser
+    )
+    new = recipe_commands.add_parser(
+        "new", help="write a recipe that builds a directory or a git commit with family flags"
+    )
+    new.add_argument("name", help="the recipe's name (a folder of the recipes directory)")
+    new.add_argument(
+        "--from",
+        dest="origin",
+        required=True,
+        metavar="DIR|GIT_URL",
+        help="a source directory (.gitignore respected) or a git URL (with --commit)",
+    )
+    new.add_argument("--commit", metavar="SHA", help="the full 40-hex commit of a git URL")
+    new.add_argument(
+        "--build",
+        choices=("cmake", "make", "autotools", "custom"),
+        help="the build system (default: told by CMakeLists.txt, configure(.ac), Makefile)",
+    )
+    new.add_argument(
+        "--artifact",
+        action="append",
+        metavar="PATH",
+        help="a file the build installs, under its prefix (repeat; default bin/NAME)",
+    )
+    common_options(new)
+
     interrupt = local_commands.add_parser(
         "interrupt", help="raise a spot interruption notice on an instance's IMDS"
     )
@@ -255,6 +284,12 @@ EXAMPLES = {
     "source": ["amibake source add ~/Downloads/zstd-1.5.4.tar.gz"],
     "source add": ["amibake source add ~/Downloads/zstd-1.5.4.tar.gz"],
     "source has": ["amibake source has zstd"],
+    "recipe": ["amibake recipe new mysim --from ~/src/mysim"],
+    "recipe new": [
+        "amibake recipe new mysim --from ~/src/mysim",
+        "amibake recipe new mysim --from https://github.com/you/mysim.git "
+        "--commit 0123456789abcdef0123456789abcdef01234567 --build cmake --artifact bin/sim",
+    ],
     "completion": [
         "amibake completion bash > ~/.local/share/bash-completion/completions/amibake",
         "amibake completion zsh > ~/.zfunc/_amibake",
@@ -766,6 +801,36 @@ def _source(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recipe(args: argparse.Namespace) -> int:
+    from amibake import new_recipe
+
+    cfg = config_from(args)
+    written = new_recipe.write(
+        args.name,
+        args.origin,
+        root=cfg.recipes_dir,
+        commit=args.commit,
+        build=args.build,
+        artifacts=args.artifact,
+    )
+    print_result(
+        args,
+        {
+            "recipe": written.name,
+            "path": str(written.directory),
+            "build": written.build,
+            "source": written.source,
+            "files": written.files,
+            "packages": written.packages,
+        },
+        lambda r: (
+            f"wrote {r['path']}: {r['source']} ({r['files']} files), built with {r['build']}; "
+            f"next: amibake build --family FAMILY --recipe {r['recipe']}"
+        ),
+    )
+    return 0
+
+
 def _completion(args: argparse.Namespace) -> int:
     cfg = config_module.load()  # the recipes completed are those of the configured folder
     print(cliutil.completion_script(build_parser(), "amibake", args.shell, cfg.recipes_dir))
@@ -782,6 +847,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "gc": _gc,
     "iam-policy": _iam_policy,
     "source": _source,
+    "recipe": _recipe,
     "completion": _completion,
 }
 

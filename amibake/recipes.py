@@ -1,6 +1,7 @@
 """Recipes: ``build_recipes/<app>/recipe.toml`` and the files beside it.
 
-A recipe names its source (a local path, or archives each with a sha256), the packages its
+A recipe names its source (a local path, archives each with a sha256, or a git URL at a pinned
+commit), the packages its
 build needs and those its artifact needs to run (amibake.packages installs them), the build
 script template, the artifact paths, a smoke test and how to benchmark it.
 Errors name the file (and the line, where TOML gives one).
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amibake import checks, packages, tomlfile
+from amibake import checks, packages, source_tree, tomlfile
 from amibake.catalog import ARCHITECTURES
 from amibake.errors import UnknownNameError, UserError
 
@@ -27,6 +28,7 @@ _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 # What a [bench.parameters] entry's kind may be: the kinds of value the workload takes, which a
 # tune file's parameter of that name must match (fleet.space has the same four).
 PARAMETER_KINDS = ("int", "uniform", "loguniform", "categorical")
+SOURCE_KEYS = ("path", "archives", "git", "commit")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class Recipe:
     # build.dispatched: CPU features the artifact's code uses only after checking at run time
     # that the CPU has them (zstd's BMI2 paths): found by the ISA scan, but not needed to run.
     dispatched: tuple[str, ...] = ()
+    # source.git and source.commit: a repository fetched on the controller at that commit.
+    git_url: str = ""
+    git_commit: str = ""
 
     @property
     def placeholders(self) -> list[str]:
@@ -158,8 +163,16 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
             problems.append(f"source.archives[{i}].sha256 must be 64 lowercase hex digits")
         archives.append(Archive(str(entry.get("filename", "")), sha, str(entry.get("url", ""))))
-    if source_path is None and not archives:
-        problems.append("source needs a path or archives")
+    git_url, git_commit = str(source.get("git", "")), str(source.get("commit", ""))
+    if git_url and not source_tree.FULL_COMMIT.fullmatch(git_commit):
+        problems.append("source.git needs source.commit, the full 40-hex commit to build")
+    elif git_commit and not git_url:
+        problems.append("source.commit goes with source.git, the repository's URL")
+    problems += [f"source: unknown key {k!r}" for k in source if k not in SOURCE_KEYS]
+    if sum(map(bool, (source_path, archives, git_url))) > 1:
+        problems.append("source takes one of path, archives or git")
+    elif source_path is None and not archives and not git_url:
+        problems.append("source needs a path, archives, or git and commit")
     package_lists: dict[str, tuple[str, ...]] = {}
     for key in ("packages", "runtime_packages"):
         names = data.get(key, [])
@@ -222,15 +235,20 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         runtime_packages=package_lists["runtime_packages"],
         bench_defaults=defaults,
         dispatched=tuple(dispatched),
+        git_url=git_url,
+        git_commit=git_commit,
     )
 
 
-def pack_directory(path: Path) -> bytes:
-    """A reproducible tar.gz of a source directory: same files, same bytes, same sha256."""
+def pack_directory(path: Path, *, gitignore: bool = True) -> bytes:
+    """A reproducible tar.gz of a source directory: same files, same bytes, same sha256. The
+    files are those git would commit (.gitignore respected, amibake.source_tree), so a build
+    output or an editor's file left in the tree neither ships nor changes the hash."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
-        for file in sorted(p for p in path.rglob("*") if p.is_file()):
-            info = tar.gettarinfo(str(file), arcname=str(file.relative_to(path)))
+        for name in source_tree.files(path, gitignore=gitignore):
+            file = path / name
+            info = tar.gettarinfo(str(file), arcname=name.as_posix())
             info.mtime = 0
             info.uid = info.gid = 0
             info.uname = info.gname = ""

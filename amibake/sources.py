@@ -1,13 +1,20 @@
-"""The controller's source cache, keyed by sha256: a source is checked once, uploaded as is."""
+"""The controller's source cache, keyed by sha256: a source is checked once, uploaded as is.
+
+A directory is packed (amibake.recipes.pack_directory) each time it is resolved, so an edit to
+the tree is a new sha256, hence a new build. A git commit is fetched and packed once: the
+commit names its content, and `git-<commit>` in the cache says which tarball it became.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from amibake import source_tree
 from amibake.config import cache_home
 from amibake.errors import UserError
 from amibake.recipes import Recipe, available, load, pack_directory
@@ -37,13 +44,10 @@ class Source:
 def resolve(recipe: Recipe) -> Source:
     """The recipe's source, in the cache: packed from its directory, or one of its archives."""
     if recipe.source_path is not None:
-        data = pack_directory(recipe.source_path)
-        digest = hashlib.sha256(data).hexdigest()
-        target = cache_dir() / digest
-        if not target.exists():
-            tmp = target.with_suffix(".part")
-            tmp.write_bytes(data)
-            tmp.replace(target)
+        target, digest = store(pack_directory(recipe.source_path))
+        return Source(target, digest, f"{recipe.name}-src.tar.gz")
+    if recipe.git_url:
+        target, digest = from_git(recipe.git_url, recipe.git_commit)
         return Source(target, digest, f"{recipe.name}-src.tar.gz")
     for archive in recipe.archives:
         cached = cache_dir() / archive.sha256
@@ -54,6 +58,41 @@ def resolve(recipe: Recipe) -> Source:
         f"recipe {recipe.name}: no accepted source archive in the cache ({names}); get one and "
         f"run `amibake source add FILE`"
     )
+
+
+def store(data: bytes) -> tuple[Path, str]:
+    """Put packed bytes in the cache under their sha256; the path and the sha256."""
+    digest = hashlib.sha256(data).hexdigest()
+    target = cache_dir() / digest
+    if not target.exists():
+        tmp = target.with_suffix(f".{os.getpid()}.part")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    return target, digest
+
+
+def store_commit(commit: str, tree: Path) -> tuple[Path, str]:
+    """Pack a commit's exported tree (as committed: no .gitignore applied) into the cache, and
+    remember which tarball the commit became."""
+    target, digest = store(pack_directory(tree, gitignore=False))
+    marker = cache_dir() / f"git-{commit}"
+    part = marker.with_name(f"{marker.name}.{os.getpid()}.part")
+    part.write_text(digest + "\n")
+    part.replace(marker)
+    return target, digest
+
+
+def from_git(url: str, commit: str) -> tuple[Path, str]:
+    """The packed tree of a commit: from the cache, else fetched from `url` on this machine."""
+    marker = cache_dir() / f"git-{commit}"
+    if marker.exists():
+        digest = marker.read_text().strip()
+        if (cache_dir() / digest).exists():
+            return cache_dir() / digest, digest
+    with tempfile.TemporaryDirectory(prefix="amibake-tree-") as scratch:
+        tree = Path(scratch) / "tree"
+        source_tree.export_commit(url, commit, tree)
+        return store_commit(commit, tree)
 
 
 def add(file: Path) -> tuple[Source, list[str]]:

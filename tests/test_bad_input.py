@@ -159,6 +159,30 @@ AMIBAKE = [
          files={"zstd-1.5.4.tar.gz": b"tampered"}),
     case("amibake source has ../x", "recipe '../x' is not a plain name"),
     case("amibake source has nope", "unknown recipe 'nope'"),
+    case("amibake recipe", "the following arguments are required: recipe_command"),
+    case("amibake recipe new x", "the following arguments are required: --from"),
+    case("amibake recipe new x --from {tmp}/missing", "--from {tmp}/missing: no such directory"),
+    case("amibake recipe new x --from {tmp}/a-file", "--from {tmp}/a-file: not a directory"),
+    case("amibake recipe new x --from {tmp}/empty", "--from {tmp}/empty: no files to build (the "
+         "tree is empty, or .gitignore excludes everything)", files={"empty/.gitignore": "*\n"}),
+    case("amibake recipe new x --from {tmp}/src", "--from {tmp}/src: no CMakeLists.txt, "
+         "configure(.ac) or Makefile at its top to tell the build system: give --build "
+         "cmake|make|autotools, or --build custom", files={"src/main.c": "int main() {}\n"}),
+    case("amibake recipe new x --from https://git.example.org/x.git", "--from "
+         "https://git.example.org/x.git: a git URL is built at a pinned commit: add --commit SHA"),
+    case("amibake recipe new x --from https://git.example.org/x.git --commit abc1234",
+         "--commit abc1234: give the full 40-hex commit"),
+    case("amibake recipe new x --from file://{recipes}/.. --commit " + "0" * 40,
+         f"commit {'0' * 40} is not in file://{{recipes}}/..: check --commit"),
+    case("amibake recipe new x --from {tmp} --commit " + "0" * 40,
+         "--commit goes with a git URL; --from {tmp} is a directory"),
+    case("amibake recipe new x --from {tmp} --build scons", "argument --build: invalid choice"),
+    case("amibake recipe new x --from {tmp} --artifact ../x", "--artifact '../x': a path under "
+         "the install prefix"),
+    case("amibake recipe new ../x --from {tmp}", "recipe '../x' is not a plain name"),
+    case("amibake recipe new 'a b' --from {tmp}", "recipe 'a b' is not a plain name"),
+    case("amibake recipe new kernels --from {tmp}", "recipe kernels already exists in {recipes}: "
+         "choose another name"),
     case("amibake local", "the following arguments are required: local_command"),
     case("amibake local interrupt bad", "'bad' is not an instance id"),
     case("amibake local interrupt 'i-1; reboot'", "'i-1; reboot' is not an instance id"),

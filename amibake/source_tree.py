@@ -1,0 +1,164 @@
+"""A user's source tree as a build source: the files it ships, and a git commit as such a tree.
+
+What ships is what git would commit: in a git work tree, git itself says so (tracked files, and
+untracked ones no .gitignore excludes); elsewhere the tree's .gitignore files are read with
+pathspec's gitignore matcher, each applying below its own directory, deeper ones last, as git
+reads them. Build outputs, editor files and a checkout's junk never reach the instance, and
+never change the content hash a build is cached under.
+
+A git URL is fetched here, on the controller, at one pinned commit, and exported as a plain
+tree (`git archive`), so the build host needs no git and no access to the repository.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pathspec
+
+from amibake.errors import UserError
+
+FULL_COMMIT = re.compile(r"[0-9a-f]{40}")
+# What git takes as a remote: a URL of its transports, or scp-like user@host:path.
+_GIT_URL = re.compile(r"^(?:(?:https?|git|ssh|git\+ssh|file)://|[\w.-]+@[\w.-]+:)")
+# A fetch that failed because the commit is not in the repository, as upload-pack words it.
+_NOT_THERE = ("not our ref", "couldn't find remote ref", "no such remote ref")
+# A server that serves advertised refs only: fetch them all, then look for the commit.
+_REFS_ONLY = ("unadvertised object", "not allow")
+GIT_TIMEOUT_S = 900
+# What git would commit: tracked files, and untracked ones that no ignore rule excludes.
+_LIST_FLAGS = ("--cached", "--others", "--exclude-standard")
+# Never ask for a password or a host key on a terminal: a fetch either works or says why.
+_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_SSH_COMMAND": "ssh -o BatchMode=yes"}
+
+
+def is_git_url(text: str) -> bool:
+    return bool(_GIT_URL.match(text))
+
+
+def files(directory: Path, *, gitignore: bool = True) -> list[Path]:
+    """The files of the tree that ship, relative to it, sorted; .gitignore respected unless
+    told otherwise (a tree git exported is already exactly what was committed)."""
+    if not gitignore:
+        found = [p.relative_to(directory) for p in directory.rglob("*") if p.is_file()]
+        return sorted(found)
+    listed = _git_listed(directory)
+    if listed is None:
+        listed = _matched(directory)
+    return sorted(p for p in listed if (directory / p).is_file())
+
+
+def _git_listed(directory: Path) -> list[Path] | None:
+    """What git would commit under `directory`, when it is in a git work tree (else None)."""
+    try:
+        inside = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True,
+            text=True,
+        )
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        listed = subprocess.run(
+            ["git", "-C", str(directory), "ls-files", "-z", *_LIST_FLAGS],
+            capture_output=True,
+            check=True,
+        )
+    except (FileNotFoundError, subprocess.CalledProcessError):
+        return None  # no git here, or one that will not read this tree: match by hand
+    return [Path(os.fsdecode(name)) for name in listed.stdout.split(b"\0") if name]
+
+
+def _matched(directory: Path) -> list[Path]:
+    """The tree's files less those its .gitignore files exclude (git's rules: a pattern is
+    relative to the file's directory, a deeper file overrides, an excluded directory's files
+    stay excluded whatever a later pattern says)."""
+    specs: dict[str, pathspec.GitIgnoreSpec] = {}
+    kept: list[Path] = []
+    for here, dirs, names in os.walk(directory):
+        rel = Path(here).relative_to(directory).as_posix()
+        rel = "" if rel == "." else rel
+        ignore_file = Path(here) / ".gitignore"
+        if ignore_file.is_file():
+            lines = ignore_file.read_text(errors="replace").splitlines()
+            specs[rel] = pathspec.GitIgnoreSpec.from_lines(lines)
+        # The .gitignore files above and at this directory, shallowest first.
+        applying = sorted(
+            (base for base in specs if base == "" or rel == base or rel.startswith(base + "/")),
+            key=lambda base: base.count("/") + (base != ""),
+        )
+
+        def ignored(path: str, is_dir: bool, applying: list[str] = applying) -> bool:
+            verdict = False
+            for base in applying:
+                inner = path[len(base) + 1 :] if base else path
+                result = specs[base].check_file(inner + ("/" if is_dir else ""))
+                if result.include is not None:
+                    verdict = result.include
+            return verdict
+
+        def joined(name: str, rel: str = rel) -> str:
+            return f"{rel}/{name}" if rel else name
+
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not ignored(joined(d), True))
+        kept += [Path(joined(n)) for n in names if not ignored(joined(n), False)]
+    return kept
+
+
+def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            capture_output=True,
+            env={**os.environ, **_GIT_ENV},
+            timeout=GIT_TIMEOUT_S,
+        )
+    except FileNotFoundError:
+        raise UserError("git is not installed here: a git source is fetched by git") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(
+            f"git {args[0]} took over {GIT_TIMEOUT_S} s: is the repository reachable?"
+        ) from None
+
+
+def _said(result: subprocess.CompletedProcess[bytes]) -> str:
+    lines = [line.strip() for line in result.stderr.decode(errors="replace").splitlines()]
+    return next((line for line in reversed(lines) if line), f"exit {result.returncode}")
+
+
+def export_commit(url: str, commit: str, into: Path) -> None:
+    """The tree of `commit` of the repository at `url`, written into the directory `into`."""
+    if not FULL_COMMIT.fullmatch(commit):
+        raise UserError(f"--commit {commit}: give the full 40-hex commit to build")
+    with tempfile.TemporaryDirectory(prefix="amibake-git-") as scratch:
+        repo = Path(scratch)
+        _git(["init", "-q", "--bare", "."], repo)
+        fetched = _git(["fetch", "-q", "--depth", "1", "--", url, commit], repo)
+        said = _said(fetched).lower()
+        if fetched.returncode != 0 and any(words in said for words in _REFS_ONLY):
+            # The server serves named refs only: take them all, then look for the commit.
+            everything = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
+            fetched = _git(["fetch", "-q", "--", url, *everything], repo)
+            if fetched.returncode == 0:
+                found = _git(["cat-file", "-e", f"{commit}^{{commit}}"], repo)
+                said = "not our ref" if found.returncode else ""
+                fetched = found
+        if fetched.returncode != 0:
+            if any(words in said for words in _NOT_THERE):
+                raise UserError(f"commit {commit} is not in {url}: check --commit")
+            raise UserError(f"git fetch {url} failed: {_said(fetched)}")
+        archive = repo / "tree.tar"
+        exported = _git(["archive", "--format=tar", f"--output={archive}", commit], repo)
+        if exported.returncode != 0:
+            raise UserError(f"git archive {commit} of {url} failed: {_said(exported)}")
+        into.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(into, filter="data")
+            else:  # git archive writes regular files, directories and symlinks only
+                tar.extractall(into)

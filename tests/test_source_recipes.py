@@ -1,0 +1,272 @@
+"""`amibake recipe new`: a user's own source tree (a directory or a git commit) as a recipe,
+built on the local cloud with the family's flags passed the way its build system takes them.
+
+The projects are made here, a few lines of C each, with a file their .gitignore excludes that
+must never reach the build host. The family is this machine's (host_family), so the artifact
+runs here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from amibake import catalog, flags, new_recipe, pipelines, recipes, source_tree, sources
+from amibake.cli import main as amibake
+from amibake.cloud import Cloud
+from amibake.errors import UserError
+from amibake.steps.preflight import cache_key
+
+HELLO_C = '#include <stdio.h>\nint main(void) { puts("hello from %s"); return 0; }\n'
+CMAKE = (
+    "cmake_minimum_required(VERSION 3.13)\nproject(hello C)\n"
+    "add_executable(hello hello.c)\ninstall(TARGETS hello DESTINATION bin)\n"
+)
+# A Makefile as people write them: CFLAGS set here, overridden by the build's own.
+MAKEFILE = (
+    "CC ?= cc\nCFLAGS ?= -O0\nPREFIX ?= /usr/local\n"
+    "hello: hello.c\n\t$(CC) $(CFLAGS) -o hello hello.c\n"
+    "install: hello\n\tmkdir -p $(PREFIX)/bin\n\tcp hello $(PREFIX)/bin/hello\n"
+)
+JUNK = "build-output.log"
+
+
+def project(where: Path, build: str, greeting: str = "") -> Path:
+    where.mkdir(parents=True)
+    (where / "hello.c").write_text(HELLO_C % (greeting or build))
+    (where / ("CMakeLists.txt" if build == "cmake" else "Makefile")).write_text(
+        CMAKE if build == "cmake" else MAKEFILE
+    )
+    (where / ".gitignore").write_text(f"{JUNK}\n/build/\n")
+    (where / JUNK).write_text("left over from a local build: must not ship\n")
+    return where
+
+
+def git(cwd: Path, *args: str) -> str:
+    author = ["-c", "user.name=t", "-c", "user.email=t@example.org"]
+    return subprocess.run(
+        ["git", *author, *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AMIBAKE_SOURCE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def shipped(recipe: recipes.Recipe) -> list[str]:
+    with tarfile.open(sources.resolve(recipe).path) as tar:
+        return sorted(tar.getnames())
+
+
+# What a tree ships
+
+
+def test_the_build_system_is_told_by_the_files_at_the_top() -> None:
+    def told(*names: str) -> str:
+        return new_recipe.detect([Path(n) for n in names])
+
+    assert told("CMakeLists.txt", "Makefile", "src/x.c") == "cmake"
+    assert told("configure.ac", "Makefile.am") == "autotools"
+    assert told("configure", "Makefile.in") == "autotools"
+    assert told("Makefile", "x.c") == "make"
+    assert told("src/CMakeLists.txt", "x.c") == ""  # not at the top
+
+
+def test_a_cmake_project_naming_no_language_needs_a_cxx_compiler(tmp_path: Path) -> None:
+    # project(x) enables C and C++: without g++ CMake stops at "No CMAKE_CXX_COMPILER".
+    (tmp_path / "CMakeLists.txt").write_text("project(x)\n")
+    names = [Path("CMakeLists.txt"), Path("x.c")]
+    assert new_recipe.languages(tmp_path, names, "cmake") == ["C", "CXX"]
+    (tmp_path / "CMakeLists.txt").write_text("project(x VERSION 1.0 LANGUAGES C Fortran)\n")
+    assert new_recipe.languages(tmp_path, names, "cmake") == ["C", "Fortran"]
+    assert new_recipe.languages(tmp_path, [Path("a.c"), Path("b.cpp")], "make") == ["C", "CXX"]
+
+
+def test_gitignore_is_read_as_git_reads_it(tmp_path: Path) -> None:
+    """The matcher used outside a git work tree keeps exactly what git itself would (nested
+    files, negation, directory patterns, anchored ones)."""
+    tree = tmp_path / "tree"
+    files = {
+        ".gitignore": "*.o\n!keep.o\n/out/\nlogs/\n",
+        "a.c": "",
+        "a.o": "",
+        "keep.o": "",
+        "out/x": "",
+        "sub/out/y": "",  # /out/ is anchored at the top: this one ships
+        "sub/logs/z": "",
+        "sub/.gitignore": "*.tmp\n!important.o\n",
+        "sub/t.tmp": "",
+        "sub/important.o": "",
+        "sub/deeper/u.tmp": "",
+        "sub/deeper/v.c": "",
+    }
+    for name, text in files.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+    ours = source_tree.files(tree)
+    assert Path("a.o") not in ours and Path("sub/t.tmp") not in ours
+    git(tree, "init", "-q")
+    assert source_tree._git_listed(tree) is not None
+    assert sorted(source_tree._git_listed(tree) or []) == ours
+
+
+def test_a_directory_recipe_ships_the_tree_less_what_gitignore_excludes(
+    tmp_path: Path, cache: Path
+) -> None:
+    src = project(tmp_path / "hello", "cmake")
+    (src / "build").mkdir()
+    (src / "build" / "CMakeCache.txt").write_text("a local build directory\n")
+    written = new_recipe.write("hello", str(src), root=tmp_path / "recipes")
+    assert written.build == "cmake" and written.files == 3
+    recipe = recipes.load("hello", tmp_path / "recipes")
+    assert recipe.source_path == src
+    assert recipe.packages == ("gcc", "make", "cmake")
+    assert shipped(recipe) == [".gitignore", "CMakeLists.txt", "hello.c"]
+
+
+def test_the_same_tree_is_the_same_cache_key_and_an_edit_a_new_one(
+    tmp_path: Path, cache: Path
+) -> None:
+    src = project(tmp_path / "hello", "make")
+    new_recipe.write("hello", str(src), root=tmp_path / "recipes")
+
+    def key() -> str:
+        request = pipelines.BuildRequest(
+            ["c5a"], "hello", "large", recipes_dir=tmp_path / "recipes"
+        )
+        return cache_key(pipelines.prepare(request, tmp_path / "results")[0])
+
+    first = key()
+    (src / "hello.c").touch()  # a new mtime: the same content
+    (src / JUNK).write_text("another local build's output\n")  # ignored: not shipped
+    assert key() == first
+    (src / "hello.c").write_text(HELLO_C % "an edited hello")
+    assert key() != first
+
+
+def test_a_git_url_is_built_at_its_pinned_commit_only(tmp_path: Path, cache: Path) -> None:
+    work = project(tmp_path / "work", "make", "commit one")
+    git(work, "init", "-q")
+    git(work, "add", ".")
+    git(work, "commit", "-qm", "one")
+    first = git(work, "rev-parse", "HEAD")
+    (work / "hello.c").write_text(HELLO_C % "commit two")
+    git(work, "commit", "-qam", "two")
+    bare = tmp_path / "hello.git"
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    url = f"file://{bare}"
+    root = tmp_path / "recipes"
+
+    with pytest.raises(UserError, match=r"a git URL is built at a pinned commit: add --commit"):
+        new_recipe.write("hello", url, root=root)
+    with pytest.raises(UserError, match=r"--commit abc1234: give the full 40-hex commit"):
+        new_recipe.write("hello", url, root=root, commit="abc1234")
+    with pytest.raises(UserError, match=rf"commit {'0' * 40} is not in {url}"):
+        new_recipe.write("hello", url, root=root, commit="0" * 40)
+    assert not root.exists() or not any(root.iterdir())
+
+    written = new_recipe.write("hello", url, root=root, commit=first)
+    assert written.build == "make"
+    recipe = recipes.load("hello", root)
+    assert (recipe.git_url, recipe.git_commit, recipe.source_path) == (url, first, None)
+    # Fetched once, on the controller: a build finds the commit's tree in the cache.
+    assert (cache / f"git-{first}").exists()
+    names = shipped(recipe)
+    assert JUNK not in names and "./Makefile" not in names and "Makefile" in names
+    with tarfile.open(sources.resolve(recipe).path) as tar:
+        member = tar.extractfile("hello.c")
+        assert member is not None and b"commit one" in member.read()
+
+
+def test_refusals_name_the_fix_and_write_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "recipes"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "main.c").write_text("int main(void) { return 0; }\n")
+    with pytest.raises(UserError, match=r"give --build cmake\|make\|autotools, or --build custom"):
+        new_recipe.write("x", str(bare), root=root)
+    with pytest.raises(UserError, match="is not a plain name"):
+        new_recipe.write("../x", str(bare), root=root, build="make")
+    assert not root.exists() or not any(root.iterdir())
+    written = new_recipe.write("x", str(bare), root=root, build="custom")
+    # The stub says what to write; rendered, it parses, and it fails until written.
+    assert "write the build" in (written.directory / "build.sh.j2").read_text()
+    assert written.packages == ["gcc"]
+
+
+# Built on the local cloud
+
+
+def build_and_check(
+    cloud: Cloud, tmp_path: Path, recipe_name: str, family_name: str, greeting: str
+) -> dict[str, object]:
+    outcome = pipelines.build(
+        cloud,
+        pipelines.BuildRequest(
+            [family_name], recipe_name, "large", recipes_dir=tmp_path / "recipes"
+        ),
+    )[0]
+    assert outcome.ok, outcome.error
+    state = outcome.state
+    assert state is not None and state.artifact is not None
+    manifest = json.loads(state.artifact.with_name(f"{state.label}.manifest.json").read_text())
+    # The family's tuned flags, the compiler's own words for them, reached the compile line.
+    compiler = flags.Compiler.parse(manifest["compiler"])
+    tuned = flags.for_family(catalog.family(family_name), compiler).cflags
+    assert tuned and tuned in manifest["cflags"]
+    logs = cloud.config.results_dir / "logs" / str(manifest["run_id"])
+    log = "\n".join(p.read_text() for p in logs.glob("*.log"))
+    compiled = [line for line in log.splitlines() if "hello.c" in line and " -o " in line]
+    assert compiled and all(tuned in line for line in compiled), compiled
+    # The artifact runs (this machine is of the family's kind) and is the program built.
+    out = tmp_path / f"{recipe_name}-artifact"
+    with tarfile.open(state.artifact) as tar:
+        tar.extractall(out, filter="data")
+    ran = subprocess.run([out / "bin" / "hello"], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == f"hello from {greeting}"
+    return manifest
+
+
+@pytest.mark.e2e
+def test_a_cmake_and_a_make_tree_build_with_the_family_flags(
+    cloud: Cloud, tmp_path: Path, host_family: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "recipes").mkdir()
+    for build in ("cmake", "make"):
+        src = project(tmp_path / f"src-{build}", build)
+        # Through the command, as a user would.
+        argv = ["recipe", "new", f"hello-{build}", "--from", str(src), "--artifact", "bin/hello"]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("AMIBAKE_RECIPES_DIR", str(tmp_path / "recipes"))
+            assert amibake(argv) == 0, capsys.readouterr().err
+        assert f"built with {build}" in capsys.readouterr().out
+        manifest = build_and_check(cloud, tmp_path, f"hello-{build}", host_family, build)
+        assert manifest["files"].keys() == {"bin/hello"}  # type: ignore[attr-defined]
+
+
+@pytest.mark.e2e
+def test_a_git_commit_builds_on_a_host_without_git(
+    cloud: Cloud, tmp_path: Path, host_family: str
+) -> None:
+    work = project(tmp_path / "work", "cmake", "a pinned commit")
+    git(work, "init", "-q")
+    git(work, "add", ".")
+    git(work, "commit", "-qm", "pinned")
+    pinned = git(work, "rev-parse", "HEAD")
+    (work / "hello.c").write_text(HELLO_C % "a later commit")
+    git(work, "commit", "-qam", "later")
+    bare = tmp_path / "hello.git"
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    new_recipe.write(
+        "hello-git",
+        f"file://{bare}",
+        root=tmp_path / "recipes",
+        commit=pinned,
+        artifacts=["bin/hello"],
+    )
+    build_and_check(cloud, tmp_path, "hello-git", host_family, "a pinned commit")
