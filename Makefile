@@ -12,13 +12,14 @@ STAMP := $(VENV)/.installed
 # lacks the instructions for). python3-psutil is the system python3 fleet's monitor runs under
 # on an instance, and chromium renders fleet's HTML report in its test. uidmap (newuidmap) maps
 # a plain user's subordinate ids into the local cloud's user namespace: without root, sshd's
-# privilege separation and ec2-user need more ids than the user's own.
+# privilege separation and ec2-user need more ids than the user's own. cmake builds the CMake
+# projects of `amibake recipe new` (a local instance's tools are this machine's).
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
 CROSS_PACKAGES := $(if $(filter arm64,$(DEB_ARCH)),gcc-x86-64-linux-gnu libc6-dev-amd64-cross,gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 APT_PACKAGES := openssh-server sudo passwd curl shellcheck xz-utils util-linux uidmap python3-psutil \
-	chromium qemu-user-static $(CROSS_PACKAGES)
+	chromium qemu-user-static cmake $(CROSS_PACKAGES)
 
-.PHONY: install system-packages zstd-source prices test lint demo bench ci clean
+.PHONY: install system-packages zstd-source lz4-source prices test lint demo bench ci clean
 
 install: $(STAMP)
 
@@ -56,6 +57,28 @@ zstd-source: install
 	$(BIN)/amibake source add $$dir/libzstd_1.5.4+dfsg2.orig.tar.xz; rm -rf $$dir; \
 	$(BIN)/amibake source has zstd || echo "zstd source not available: the zstd build test will say so"
 
+# lz4's source: the real project tests/test_source_recipes.py builds through `amibake recipe new
+# --from DIR` (a user's tree, not a shipped recipe). Debian's orig tarball by package name, put in
+# the source cache under its sha256 when it is the one the test names. Best effort, as
+# zstd-source: the test says plainly when it is not there.
+LZ4_ORIG := lz4_1.9.4.orig.tar.gz
+LZ4_SHA256 := 0b0e3aa07c8c063ddf40b082bdf7e37a1562bda40a0ff5272957f3e987e0e54b
+lz4-source: install
+	@cache=$$($(BIN)/python -c 'from amibake.sources import cache_dir; print(cache_dir())'); \
+	if [ -f "$$cache/$(LZ4_SHA256)" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && ! grep -rqs 'deb-src' /etc/apt/sources.list /etc/apt/sources.list.d/; then \
+	  if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
+	    sed 's/^Types: deb$$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
+	      > /etc/apt/sources.list.d/amibake-src.sources; \
+	  elif [ -f /etc/apt/sources.list ]; then \
+	    sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > /etc/apt/sources.list.d/amibake-src.list; \
+	  fi; \
+	  apt-get update -qq; fi; \
+	dir=$$(mktemp -d) && (cd $$dir && apt-get source --download-only -qq lz4 >/dev/null 2>&1); \
+	if [ "$$(sha256sum < $$dir/$(LZ4_ORIG) 2>/dev/null | cut -d' ' -f1)" = $(LZ4_SHA256) ]; then \
+	  cp $$dir/$(LZ4_ORIG) "$$cache/$(LZ4_SHA256)"; \
+	else echo "lz4 source not available: the lz4 test of recipe new will say so"; fi; rm -rf $$dir
+
 # The EC2 price snapshot fleet and amibake ls use (amibake/catalog/prices_us-east-1.json).
 PRICE_TABLE ?= ../shared/data/aws_prices_us-east-1.csv
 prices: install
@@ -66,7 +89,7 @@ prices: install
 # time against the local cloud answering as AWS does (eventual consistency, fleet errors, spot
 # reclaims, ...) at fixed seeds.
 FAULT_SEEDS ?= 11
-test: install zstd-source
+test: install zstd-source lz4-source
 	$(BIN)/python -m pytest -q
 	@for seed in $(FAULT_SEEDS); do \
 	  echo "end-to-end tests under --faults aws, seed $$seed"; \

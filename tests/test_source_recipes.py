@@ -32,6 +32,9 @@ MAKEFILE = (
     "install: hello\n\tmkdir -p $(PREFIX)/bin\n\tcp hello $(PREFIX)/bin/hello\n"
 )
 JUNK = "build-output.log"
+# A real project built the way a user's would be: Debian's orig tarball of lz4 1.9.4, which
+# `make lz4-source` puts in the source cache under this sha256.
+LZ4_SHA256 = "0b0e3aa07c8c063ddf40b082bdf7e37a1562bda40a0ff5272957f3e987e0e54b"
 
 
 def project(where: Path, build: str, greeting: str = "") -> Path:
@@ -199,6 +202,28 @@ def test_refusals_name_the_fix_and_write_nothing(tmp_path: Path) -> None:
     assert written.packages == ["gcc"]
 
 
+def test_every_build_template_renders_to_a_script_that_parses() -> None:
+    # The autotools one is not built here (no autoconf on the local cloud's host): this much is
+    # checked of it, as of every template before a build launches.
+    from amibake.render import check_shell, render
+
+    for build in new_recipe.BUILD_SYSTEMS:
+        script = render(
+            new_recipe.TEMPLATES / f"{build}.sh.j2",
+            family="c7g",
+            target="neoverse_v1",
+            cc="aarch64-linux-gnu-gcc",
+            base_cflags="-O3",
+            cflags="-mcpu=neoverse-v1",
+            src_dir="/shared/amibake-build/src",
+            out_dir="/shared/amibake-build/out",
+            jobs=4,
+        )
+        check_shell(script, f"{build}.sh.j2")
+        if build != "custom":
+            assert '"-O3 -mcpu=neoverse-v1"' in script
+
+
 # Built on the local cloud
 
 
@@ -270,3 +295,43 @@ def test_a_git_commit_builds_on_a_host_without_git(
         artifacts=["bin/hello"],
     )
     build_and_check(cloud, tmp_path, "hello-git", host_family, "a pinned commit")
+
+
+@pytest.mark.e2e
+def test_a_real_project_lz4_builds_from_its_tree_with_the_family_flags(
+    cloud: Cloud, tmp_path: Path, host_family: str
+) -> None:
+    orig = sources.cache_dir() / LZ4_SHA256
+    if not orig.exists():
+        pytest.skip("lz4's Debian orig tarball is not in the source cache: make lz4-source")
+    assert sources.sha256_of(orig) == LZ4_SHA256
+    with tarfile.open(orig) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    tree = tmp_path / "unpacked" / "lz4-1.9.4"  # as a user's checkout of it would be
+    written = new_recipe.write("lz4", str(tree), root=tmp_path / "recipes", artifacts=["bin/lz4"])
+    # Make detected; gcc-c++ too, for the C++ of its fuzzers and contrib (a guess on the safe side).
+    assert written.build == "make" and {"gcc", "make"} <= set(written.packages)
+    outcome = pipelines.build(
+        cloud,
+        pipelines.BuildRequest([host_family], "lz4", "large", recipes_dir=tmp_path / "recipes"),
+    )[0]
+    assert outcome.ok, outcome.error
+    state = outcome.state
+    assert state is not None and state.artifact is not None
+    manifest = state.manifest
+    compiler = flags.Compiler.parse(manifest["compiler"])
+    tuned = flags.for_family(catalog.family(host_family), compiler).cflags
+    # Every C file of the library and the program was compiled with the family's flags, which
+    # replaced lz4's own CFLAGS (make's command line overrides the Makefile's).
+    logs = cloud.config.results_dir / "logs" / str(manifest["run_id"])
+    lines = [line for p in logs.glob("*.log") for line in p.read_text().splitlines()]
+    compiled = [line for line in lines if " -c " in line and "lz4.c" in line]
+    assert compiled and all(tuned in line for line in compiled), compiled
+    out = tmp_path / "artifact"
+    with tarfile.open(state.artifact) as tar:
+        tar.extractall(out, filter="data")
+    data = b"family-tuned lz4 " * 4096
+    packed = subprocess.run([out / "bin/lz4", "-c"], input=data, capture_output=True, check=True)
+    assert len(packed.stdout) < len(data) / 10
+    back = subprocess.run([out / "bin/lz4", "-dc"], input=packed.stdout, capture_output=True)
+    assert back.stdout == data
