@@ -58,8 +58,6 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def _prices(args: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
     from fleet import prices
 
     cfg = config_from(args)
@@ -87,18 +85,7 @@ def _prices(args: argparse.Namespace) -> int:
         chosen = [p for p in chosen if p.instance_type.split(".")[0] in families]
         if not chosen:
             raise UserError(f"no instance type of family {args.family} in the snapshot")
-    rows: list[dict[str, Any]] = [
-        {
-            "type": p.instance_type,
-            "vcpus": int(p.vcpus),
-            "memory_gib": p.memory_gib,
-            "on_demand": p.on_demand,
-            "spot_min": min(p.spot.values()) if p.spot else None,
-            "spot_median": round(p.spot_median, 4) if p.spot else None,
-            "spot_by_zone": p.spot,
-        }
-        for p in chosen
-    ]
+    rows = prices.rows(chosen)
     if args.json:
         print(
             json.dumps(
@@ -117,13 +104,7 @@ def _prices(args: argparse.Namespace) -> int:
         f"({snapshot['source']}); spot prices move hourly"
         + (f"\nnote: {snapshot['note']}" if snapshot.get("note") else "")
     )
-    print(
-        tabulate(
-            [{k: v for k, v in r.items() if k != "spot_by_zone"} for r in rows],
-            headers="keys",
-            floatfmt=".4f",
-        )
-    )
+    print(prices.table_text(rows))
     return 0
 
 

@@ -55,6 +55,63 @@ class Price:
         return self.spot[zone]
 
 
+# The sizes below large, in their order; from xlarge up a size is a multiple of xlarge.
+SMALL_SIZES = ("nano", "micro", "small", "medium", "large")
+
+
+def size_key(instance_type: str) -> tuple[str, float, str]:
+    """Sort key of a type by family, then size as EC2 grows them: large < xlarge < 2xlarge <
+    ... < 48xlarge < metal (metal-24xl < metal-48xl), not alphabetically (12xlarge < 2xlarge)."""
+    family, _, size = instance_type.partition(".")
+    if size in SMALL_SIZES:
+        return family, SMALL_SIZES.index(size) - len(SMALL_SIZES), size
+    if size.endswith("xlarge"):
+        multiple = size.removesuffix("xlarge") or "1"
+        if multiple.isdigit():
+            return family, float(multiple), size
+    if size.startswith("metal"):
+        return family, float("inf"), size
+    return family, float("inf"), size  # a size EC2 may add: last, by name
+
+
+def by_size(chosen: list[Price]) -> list[Price]:
+    return sorted(chosen, key=lambda p: size_key(p.instance_type))
+
+
+def gib(value: float) -> str:
+    """Memory as people write it: 96, 3.75, 0.5 (GiB), never 96.0000."""
+    return f"{value:g}"
+
+
+def rows(chosen: list[Price]) -> list[dict[str, Any]]:
+    """`fleet prices`'s rows (its --json too), types by family then size, vCPUs as integers."""
+    return [
+        {
+            "type": p.instance_type,
+            "vcpus": int(p.vcpus),
+            "memory_gib": p.memory_gib,
+            "on_demand": p.on_demand,
+            "spot_min": min(p.spot.values()) if p.spot else None,
+            "spot_median": round(p.spot_median, 4) if p.spot else None,
+            "spot_by_zone": p.spot,
+        }
+        for p in by_size(chosen)
+    ]
+
+
+def table_text(listed: list[dict[str, Any]]) -> str:
+    """`fleet prices`'s table: prices to four decimals, memory as GiB are written (96, 3.75)."""
+    from tabulate import tabulate
+
+    shown = [
+        {**{k: v for k, v in r.items() if k != "spot_by_zone"}, "memory_gib": gib(r["memory_gib"])}
+        for r in listed
+    ]
+    # Memory is text: tabulate would read "96" back as a number and print it to four decimals.
+    align = ("left", "right", "right", "right", "right", "right")
+    return tabulate(shown, headers="keys", floatfmt=".4f", disable_numparse=[2], colalign=align)
+
+
 def build(table: Path, source: str, date: str, region: str) -> dict[str, Any]:
     """A snapshot document from a table with InstanceType, vCPUs, MemoryGiB, Price, SpotPrice,
     Region, AvailabilityZone columns (one row per type and zone)."""

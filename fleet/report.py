@@ -139,13 +139,27 @@ def summarize(
     ).reset_index(drop=True)
 
 
-def work_unit(metric: Metric) -> str:
-    """What one unit of work is, in the metric's words: a run for a runtime, the numerator of a
-    rate ("frames" of frames/s)."""
+def work_unit(metric: Metric, unit: str = "") -> str:
+    """What one unit of work is: the bench file's `unit` where it names one ("frames"), else in
+    the metric's words: a run for a runtime, the numerator of a rate ("frames" of frames/s)."""
+    if unit:
+        return unit
     if metric.meaning == "seconds":
         return "run"
-    unit = metric.unit.removesuffix("/s").removesuffix("/sec").strip()
-    return unit if unit and unit != metric.unit else "unit"
+    numerator = metric.unit.removesuffix("/s").removesuffix("/sec").strip()
+    return numerator if numerator and numerator != metric.unit else "unit"
+
+
+FOLDS = {"geomean": "geomean", "sum": "sum", "mean": "mean"}  # aggregate -> how it is said
+
+
+def metric_label(metric: Metric) -> str:
+    """The metric with its unit, as a label says it; one folded from several matches of the
+    pattern (the kernels' four rates, each in its own unit, into one geomean) says so."""
+    fold = FOLDS.get(metric.aggregate) if metric.kind == "regex" else None
+    if fold is None:
+        return metric.unit
+    return f"{metric.unit} ({fold} of every match of {metric.pattern}, one number from several)"
 
 
 def per_units(usd_per_unit: float, unit: str) -> str:
@@ -153,17 +167,17 @@ def per_units(usd_per_unit: float, unit: str) -> str:
     unit"; scaled by thousands until the dollars read with two significant digits."""
     scales = ((1.0, "1"), (1e3, "1k"), (1e6, "1M"), (1e9, "1G"))
     count, label = next(((c, n) for c, n in scales if usd_per_unit * c >= 0.01), scales[-1])
-    plural = "s" if label != "1" and unit == "run" else ""
+    plural = "s" if label != "1" and unit in ("run", "unit") else ""
     return f"${usd_per_unit * count:.2g} per {label} {unit}{plural}"
 
 
-def answer(frame: pd.DataFrame, metric: Metric) -> str:
+def answer(frame: pd.DataFrame, metric: Metric, unit: str = "") -> str:
     """The run's result in one line: the cheapest and the fastest per unit of work (natively
     measured), or the ones whose intervals overlap, which the data cannot tell apart."""
     native = frame[~frame.emulated] if not frame.empty else frame
     if native.empty:
         return "answer: nothing measured natively, so no ranking (see the table)"
-    unit = work_unit(metric)
+    unit = work_unit(metric, unit)
     names = native.type + " " + native.build
     parts = []
     for column, what in (("cost_rank", "cheapest"), ("speed_rank", "fastest")):
@@ -180,17 +194,19 @@ def answer(frame: pd.DataFrame, metric: Metric) -> str:
     return "answer: " + ("; ".join(parts) if parts else "nothing ranked")
 
 
-def readable(frame: pd.DataFrame, metric: Metric) -> pd.DataFrame:
+def readable(frame: pd.DataFrame, metric: Metric, unit: str = "") -> pd.DataFrame:
     """The summary as people read it (the terminal's table and the page's): numbers to four
     digits, intervals as ranges, cost per a count of units that reads naturally; summary.csv
     keeps every raw column."""
-    unit = work_unit(metric)
+    unit = work_unit(metric, unit)
+    folded = FOLDS.get(metric.aggregate) if metric.kind == "regex" else None
+    median = f"median {metric.unit}{f' ({folded} of matches)' if folded else ''}"
     shown = pd.DataFrame(
         {
             "type": frame.type,
             "build": frame.build,
             "n": frame.n,
-            f"median {metric.unit}": frame["median"].map(lambda v: f"{v:.4g}"),
+            median: frame["median"].map(lambda v: f"{v:.4g}"),
             "95% interval": [
                 f"{a:.4g} .. {b:.4g}" for a, b in zip(frame.ci_low, frame.ci_high, strict=True)
             ],
@@ -199,7 +215,9 @@ def readable(frame: pd.DataFrame, metric: Metric) -> pd.DataFrame:
                 for c, n in zip(frame.cv, frame.noisy, strict=True)
             ],
             "USD/h": frame.usd_per_hour.map(lambda v: "-" if math.isnan(v) else f"{v:.4f}"),
-            "cost": frame.usd_per_unit.map(lambda v: "-" if math.isnan(v) else per_units(v, unit)),
+            f"cost ({unit})": frame.usd_per_unit.map(
+                lambda v: "-" if math.isnan(v) else per_units(v, unit)
+            ),
             "speed rank": frame.speed_rank,
             "cost rank": frame.cost_rank.map(lambda v: "-" if v is None or pd.isna(v) else int(v)),
         }
@@ -209,18 +227,20 @@ def readable(frame: pd.DataFrame, metric: Metric) -> pd.DataFrame:
     return shown
 
 
-def _table_text(frame: pd.DataFrame, metric: Metric) -> str:
-    return tabulate(readable(frame, metric), headers="keys", showindex=False)
+def _table_text(frame: pd.DataFrame, metric: Metric, unit: str = "") -> str:
+    return tabulate(readable(frame, metric, unit), headers="keys", showindex=False)
 
 
-def headline(frame: pd.DataFrame, metric: Metric, current: str | None = None) -> str:
+def headline(
+    frame: pd.DataFrame, metric: Metric, current: str | None = None, unit: str = ""
+) -> str:
     """The page's first words: the type and build to pick (cheapest per unit of work measured
     natively; fastest when nothing has a price), its cost and time per unit with intervals, and
     what it saves against the next best and against the type the user runs today."""
     native = frame[~frame.emulated] if not frame.empty else frame
     if native.empty:
         return "Nothing was measured natively, so nothing is recommended (see the table)."
-    unit = work_unit(metric)
+    unit = work_unit(metric, unit)
     priced = native.dropna(subset=["usd_per_unit"]).sort_values(["cost_rank", "usd_per_unit"])
     if priced.empty:
         best = native.sort_values("speed_rank").iloc[0]
@@ -342,14 +362,14 @@ def _html(
     intro = [
         # The answer first; the facts behind it after (issue 23: the page led with a raw
         # 16-column frame wider than the screen).
-        f"<p class='answer'>{html.escape(headline(frame, spec.metric, current))}</p>",
+        f"<p class='answer'>{html.escape(headline(frame, spec.metric, current, spec.unit))}</p>",
         f"<p>{html.escape(what)}: {len(spec.types)} types, builds {', '.join(spec.builds)}, "
         f"{spec.replicates} replicates after {spec.warmups} warm-up(s); metric "
-        f"{html.escape(spec.metric.kind)} ({html.escape(spec.metric.unit)}, "
+        f"{html.escape(spec.metric.kind)} ({html.escape(metric_label(spec.metric))}, "
         f"{'higher' if spec.metric.higher_is_better else 'lower'} is better). Equal ranks "
         "cannot be told apart: their intervals overlap. Every raw column is in summary.csv."
         "</p>",
-        readable(frame, spec.metric).to_html(index=False),
+        readable(frame, spec.metric, spec.unit).to_html(index=False),
     ]
     tail = []
     if not report.failures.empty:
@@ -391,7 +411,12 @@ def make(
         f"{len(lost)} of {len(spec.types)} types failed entirely, {interrupted} interrupted "
         "and rerun"
     )
-    lines.append(_table_text(frame, spec.metric) if not frame.empty else "nothing measured yet")
+    if not frame.empty:
+        lines.append(_table_text(frame, spec.metric, spec.unit))
+        if metric_label(spec.metric) != spec.metric.unit:  # several metrics in one number
+            lines.append(f"metric: {metric_label(spec.metric)}")
+    else:
+        lines.append("nothing measured yet")
     noisy = frame[frame.noisy] if not frame.empty else frame
     if not noisy.empty:
         lines.append(
@@ -403,10 +428,10 @@ def make(
         lines.append(
             f"failed: {failure.instance_type} {failure.build} #{failure.replicate}: {failure.error}"
         )
-    said = answer(frame, spec.metric)
+    said = answer(frame, spec.metric, spec.unit)
     lines.append(said)
     if current is not None and not frame.empty:
-        lines.append(headline(frame, spec.metric, current))
+        lines.append(headline(frame, spec.metric, current, spec.unit))
     report = Report(run_id, record["note"], frame, failures, "\n".join(lines), answer=said)
     out = reports_dir / run_id
     out.mkdir(parents=True, exist_ok=True)

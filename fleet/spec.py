@@ -12,6 +12,7 @@ anything is launched. Errors name the file and the line of the key at fault.
     concurrency = 2
     expected_runtime = "5m"                  # one replicate, for the estimate before launching
     max_cost = 5.0                           # USD: no new work once it would spend more
+    unit = "frames"                          # one unit of work, for costs: "$0.12 per 1M frames"
     [metric]                                 # default: the recipe's bench metric, or runtime
     kind = "regex"                           # runtime | regex | file ($FLEET_METRIC_FILE)
     pattern = "throughput=([0-9.]+)"
@@ -56,6 +57,7 @@ KNOWN_KEYS = {
     "monitor",
     "expected_runtime",
     "max_cost",
+    "unit",
 }
 # The counts a run may ask for, and why no more: past them a number is a typo, and recorded it
 # made a run nobody could read back (`fleet status` planned 99999999999999 replicates).
@@ -147,6 +149,7 @@ class BenchSpec:
     parameters: dict[str, str] = field(default_factory=dict)  # the recipe's {NAME}s' values
     expected_runtime_s: float | None = None  # one replicate, as declared: for the estimate
     max_cost: float | None = None  # USD: no new work once spent + in flight would pass it
+    unit: str = ""  # one unit of work ("frames"), for costs per unit; "" for the metric's
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -351,6 +354,9 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         # Batch starts and stops the instances itself: the cap acts between an ssh run's
         # replicates, where fleet decides what is launched next.
         raise fail("max_cost", "caps runs on the ssh executor only; batch jobs run on the queue's")
+    unit = data.get("unit", "")
+    if not isinstance(unit, str) or ("unit" in data and not unit.strip()):
+        raise fail("unit", 'must name one unit of work, e.g. unit = "frames"')
     return BenchSpec(
         types=tuple(types),
         recipe=recipe,
@@ -371,6 +377,7 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         parameters=parameters,
         expected_runtime_s=expected_s,
         max_cost=None if max_cost is None else float(max_cost),
+        unit=unit.strip(),
     )
 
 

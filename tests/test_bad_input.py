@@ -526,6 +526,8 @@ BENCH_FILE_ERRORS = {
     "max_cost=string": ":3: max_cost: must be a finite number above 0 and at most 1e+06, not '5'",
     "max_cost=1e9": ":3: max_cost: must be a finite number above 0 and at most 1e+06, not 1e+09: "
     "a cap is for what you mean to spend",
+    "unit=5": ':3: unit: must name one unit of work, e.g. unit = "frames"',
+    "unit=empty": ':3: unit: must name one unit of work, e.g. unit = "frames"',
 }
 
 BENCH_FILES = [
@@ -582,6 +584,8 @@ BENCH_FILES = [
     bench_file(BENCH + "max_cost = -inf\n", "max_cost=-inf"),
     bench_file(BENCH + 'max_cost = "5"\n', "max_cost=string"),
     bench_file(BENCH + "max_cost = 1e9\n", "max_cost=1e9"),
+    bench_file(BENCH + "unit = 5\n", "unit=5"),
+    bench_file(BENCH + 'unit = " "\n', "unit=empty"),
 ]  # fmt: skip
 TUNE_FLAGS = [
     case("fleet tune", "fleet tune needs a tune file (or compare, or --resume RUN)"),

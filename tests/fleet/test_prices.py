@@ -7,13 +7,15 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from amibake.cloud import Cloud
 from amibake.connect import connect
-from fleet import prices
+from fleet import prices, report, spec
 from fleet.cli import main
 from fleet.results import Results
+from fleet.spec import Metric
 
 TABLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "aws_prices_us-east-1.csv"
 
@@ -188,3 +190,78 @@ def test_a_first_refresh_in_a_region_keeps_no_other_regions_price(
     finally:
         saved.unlink()
     assert not prices.saved(cloud.config.results_dir, "us-east-1").exists()
+
+
+def test_sizes_sort_by_size_not_alphabetically() -> None:
+    sizes = ["metal", "12xlarge", "2xlarge", "xlarge", "large", "medium", "metal-48xl", "48xlarge"]
+    ordered = sorted((f"c7i.{s}" for s in sizes), key=prices.size_key)
+    assert [t.split(".")[1] for t in ordered] == [
+        "medium",
+        "large",
+        "xlarge",
+        "2xlarge",
+        "12xlarge",
+        "48xlarge",
+        "metal",
+        "metal-48xl",
+    ]
+    assert prices.size_key("c5.metal") < prices.size_key("c7i.large")  # by family first
+
+
+def test_fleet_prices_lists_sizes_in_order_memory_in_gib_vcpus_whole(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["prices", "--family", "c5"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("c5.")]
+    listed = [line.split()[0] for line in table]
+    assert listed[:4] == ["c5.large", "c5.xlarge", "c5.2xlarge", "c5.4xlarge"], listed
+    assert listed.index("c5.9xlarge") < listed.index("c5.12xlarge") < listed.index("c5.metal")
+    row = next(line.split() for line in table if line.startswith("c5.12xlarge "))
+    assert row[1:3] == ["48", "96"]  # not 48.0, not 96.0000
+    assert prices.gib(3.75) == "3.75" and prices.gib(96.0) == "96" and prices.gib(0.5) == "0.5"
+    assert main(["prices", "--type", "c5.xlarge", "--json"]) == 0
+    listed_json = json.loads(capsys.readouterr().out)["prices"][0]
+    assert (listed_json["vcpus"], listed_json["memory_gib"]) == (4, 8)  # numbers in --json
+
+
+# Costs per unit of work in the bench file's unit, and a folded metric said to be one.
+RUNTIME = Metric()
+RATE = Metric(kind="regex", pattern="x", meaning="rate", unit="frames/s")
+KERNELS = Metric("regex", "throughput=([0-9.]+)", "rate", "geomean", "geomean throughput")
+
+
+def _summary(metric: Metric) -> pd.DataFrame:
+    """One row as report.summarize() makes it."""
+    row = {"type": "m.large", "build": "tuned", "emulated": False, "n": 3, "median": 2.0}
+    row |= {"ci_low": 1.9, "ci_high": 2.1, "cv": 0.01, "noisy": False, "usd_per_hour": 0.1}
+    row |= {"usd_per_unit": 2e-5, "usd_per_unit_low": 1.8e-5, "usd_per_unit_high": 2.2e-5}
+    row |= {"seconds_per_unit": 2.0, "cost_rank": 1, "speed_rank": 1}
+    return pd.DataFrame([row])
+
+
+def test_the_bench_files_unit_names_the_cost_in_the_answer_and_the_table(tmp_path: Path) -> None:
+    frame = _summary(RUNTIME)
+    assert report.answer(frame, RUNTIME, unit="frames") == (
+        "answer: cheapest: m.large tuned ($0.02 per 1k frames); fastest: m.large tuned"
+    )
+    shown = report.readable(frame, RUNTIME, unit="frames")
+    assert shown["cost (frames)"].iloc[0] == "$0.02 per 1k frames"
+    assert report.headline(frame, RUNTIME, unit="frames").startswith(
+        "Recommended: m.large tuned, $0.02 per 1k frames"
+    )
+    assert report.work_unit(RATE, "images") == "images" and report.work_unit(RATE) == "frames"
+    assert report.work_unit(KERNELS) == "unit" and report.per_units(2e-5, "unit").endswith("units")
+    bench_file = tmp_path / "bench.toml"
+    bench_file.write_text('types = ["c5a.large"]\ncommand = "true"\nunit = " frames "\n')
+    assert spec.load(bench_file, {}).unit == "frames"
+    assert spec.load(None, {"types": ["c5a.large"], "command": "true"}).unit == ""
+
+
+def test_a_geomean_of_several_metrics_is_labelled_as_one() -> None:
+    shown = report.readable(_summary(KERNELS), KERNELS)
+    assert "median geomean throughput (geomean of matches)" in shown.columns
+    assert report.metric_label(KERNELS) == (
+        "geomean throughput (geomean of every match of throughput=([0-9.]+), one number from "
+        "several)"
+    )
+    assert report.metric_label(RATE) == "frames/s"  # one value: nothing folded
