@@ -24,12 +24,25 @@ class _Terminal(logging.Handler):
             self.handleError(record)
 
 
-def to_terminal(verbose: bool = False) -> None:
+PROGRAMS = ("amibake", "fleet")
+
+
+def to_terminal(verbose: bool = False, program: str | None = None) -> None:
+    """Log to the terminal, each line prefixed with the running program's name: `program`, by
+    default the package of the CLI calling (fleet's commands say "fleet:", though they log
+    through amibake's logger tree). Installed once; a later call from another program (two
+    CLIs run in one process, as in tests) takes its prefix."""
+    if program is None:
+        caller = sys._getframe(1).f_globals.get("__name__", "").split(".")[0]
+        program = caller if caller in PROGRAMS else "amibake"
     root = logging.getLogger("amibake")
-    if any(isinstance(h, _Terminal) for h in root.handlers):
-        return
+    formatter = logging.Formatter(f"{program}: %(message)s")
+    for installed in root.handlers:
+        if isinstance(installed, _Terminal):
+            installed.setFormatter(formatter)
+            return
     handler = _Terminal()
-    handler.setFormatter(logging.Formatter("amibake: %(message)s"))
+    handler.setFormatter(formatter)
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from amibake import catalog, cpu, flags, instance_kinds, logs
+from amibake import catalog, cpu, flags, instance_kinds, logs, progress
 from amibake.cloud import Cloud
 from amibake.errors import UserError
 from amibake.pipelines import BuildRequest, Outcome, open_run, run_each
@@ -101,7 +101,9 @@ def price_lookup(
 @dataclass
 class Board:
     """What the run is doing, for the progress lines: per type its status, replicates done,
-    and money spent so far (instance time at the price of its market)."""
+    and money spent so far (instance time at the price of its market). One line per event: a
+    replicate done (with the count, elapsed time and what is left), a type staging, ending or
+    changing its jobs' states; a replicate starting only redraws the bar of a terminal."""
 
     run_id: str
     total: int
@@ -114,6 +116,10 @@ class Board:
     cap: float | None = None  # USD: no new work once spent + in flight would pass it
     expected: dict[str, float] = field(default_factory=dict)  # type -> a replicate's seconds
     capped: str = ""  # why work stopped at the cap, once it has
+    counter: progress.Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counter = progress.Counter(self.run_id, self.total, self.done)
 
     def spent_now(self) -> float:
         now = time.time()
@@ -149,31 +155,39 @@ class Board:
 
     def update(self, state: BenchState, what: str) -> None:
         with self.lock:
-            if what == "replicate done":
-                self.done += 1
-                what = "running"
             if what == "staging" and state.price is not None:
                 self.live[state.label] = (state.launched_at, state.price)
             elif what == "staging":
                 self.unpriced.add(state.label)
-            if what in ("done", "failed", "stopped") and state.label in self.live:
+            if what in ENDS and state.label in self.live:
                 start, price = self.live.pop(state.label)
                 self.spent += (time.time() - start) * price / 3600
-            self.status[state.label] = what
-            line = ", ".join(f"{t} {s}" for t, s in self.status.items())
             # Without a price, "$0.0000 spent" would claim those instances were free.
             unpriced = (
                 f" (without {', '.join(sorted(self.unpriced))}: no price)" if self.unpriced else ""
             )
-            log.info(
-                "[%s] %d/%d replicates; %s; $%.4f spent%s",
-                self.run_id,
-                self.done,
-                self.total,
-                line,
-                self.spent_now(),
-                unpriced,
-            )
+            money = f"${self.spent_now():.4f} spent{unpriced}"
+            if what == "replicate done":
+                self.done += 1
+                now = self.status.get(state.label, "")
+                which = now.removeprefix("running ") + " " if now.startswith("running ") else ""
+                self.status[state.label] = "running"
+                self.counter.advance(f"{state.label} {which}done; {money}")
+                return
+            self.status[state.label] = what
+            self.counter.show(", ".join(f"{t} {s}" for t, s in self.status.items()))
+            if what.startswith("running "):
+                return  # the replicate's line is when it ends
+            log.info("[%s] %s %s; %s", self.run_id, state.label, what, money)
+            if all(s in ENDS for s in self.status.values()):
+                self.counter.close()
+
+    def close(self) -> None:
+        """The run's bar off the terminal (its lines stay)."""
+        self.counter.close()
+
+
+ENDS = ("done", "failed", "stopped")  # a type's last events
 
 
 def create(cloud: Cloud, spec: BenchSpec, results: Results) -> str:
@@ -310,29 +324,33 @@ def _execute(
         cap=spec.max_cost if max_cost is None else max_cost,
         expected=planning.replicate_seconds(spec, results)[0],
     )
-    outcomes = measure(
-        cloud,
-        run_id,
-        results,
-        spec,
-        todo,
-        artifacts,
-        board,
-        on_boundary=on_boundary,
-        before_replicate=before_replicate,
-    )
     summary: dict[str, Any] = {"run_id": run_id, "types": {}}
-    for outcome in outcomes:
-        ended = outcome.state
-        assert isinstance(ended, BenchState)
-        board.update(ended, "failed" if not outcome.ok else "stopped" if ended.stopped else "done")
-        summary["types"][ended.label] = {
-            "ok": outcome.ok,
-            "error": outcome.error,
-            "replicates_left": len(ended.pending),
-            "instances": ended.attempt + 1 if ended.instance_id or not ended.stopped else 0,
-            "stopped": ended.stopped,
-        }
+    try:
+        outcomes = measure(
+            cloud,
+            run_id,
+            results,
+            spec,
+            todo,
+            artifacts,
+            board,
+            on_boundary=on_boundary,
+            before_replicate=before_replicate,
+        )
+        for outcome in outcomes:
+            ended = outcome.state
+            assert isinstance(ended, BenchState)
+            ending = "failed" if not outcome.ok else "stopped" if ended.stopped else "done"
+            board.update(ended, ending)
+            summary["types"][ended.label] = {
+                "ok": outcome.ok,
+                "error": outcome.error,
+                "replicates_left": len(ended.pending),
+                "instances": ended.attempt + 1 if ended.instance_id or not ended.stopped else 0,
+                "stopped": ended.stopped,
+            }
+    finally:
+        board.close()
     summary["spent_usd"] = board.spent_now()
     failed = {t: s["error"] for t, s in summary["types"].items() if not s["ok"]}
     if board.capped:

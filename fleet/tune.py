@@ -22,9 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from amibake import logs
+from amibake import logs, progress
 from amibake.errors import UserError
 from amibake.runner import cancel_all
+from fleet.report import metric_label
 from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation, Evaluator
@@ -37,6 +38,7 @@ from fleet.search.record import (
     recommendation_text,
     trial_costs,
 )
+from fleet.spec import Metric
 from fleet.tune_spec import (
     ALGORITHMS,
     COUNTS,
@@ -157,6 +159,9 @@ def _search(
     # Who runs the search: `fleet status` and `fleet kill` find the controller by it.
     results.event(run_id, "searching", pid=os.getpid(), host=socket.gethostname())
     done = 0
+    # One line per trial told, with elapsed time and what is left at the pace so far.
+    counter = progress.Counter(run_id, spec.trials, budget.asked - len(in_flight), noun="trials")
+    metric = getattr(evaluate, "metric", None)  # what a trial's number is, where known
 
     try:
         with ThreadPoolExecutor(spec.parallel, thread_name_prefix="trial") as pool:
@@ -189,6 +194,7 @@ def _search(
                         _record(results, run_id, trial, params, evaluation)
                         if evaluation.usd:
                             budget.costs.append(evaluation.usd)
+                        counter.advance(trial_line(trial, evaluation, metric))
                         done += 1
                         if stop_after is not None and done >= stop_after:
                             raise KeyboardInterrupt  # tests: a controller stopped mid-search
@@ -196,6 +202,8 @@ def _search(
                 stopped = cancel_all()
                 log.warning("[%s] interrupted: stopping %d trials in flight", run_id, stopped)
                 raise
+            finally:
+                counter.close()
     except BaseException as exc:
         # Said in the record, so `fleet status` shows a stopped search and how to resume it
         # even while the process that ran it lives on (a caller that caught the interrupt).
@@ -218,6 +226,17 @@ def _search(
         spent_usd=spent,
         stopped=reason,
     )
+
+
+def trial_line(trial: int, evaluation: Evaluation, metric: Metric | None) -> str:
+    """A trial's end as its progress line says it: its metric named with its unit, and a
+    geomean of several metrics said to be one ("geomean of every throughput=... match")."""
+    if evaluation.state != "ok":
+        return f"trial {trial} {evaluation.state}"
+    if evaluation.metric is None:
+        return f"trial {trial} ok"
+    name = metric_label(metric) if metric is not None else "metric"
+    return f"trial {trial} ok: {name} {evaluation.metric:.4g}"
 
 
 def _record(
