@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -132,7 +133,10 @@ def test_a_large_estimate_without_a_terminal_needs_yes_or_a_cap(
     monkeypatch.setattr(cost, "terminal", lambda: False)
     results = results_of(cloud)
     runs, journaled = results.run_ids(), journal_runs(cloud.config.results_dir)
-    argv = ["bench", "--types", CHEAP, "--command", "echo 1", "--replicates", "1000"]
+    # A workload no earlier test ran: the estimate is the stated guess, not another run's pace
+    # (in a full suite an earlier "echo 1" run made it cheap enough to go ahead).
+    never_run = f"echo {uuid.uuid4().hex}"
+    argv = ["bench", "--types", CHEAP, "--command", never_run, "--replicates", "1000"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("fleet: error: the estimate is $"), err
