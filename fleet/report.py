@@ -22,7 +22,7 @@ from fleet import stats
 from fleet.control import type_errors
 from fleet.page import Report, png, pyplot, render_page
 from fleet.results import Results
-from fleet.spec import BenchSpec, Metric
+from fleet.spec import FOLDS, BenchSpec, Metric, metric_label
 from fleet.stats import pareto
 from fleet.tune_report import make_tune
 
@@ -148,18 +148,6 @@ def work_unit(metric: Metric, unit: str = "") -> str:
         return "run"
     numerator = metric.unit.removesuffix("/s").removesuffix("/sec").strip()
     return numerator if numerator and numerator != metric.unit else "unit"
-
-
-FOLDS = {"geomean": "geomean", "sum": "sum", "mean": "mean"}  # aggregate -> how it is said
-
-
-def metric_label(metric: Metric) -> str:
-    """The metric with its unit, as a label says it; one folded from several matches of the
-    pattern (the kernels' four rates, each in its own unit, into one geomean) says so."""
-    fold = FOLDS.get(metric.aggregate) if metric.kind == "regex" else None
-    if fold is None:
-        return metric.unit
-    return f"{metric.unit} ({fold} of every match of {metric.pattern}, one number from several)"
 
 
 def per_units(usd_per_unit: float, unit: str) -> str:

@@ -109,6 +109,18 @@ class Metric:
         return aggregate(values, self.aggregate)
 
 
+FOLDS = {"geomean": "geomean", "sum": "sum", "mean": "mean"}  # aggregate -> how it is said
+
+
+def metric_label(metric: Metric) -> str:
+    """The metric with its unit, as a label says it; one folded from several matches of the
+    pattern (the kernels' four rates, each in its own unit, into one geomean) says so."""
+    fold = FOLDS.get(metric.aggregate) if metric.kind == "regex" else None
+    if fold is None:
+        return metric.unit
+    return f"{metric.unit} ({fold} of every match of {metric.pattern}, one number from several)"
+
+
 def _is_number(text: str) -> bool:
     try:
         return math.isfinite(float(text))

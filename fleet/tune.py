@@ -25,7 +25,6 @@ import pandas as pd
 from amibake import logs, progress
 from amibake.errors import UserError
 from amibake.runner import cancel_all
-from fleet.report import metric_label
 from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation, Evaluator
@@ -38,7 +37,7 @@ from fleet.search.record import (
     recommendation_text,
     trial_costs,
 )
-from fleet.spec import Metric
+from fleet.spec import Metric, metric_label
 from fleet.tune_spec import (
     ALGORITHMS,
     COUNTS,
