@@ -19,7 +19,7 @@ CROSS_PACKAGES := $(if $(filter arm64,$(DEB_ARCH)),gcc-x86-64-linux-gnu libc6-de
 APT_PACKAGES := openssh-server sudo passwd curl shellcheck xz-utils util-linux uidmap python3-psutil \
 	chromium qemu-user-static cmake $(CROSS_PACKAGES)
 
-.PHONY: install system-packages zstd-source lz4-source prices test lint demo bench ci clean
+.PHONY: install system-packages deb-src zstd-source lz4-source prices test lint demo bench ci clean
 
 install: $(STAMP)
 
@@ -43,16 +43,20 @@ system-packages:
 # zstd's source without internet: Debian's orig tarball of the release the recipe accepts, by
 # package name, checked against the recipe's sha256 by `amibake source add`. Best effort: the
 # zstd test says plainly when the source is not there.
-zstd-source: install
-	@if $(BIN)/amibake source has zstd >/dev/null 2>&1; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ] && ! grep -rqs 'deb-src' /etc/apt/sources.list /etc/apt/sources.list.d/; then \
+# apt-get source needs deb-src lines: added once (as root) beside the deb ones, in either of the
+# two forms Debian uses.
+deb-src:
+	@if [ "$$(id -u)" = 0 ] && ! grep -rqs 'deb-src' /etc/apt/sources.list /etc/apt/sources.list.d/; then \
 	  if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
 	    sed 's/^Types: deb$$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
 	      > /etc/apt/sources.list.d/amibake-src.sources; \
 	  elif [ -f /etc/apt/sources.list ]; then \
 	    sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > /etc/apt/sources.list.d/amibake-src.list; \
 	  fi; \
-	  apt-get update -qq; fi; \
+	  apt-get update -qq; fi
+
+zstd-source: install deb-src
+	@if $(BIN)/amibake source has zstd >/dev/null 2>&1; then exit 0; fi; \
 	dir=$$(mktemp -d) && (cd $$dir && apt-get source --download-only -qq zstd >/dev/null 2>&1); \
 	$(BIN)/amibake source add $$dir/libzstd_1.5.4+dfsg2.orig.tar.xz; rm -rf $$dir; \
 	$(BIN)/amibake source has zstd || echo "zstd source not available: the zstd build test will say so"
@@ -63,17 +67,9 @@ zstd-source: install
 # zstd-source: the test says plainly when it is not there.
 LZ4_ORIG := lz4_1.9.4.orig.tar.gz
 LZ4_SHA256 := 0b0e3aa07c8c063ddf40b082bdf7e37a1562bda40a0ff5272957f3e987e0e54b
-lz4-source: install
+lz4-source: install deb-src
 	@cache=$$($(BIN)/python -c 'from amibake.sources import cache_dir; print(cache_dir())'); \
 	if [ -f "$$cache/$(LZ4_SHA256)" ]; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ] && ! grep -rqs 'deb-src' /etc/apt/sources.list /etc/apt/sources.list.d/; then \
-	  if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
-	    sed 's/^Types: deb$$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
-	      > /etc/apt/sources.list.d/amibake-src.sources; \
-	  elif [ -f /etc/apt/sources.list ]; then \
-	    sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > /etc/apt/sources.list.d/amibake-src.list; \
-	  fi; \
-	  apt-get update -qq; fi; \
 	dir=$$(mktemp -d) && (cd $$dir && apt-get source --download-only -qq lz4 >/dev/null 2>&1); \
 	if [ "$$(sha256sum < $$dir/$(LZ4_ORIG) 2>/dev/null | cut -d' ' -f1)" = $(LZ4_SHA256) ]; then \
 	  cp $$dir/$(LZ4_ORIG) "$$cache/$(LZ4_SHA256)"; \
