@@ -19,7 +19,7 @@ CROSS_PACKAGES := $(if $(filter arm64,$(DEB_ARCH)),gcc-x86-64-linux-gnu libc6-de
 APT_PACKAGES := openssh-server sudo passwd curl shellcheck xz-utils util-linux uidmap python3-psutil \
 	chromium qemu-user-static cmake $(CROSS_PACKAGES)
 
-.PHONY: install system-packages deb-src zstd-source lz4-source prices test lint demo bench ci clean
+.PHONY: install system-packages deb-src zstd-source lz4-source gzip-source cmark-source prices test lint demo bench ci clean
 
 install: $(STAMP)
 
@@ -75,6 +75,25 @@ lz4-source: install deb-src
 	  cp $$dir/$(LZ4_ORIG) "$$cache/$(LZ4_SHA256)"; \
 	else echo "lz4 source not available: the lz4 test of recipe new will say so"; fi; rm -rf $$dir
 
+# Real projects of each other build system tests/test_real_trees.py builds through `amibake
+# recipe new` as a user's tree: gzip (autotools: GNU's release tarball, configure ready) and
+# cmark (CMake). Debian's orig tarballs, put in the source cache under their sha256 when they
+# are the ones the test names; best effort, as lz4-source: the test says plainly when not there.
+# $(call debian_orig,SOURCE PACKAGE,ORIG TARBALL,SHA256)
+define debian_orig
+	@cache=$$($(BIN)/python -c 'from amibake.sources import cache_dir; print(cache_dir())'); \
+	if [ -f "$$cache/$(3)" ]; then exit 0; fi; \
+	dir=$$(mktemp -d) && (cd $$dir && apt-get source --download-only -qq $(1) >/dev/null 2>&1); \
+	if [ "$$(sha256sum < $$dir/$(2) 2>/dev/null | cut -d' ' -f1)" = $(3) ]; then \
+	  mkdir -p "$$cache" && cp $$dir/$(2) "$$cache/$(3)"; \
+	else echo "$(1) source not available: its test in tests/test_real_trees.py will say so"; fi; \
+	rm -rf $$dir
+endef
+gzip-source: install deb-src
+	$(call debian_orig,gzip,gzip_1.12.orig.tar.xz,ce5e03e519f637e1f814011ace35c4f87b33c0bbabeec35baf5fbd3479e91956)
+cmark-source: install deb-src
+	$(call debian_orig,cmark,cmark_0.30.2.orig.tar.gz,6c7d2bcaea1433d977d8fed0b55b71c9d045a7cdf616e3cd2dce9007da753db3)
+
 # The EC2 price snapshot fleet and amibake ls use (amibake/catalog/prices_us-east-1.json).
 PRICE_TABLE ?= ../shared/data/aws_prices_us-east-1.csv
 prices: install
@@ -85,7 +104,7 @@ prices: install
 # time against the local cloud answering as AWS does (eventual consistency, fleet errors, spot
 # reclaims, ...) at fixed seeds.
 FAULT_SEEDS ?= 11
-test: install zstd-source lz4-source
+test: install zstd-source lz4-source gzip-source cmark-source
 	$(BIN)/python -m pytest -q
 	@for seed in $(FAULT_SEEDS); do \
 	  echo "end-to-end tests under --faults aws, seed $$seed"; \
