@@ -339,7 +339,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from amibake.connect import connect
-    from fleet import bench, control, evaluators, tune
+    from fleet import bench, control, evaluators, gain, tune
     from fleet import plan as planning
     from fleet.trial import CloudEvaluator
 
@@ -355,6 +355,7 @@ def _tune(args: argparse.Namespace) -> int:
         "replay": str(Path(args.replay).resolve()) if args.replay else None,
         "startup_trials": args.startup_trials,
         "max_usd": args.max_cost,  # the search's money budget, max_usd (or max_cost) in the file
+        "gain_replicates": args.gain_replicates,
     }
     if args.resume:
         args.resume = _run_id(results, args.resume)
@@ -382,7 +383,9 @@ def _tune(args: argparse.Namespace) -> int:
                 None if record["spec"].get("replay") else connect(cfg), results, args.resume
             )
         changes = {
-            k: overrides[k] for k in ("trials", "parallel", "max_usd") if overrides[k] is not None
+            k: overrides[k]
+            for k in ("trials", "parallel", "max_usd", "gain_replicates")
+            if overrides[k] is not None
         }
         spec = tune.resumed(results, args.resume, changes)
         run_id = args.resume
@@ -418,6 +421,10 @@ def _tune(args: argparse.Namespace) -> int:
     logs.to_terminal()
     print(f"fleet: tune run {run_id} (log: {results.log_path(run_id)})", file=sys.stderr)
     outcome = tune.search(spec, evaluate, results, run_id)
+    measured = None
+    if isinstance(evaluate, CloudEvaluator) and outcome.recommended and spec.gain_replicates:
+        measured = _gain(results, run_id, spec, evaluate, outcome)
+        outcome.spent_usd += measured.get("usd", 0.0)
     print_result(
         args,
         {
@@ -425,6 +432,7 @@ def _tune(args: argparse.Namespace) -> int:
             "trials": outcome.trials,
             "best": outcome.best,
             "recommended": outcome.recommended,
+            "gain": measured,
             "spent_usd": outcome.spent_usd,
             "stopped": outcome.stopped,
         },
@@ -435,6 +443,7 @@ def _tune(args: argparse.Namespace) -> int:
                 if o["recommended"]
                 else "none feasible (the report says why each trial failed)"
             )
+            + "".join("\n" + line for line in gain.lines(o["gain"]))
             + "".join(
                 "\n" + line
                 for line in _spent_lines(o, f"fleet tune --resume {o['run_id']}")
@@ -444,6 +453,33 @@ def _tune(args: argparse.Namespace) -> int:
         ),
     )
     return 0 if outcome.best else 1  # a search that found nothing has not done its job
+
+
+def _gain(results: Any, run_id: str, spec: Any, evaluate: Any, outcome: Any) -> dict[str, Any]:
+    """The recommendation's gain over the generic build and the best standard level, measured
+    side by side after the search (fleet/gain.py), within what the money budget leaves."""
+    from fleet import gain, tune
+
+    costs = tune.trial_costs(results, run_id)
+    runs = max(1, len(costs) * spec.replicates)
+    room = None if spec.max_usd is None else spec.max_usd - outcome.spent_usd
+    params = outcome.recommended["params"]
+    print(
+        f"fleet: measuring the gain: the recommendation, the generic build and the standard "
+        f"levels, {spec.gain_replicates} runs each, taking turns on one "
+        f"{evaluate.instance_type(params)}",
+        file=sys.stderr,
+    )
+    return gain.of_run(
+        results,
+        run_id,
+        evaluate,
+        spec.space,
+        params,
+        spec.gain_replicates,
+        room,
+        sum(costs.values()) / runs,
+    )
 
 
 def _tune_compare(args: argparse.Namespace) -> int:
@@ -668,6 +704,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, help="the search's seed (0): same seed, same trials")
     tune.add_argument("--parallel", type=int, help="trials in flight")
     tune.add_argument("--startup-trials", type=int, help="random trials before TPE models")
+    tune.add_argument(
+        "--gain-replicates",
+        type=int,
+        help="runs of the recommendation, the generic build and the standard levels side by "
+        "side after a cloud search (default 3; 0: measure no gain)",
+    )
     tune.add_argument("--space", help="compare: a tune file for the space (default: the table's)")
     tune.add_argument("--objective-column", help="compare: the column to minimise (default metric)")
     tune.add_argument("--algorithms", help="compare: e.g. tpe,random,grid")

@@ -15,7 +15,7 @@ from tabulate import tabulate
 
 from amibake import catalog, checks, cost, recipes
 from amibake.errors import UserError
-from fleet import prices
+from fleet import gain, prices
 from fleet.report import emulated, load_bench, summarize
 from fleet.results import Results
 from fleet.space import TYPE
@@ -322,17 +322,34 @@ def tune_estimate(
             priced[dearest],
         )
     ]
+    # The gain's builds, at most: with no compile parameter chosen, one is the standard build.
+    builds = gain.builds(spec.space, {}) if spec.gain_replicates else 0
+    if builds:
+        gain_runs = spec.gain_replicates * builds
+        lines.append(
+            cost.Line(
+                f"then the gain: {spec.gain_replicates} runs of up to {builds} builds side by side",
+                dearest,
+                1,
+                (SETUP_S + gain_runs * each) / 3600,
+                priced[dearest],
+            )
+        )
+    extra = max(0, builds - 1)  # the generic build and the standard levels: new builds
     notes = [cost.price_basis(table, region, True), basis]
     notes.append(f"+ {_minutes(SETUP_S)} an instance to launch and stage (a guess)")
-    if any(p.stage == "compile" for p in spec.space.params.values()):
+    compiled = any(p.stage == "compile" for p in spec.space.params.values())
+    new_builds = (trials if compiled else 0) + extra
+    if new_builds:
         build_s, build_basis = cost.build_seconds(results_dir, spec.recipe)
         builder = catalog.family(dearest.split(".")[0]).instance_type("large")
         lines.append(
             cost.Line(
-                f"up to {trials} builds of new compile flags on {builder}",
+                f"up to {new_builds} build{'s' if new_builds != 1 else ''} of new "
+                f"compile flags on {builder}",
                 builder,
-                trials,
-                trials * build_s / 3600,
+                new_builds,
+                new_builds * build_s / 3600,
                 cost.hourly(table, builder, True),
             )
         )

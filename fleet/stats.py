@@ -55,6 +55,35 @@ def summarize(
     return Summary(int(data.size), median, float(low), float(high), cv)
 
 
+def ratio(
+    numerator: Sequence[float] | np.ndarray,
+    denominator: Sequence[float] | np.ndarray,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Summary:
+    """The ratio of two groups' medians with a percentile bootstrap interval, each group
+    resampled on its own (the runs of two builds are not pairs: a build's 2nd run owes nothing
+    to the other's). `cv` is the larger of the two groups' spreads."""
+    top, bottom = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    if top.size == 0 or bottom.size == 0:
+        raise ValueError("no values to compare")
+    if not (np.all(np.isfinite(top)) and np.all(np.isfinite(bottom))) or np.any(bottom == 0):
+        raise ValueError("values must be finite numbers, and the denominator's non-zero")
+    value = float(np.median(top) / np.median(bottom))
+    cv = max(summarize(top.tolist()).cv, summarize(bottom.tolist()).cv)
+    if top.size == 1 and bottom.size == 1:
+        return Summary(1, value, value, value, 0.0)
+    rng = np.random.default_rng(seed)
+    ratios = np.median(rng.choice(top, size=(resamples, top.size)), axis=1) / np.median(
+        rng.choice(bottom, size=(resamples, bottom.size)), axis=1
+    )
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(ratios, [alpha, 1 - alpha])
+    return Summary(int(min(top.size, bottom.size)), value, float(low), float(high), cv)
+
+
 @dataclass(frozen=True)
 class Ranked:
     name: str

@@ -26,6 +26,14 @@ from fleet.spec import BenchSpec, Metric
 from fleet.tune_spec import TuneSpec, broken_constraint
 
 
+class Measured(AmibakeError):
+    """A measurement that did not finish: why, and what it cost until then."""
+
+    def __init__(self, reason: str, usd: float) -> None:
+        super().__init__(reason)
+        self.reason, self.usd = reason, usd
+
+
 class CloudEvaluator:
     def __init__(self, spec: TuneSpec, config: Config) -> None:
         self.spec = spec
@@ -101,33 +109,94 @@ class CloudEvaluator:
             return self._cloud
 
     def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
-        spec, space = self.spec, self.spec.space
-        instance_type = str(params.get(TYPE) or spec.types[0])
-        family = instance_type.split(".")[0]
-        cflags = space.cflags(params)
+        cflags = self.spec.space.cflags(params)
         variant = (
             Variant(name="t" + hashlib.sha256(cflags.encode()).hexdigest()[:10], cflags=cflags)
             if cflags
             else Variant()
         )
-        cloud = self.cloud()
+        instance_type = self.instance_type(params)
         try:
-            outcome = build_pipeline(
-                cloud,
-                BuildRequest(
-                    families=[family],
-                    recipe=spec.recipe,
-                    size="large",
-                    recipes_dir=self.config.recipes_dir,
-                    variant=variant,
-                ),
-            )[0]
+            artifact = self._build(instance_type, "tuned", variant)
         except AmibakeError as exc:
             return Evaluation("failed", reason=f"build failed: {exc}")
+        manifest = dict(artifact.manifest)
+        todo = [Replicate(instance_type, "tuned", i, False) for i in range(self.spec.replicates)]
+        try:
+            usd = self._measure(f"trial {trial}", trial, params, todo, {"tuned": artifact})
+        except Measured as failed:
+            return Evaluation("failed", reason=failed.reason, manifest=manifest, usd=failed.usd)
+        rows = self.results.replicates(self.run_id)
+        mine = rows[(rows.trial == trial) & (rows.state == "ok")]
+        failed_rows = rows[(rows.trial == trial) & (rows.state == "failed")]
+        if mine.empty:
+            reason = (
+                str(failed_rows.error.iloc[0]) if not failed_rows.empty else "no replicate finished"
+            )
+            return Evaluation("failed", reason=reason, manifest=manifest, usd=usd)
+        return self._score(mine, manifest, usd)
+
+    def instance_type(self, params: dict[str, Any]) -> str:
+        return str(params.get(TYPE) or self.spec.types[0])
+
+    def side_by_side(
+        self, label: str, trial: int, params: dict[str, Any], variants: dict[str, Variant], n: int
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """Each build of `variants` (by build name) run `n` times on one instance of the
+        configuration's type with its run-time arguments, the builds taking turns so that a
+        drift of the machine's speed falls on all of them alike: each build's metric values,
+        and what the instance cost. Raises Measured when a build or the instance failed."""
+        instance_type = self.instance_type(params)
+        artifacts: dict[str, BuildArtifact] = {}
+        for build, variant in variants.items():
+            try:
+                artifacts[build] = self._build(instance_type, build, variant)
+            except AmibakeError as exc:
+                raise Measured(f"the {build} build failed: {exc}", 0.0) from None
+        todo = [Replicate(instance_type, b, i, False) for i in range(n) for b in variants]
+        usd = self._measure(label, trial, params, todo, artifacts)
+        rows = self.results.replicates(self.run_id)
+        mine = rows[(rows.trial == trial) & (rows.state == "ok")]
+        values = {b: mine[mine.build == b].metric.to_numpy(dtype=float) for b in variants}
+        short = [b for b, v in values.items() if len(v) == 0]
+        if short:
+            failed = rows[(rows.trial == trial) & (rows.state == "failed")]
+            why = str(failed.error.iloc[0]) if not failed.empty else "no replicate finished"
+            raise Measured(f"no run of the {', '.join(short)} build finished: {why}", usd)
+        return values, usd
+
+    def _build(self, instance_type: str, name: str, variant: Variant) -> BuildArtifact:
+        """The variant built for the type's family, through the artifact cache (a
+        configuration seen before is not rebuilt). Raises AmibakeError when it fails."""
+        outcome = build_pipeline(
+            self.cloud(),
+            BuildRequest(
+                families=[instance_type.split(".")[0]],
+                recipe=self.spec.recipe,
+                size="large",
+                recipes_dir=self.config.recipes_dir,
+                variant=variant,
+            ),
+        )[0]
         if not outcome.ok:
-            return Evaluation("failed", reason=f"build failed: {outcome.error}")
+            raise AmibakeError(str(outcome.error))
         state: Any = outcome.state
-        manifest = dict(state.manifest)
+        return BuildArtifact(name, state.artifact, dict(state.manifest))
+
+    def _measure(
+        self,
+        label: str,
+        trial: int,
+        params: dict[str, Any],
+        todo: list[Replicate],
+        artifacts: dict[str, BuildArtifact],
+    ) -> float:
+        """The replicates in `todo`, recorded under `trial`, on one instance of the type with
+        the configuration's run-time arguments: what the instance cost. Raises Measured when
+        the instance's run failed."""
+        spec, space = self.spec, self.spec.space
+        instance_type = self.instance_type(params)
+        family = instance_type.split(".")[0]
         # Run parameters named after a {NAME} of the bench command fill it; the rest are args.
         filled = {
             n: v
@@ -137,7 +206,7 @@ class CloudEvaluator:
         bench_spec = BenchSpec(
             types=(instance_type,),
             recipe=spec.recipe,
-            builds=("tuned",),
+            builds=tuple(artifacts),
             replicates=spec.replicates,
             warmups=0,
             args=space.args({n: v for n, v in params.items() if n not in filled}),
@@ -148,31 +217,30 @@ class CloudEvaluator:
             executor=spec.executor,
             allow_missing_price=not self.priced,
         )
-        todo = [Replicate(instance_type, "tuned", i, False) for i in range(spec.replicates)]
-        artifacts = {(family, "tuned"): BuildArtifact("tuned", state.artifact, manifest)}
-        board = bench.Board(f"{self.run_id} trial {trial}", total=len(todo))
+        board = bench.Board(f"{self.run_id} {label}", total=len(todo))
         try:
             outcomes = bench.measure(
-                cloud, self.run_id, self.results, bench_spec, todo, artifacts, board, trial=trial
+                self.cloud(),
+                self.run_id,
+                self.results,
+                bench_spec,
+                todo,
+                {(family, b): a for b, a in artifacts.items()},
+                board,
+                trial=trial,
             )
         except AmibakeError as exc:
-            return Evaluation("failed", reason=str(exc), manifest=manifest, usd=board.spent_now())
-        # What the trial cost: its instances' time at their market's price, as bench's progress
-        # counts it (launch to teardown, not only the replicates' run time); a failed trial's
-        # instances were paid for too. The build's own instance is amibake build's, unpriced.
+            raise Measured(str(exc), board.spent_now()) from None
+        # What it cost: its instances' time at their market's price, as bench's progress counts
+        # it (launch to teardown, not only the replicates' run time); a failed trial's instances
+        # were paid for too. The build's own instance is amibake build's, unpriced.
         for outcome in outcomes:
             assert isinstance(outcome.state, BenchState)
             board.update(outcome.state, "done" if outcome.ok else "failed")
         usd = board.spent_now()
         if not outcomes[0].ok:
-            return Evaluation("failed", reason=outcomes[0].error, manifest=manifest, usd=usd)
-        rows = self.results.replicates(self.run_id)
-        mine = rows[(rows.trial == trial) & (rows.state == "ok")]
-        failed = rows[(rows.trial == trial) & (rows.state == "failed")]
-        if mine.empty:
-            reason = str(failed.error.iloc[0]) if not failed.empty else "no replicate finished"
-            return Evaluation("failed", reason=reason, manifest=manifest, usd=usd)
-        return self._score(mine, manifest, usd)
+            raise Measured(str(outcomes[0].error), usd)
+        return usd
 
     def _score(self, rows: Any, manifest: dict[str, Any], usd: float) -> Evaluation:
         metric = self.metric

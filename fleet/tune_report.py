@@ -13,6 +13,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from amibake.errors import UserError
+from fleet import gain
 from fleet.page import Report, png, pyplot, render_page
 from fleet.results import Results
 from fleet.stats import pareto
@@ -92,6 +93,19 @@ def make_tune(
             ready = ready_line(spec, run_id, through_noise["params"])
             lines.append(ready)
             details["recommended"] = {**through_noise, "use": ready}
+            tied = told_apart_from(ok, through_noise)
+            if tied:
+                lines.append(
+                    f"it cannot be told apart from trial{'s' if len(tied) > 1 else ''} "
+                    + ", ".join(str(t["trial"]) for t in tied)
+                    + " (their intervals overlap its own): "
+                    + "; ".join(str(t["params"]) for t in tied[:3])
+                    + ("; ..." if len(tied) > 3 else "")
+                )
+            details["recommended"]["cannot_tell_apart"] = tied
+            measured = gain.recorded(results, run_id)
+            lines.extend(gain.lines(measured))
+            details["gain"] = measured
         lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
     else:
         lines.append("no feasible trial yet")
@@ -162,6 +176,28 @@ def make_tune(
         lines.append(f"report: {page}")
     report.text = "\n".join(lines)
     return report
+
+
+def told_apart_from(ok: pd.DataFrame, recommended: dict[str, Any]) -> list[dict[str, Any]]:
+    """The other configurations whose interval of the loss overlaps the recommendation's: the
+    measurements cannot say which of them is better. None without an interval."""
+    import json
+
+    interval = recommended.get("interval")
+    if not interval:
+        return []
+    low, high = sorted(interval)
+    tied: dict[str, dict[str, Any]] = {}
+    for _, trial in ok.iterrows():
+        params = json.loads(trial.params)
+        theirs = json.loads(trial.manifest or "{}").get("interval")
+        if params == recommended["params"] or not theirs:
+            continue
+        if min(theirs) <= high and low <= max(theirs):
+            tied.setdefault(
+                json.dumps(params, sort_keys=True), {"trial": int(trial.trial), "params": params}
+            )
+    return list(tied.values())
 
 
 def ready_line(spec: dict[str, Any], run_id: str, params: dict[str, Any]) -> str:

@@ -44,7 +44,15 @@ COUNTS = {
     "replicates": BENCH_COUNTS["replicates"],
     "seed": (0, 2**32 - 1, "a seed is 32 bits"),
     "startup_trials": (0, MAX_TRIALS, "they are trials of the budget"),
+    "gain_replicates": (
+        0,
+        BENCH_COUNTS["replicates"][1],
+        "runs of each build after the search; 0 measures no gain",
+    ),
 }
+# After a cloud search: runs of the recommendation, the generic build and the standard levels,
+# side by side (fleet/gain.py). Three is the fewest with an interval that means something.
+GAIN_REPLICATES = 3
 MAX_HOURS = 24 * 366.0  # a search that runs for more than a year is a typo
 # The flag that gives a key on the command line, where it is not --KEY.
 FLAGS = {"replay_column": "--objective-column", "max_usd": "--max-cost"}
@@ -69,6 +77,7 @@ class TuneSpec:
     replicates: int = 1
     executor: str = "ssh"  # or "batch": trials measured as Batch jobs
     expected_runtime_s: float | None = None  # one replicate, as declared: for the estimate
+    gain_replicates: int = GAIN_REPLICATES
     raw: dict[str, Any] = field(default_factory=dict)
     # What a trial is expected to cost before any has (the estimate's): the money budget counts
     # the trials in flight at it, not at nothing. Set by the caller; never recorded.
@@ -109,7 +118,7 @@ def from_dict(
     known = {
         "params", "objective", "algorithm", "seed", "trials", "startup_trials", "parallel",
         "max_usd", "max_hours", "constraints", "replay", "replay_column", "types", "recipe",
-        "replicates", "name", "executor", "expected_runtime", "max_cost",
+        "replicates", "name", "executor", "expected_runtime", "max_cost", "gain_replicates",
     }  # fmt: skip
     for key in data:
         if key not in known:
@@ -200,6 +209,7 @@ def from_dict(
         replicates=int(data.get("replicates", 1)),
         executor=str(executor),
         expected_runtime_s=expected_s,
+        gain_replicates=int(data.get("gain_replicates", GAIN_REPLICATES)),
         raw=data,
     )
 

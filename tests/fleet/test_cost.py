@@ -8,6 +8,7 @@ import json
 import sqlite3
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -95,8 +96,20 @@ def test_a_tune_is_estimated_per_trial_at_its_types_price(tmp_path: Path) -> Non
         searched, Results(tmp_path / "f.sqlite"), tmp_path, "us-east-1", 6
     )
     hours = 6 * (plan.SETUP_S + 2 * 30) / 3600  # no compile parameter: no build per trial
-    assert estimate.hours == pytest.approx(hours)
-    assert estimate.usd == pytest.approx(hours * spot(CHEAP))
+    # Then the gain: 3 runs of the recommendation (the standard build: nothing is compiled in)
+    # and of the generic build, on one more instance; the generic one built first.
+    hours += (plan.SETUP_S + 3 * 2 * 30) / 3600
+    built = next(line for line in estimate.lines if "compile flags" in line.what)
+    assert built.instances == 1 and "up to 1 build of" in built.what, built.what
+    builder_hours = built.hours
+    assert estimate.hours == pytest.approx(hours + builder_hours)
+    assert estimate.usd == pytest.approx(
+        hours * spot(CHEAP) + builder_hours * spot(built.instance_type)
+    )
+    # Without the gain, the trials alone.
+    alone = replace(searched, gain_replicates=0)
+    estimate = plan.tune_estimate(alone, Results(tmp_path / "f.sqlite"), tmp_path, "us-east-1", 6)
+    assert estimate.hours == pytest.approx(6 * (plan.SETUP_S + 2 * 30) / 3600)
 
 
 def test_the_cap_counts_what_is_spent_and_what_is_in_flight() -> None:

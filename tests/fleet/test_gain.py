@@ -1,0 +1,179 @@
+"""The tune recommendation's gain over the generic build and the best standard level: which builds
+run, how the ratio and its interval come out, what a budget or a failure leaves recorded. The
+cloud part (builds and runs on the local cloud) is in test_tune.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from amibake.errors import AmibakeError
+from amibake.steps.state import Variant
+from fleet import gain, stats
+from fleet.results import Results
+from fleet.space import parse
+from fleet.spec import Metric
+
+LEVELS = {
+    "opt": {"kind": "categorical", "values": ["-O2", "-O3"], "stage": "compile"},
+    "unroll": {"kind": "categorical", "values": ["", "-funroll-loops"], "stage": "compile"},
+    "threads": {"kind": "int", "low": 1, "high": 2, "stage": "run"},
+}
+
+
+class Bench:
+    """Builds side by side, as data: each build's rate drawn around a given mean."""
+
+    def __init__(self, means: dict[str, float], fail: str = "") -> None:
+        self.metric = Metric(kind="metric", pattern="x", meaning="rate")
+        self.means, self.fail = means, fail
+        self.asked: list[dict[str, Variant]] = []
+
+    def side_by_side(
+        self, label: str, trial: int, params: dict[str, Any], variants: dict[str, Variant], n: int
+    ) -> tuple[dict[str, np.ndarray], float]:
+        self.asked.append(variants)
+        if self.fail:
+            raise AmibakeError(self.fail)
+        noise = np.random.default_rng(0)
+        return {b: self.means[b] * (1 + 0.01 * noise.standard_normal(n)) for b in variants}, 0.5
+
+
+def test_the_contenders_are_the_generic_build_and_each_standard_level() -> None:
+    space = parse(LEVELS, "t.toml", "", ["c7g.large"])
+    chosen = gain.contenders(space, {"opt": "-O2", "unroll": "-funroll-loops", "threads": 2})
+    assert [c.build for c in chosen] == ["recommended", "generic", "standard-O2", "standard-O3"]
+    assert chosen[0].variant.cflags == "-O2 -funroll-loops"  # the search's own build
+    assert chosen[1].variant.generic and not chosen[1].variant.cflags
+    assert [c.variant.cflags for c in chosen[2:]] == ["-O2", "-O3"]
+    # No level in the space: the family's standard build, the recipe's own flags.
+    plain = parse({"threads": LEVELS["threads"]}, "t.toml", "", ["c7g.large"])
+    chosen = gain.contenders(plain, {"threads": 1})
+    assert [(c.build, c.variant) for c in chosen[1:]] == [
+        ("generic", Variant(name="generic", generic=True)),
+        ("standard", Variant()),
+    ]
+    assert gain.builds(plain, {"threads": 1}) == 2  # the recommendation is the standard build
+
+
+def test_the_gain_is_over_the_best_standard_level_with_an_interval() -> None:
+    space = parse(LEVELS, "t.toml", "", ["c7g.large"])
+    params = {"opt": "-O2", "unroll": "-funroll-loops", "threads": 2}
+    means = {"recommended": 120.0, "generic": 60.0, "standard-O2": 100.0, "standard-O3": 110.0}
+    found, usd = gain.measure(Bench(means), space, params, 5, "gain")
+    assert usd == 0.5
+    generic, standard = found
+    assert (generic.kind, standard.kind) == ("generic", "standard")
+    # Rates: the recommendation's time per unit is half the generic build's.
+    assert generic.ratio == pytest.approx(2.0, rel=0.03) and generic.low < 2.0 < generic.high
+    # The best standard level is -O3 (the faster one), 120/110 over it.
+    assert standard.against == "the standard level -O3"
+    assert standard.ratio == pytest.approx(120 / 110, rel=0.03)
+    assert "50% less per unit of work" in generic.text()
+
+
+def test_a_standard_level_that_is_the_recommendation_runs_once_and_gains_nothing() -> None:
+    space = parse(LEVELS, "t.toml", "", ["c7g.large"])
+    bench = Bench({"recommended": 100.0, "generic": 50.0, "standard-O2": 90.0})
+    found, _ = gain.measure(bench, space, {"opt": "-O3", "unroll": "", "threads": 1}, 3, "gain")
+    assert list(bench.asked[0]) == ["recommended", "generic", "standard-O2"]
+    standard = next(g for g in found if g.kind == "standard")
+    # -O3 alone is the recommendation: the best standard level, by definition no gain.
+    assert standard.same_build and standard.text() == "it is the standard level -O3 itself"
+
+
+def test_overlapping_builds_are_said_to_be_indistinguishable() -> None:
+    told = gain.Gain("the generic build", "generic", 1.01, 0.97, 1.05, 5).text()
+    assert "cannot be told apart" in told and "less per unit" not in told
+
+
+def test_a_ratio_interval_covers_the_true_ratio_and_refuses_nonsense() -> None:
+    rng = np.random.default_rng(1)
+    slow, fast = 10 * (1 + 0.05 * rng.standard_normal(9)), 8 * (1 + 0.05 * rng.standard_normal(9))
+    summary = stats.ratio(slow, fast)
+    assert summary.low < 10 / 8 < summary.high and summary.n == 9
+    assert stats.ratio([2.0], [1.0]).median == 2.0
+    for bad in (([], [1.0]), ([1.0], [0.0]), ([float("nan")], [1.0])):
+        with pytest.raises(ValueError):
+            stats.ratio(*bad)
+
+
+def test_the_gain_waits_for_money_the_budget_has_and_records_why(tmp_path: Path) -> None:
+    results = Results(tmp_path / "f.sqlite")
+    results.create_run("ft-0123456789", "tune", {}, "local", "us-east-1", "")
+    space = parse(LEVELS, "t.toml", "", ["c7g.large"])
+    params = {"opt": "-O2", "unroll": "", "threads": 1}
+    bench = Bench({})
+    # 3 runs of 3 builds (-O2 alone is the recommendation's build) at $0.01 a run: $0.09, with
+    # $0.05 left.
+    detail = gain.of_run(results, "ft-0123456789", bench, space, params, 3, 0.05, 0.01)
+    assert bench.asked == [] and "more than the $0.0500 the money budget leaves" in detail["error"]
+    assert gain.recorded(results, "ft-0123456789") == detail
+    assert gain.lines(detail)[0].startswith("gain not measured: 3 runs of 3 builds")
+    # A failed build is recorded as the reason, and what it cost so far.
+    failing = Bench({}, fail="the generic build failed: no compiler")
+    detail = gain.of_run(results, "ft-0123456789", failing, space, params, 3, None, 0.01)
+    assert detail["error"] == "the generic build failed: no compiler"
+    # Measured once, kept: a resumed run does not measure it again.
+    means = {"recommended": 2.0, "generic": 1.0, "standard-O2": 2.0, "standard-O3": 1.5}
+    done = gain.of_run(results, "ft-0123456789", Bench(means), space, params, 3, None, 0.01)
+    again = Bench(means)
+    assert gain.of_run(results, "ft-0123456789", again, space, params, 3, None, 0.01) == done
+    assert again.asked == [] and [g["kind"] for g in done["gains"]] == ["generic", "standard"]
+
+
+def test_a_cloud_tune_measures_its_gain_side_by_side_and_leaves_nothing(
+    cloud: Any, local_dir: Path, tmp_path: Path, host_family: str, capsys: Any
+) -> None:
+    """Issue 27: the recommendation's gain over the generic build and the best standard level,
+    with intervals, in the run's output, report and --json; its runs take turns on one
+    instance after the search, and everything they launched is gone."""
+    import json
+
+    from amibake import config
+    from amibake.journal import Journal
+    from fleet import bench
+    from fleet.cli import main
+    from tests.helpers import tagged_alive, wait_until_clean
+
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'recipe = "kernels"\ntypes = ["{host_family}.large"]\nalgorithm = "grid"\ntrials = 2\n'
+        'objective = "metric"\nreplicates = 1\ngain_replicates = 2\n'
+        '[params.opt]\nkind = "categorical"\nvalues = ["-O2", "-O3"]\nstage = "compile"\n'
+        '[params.size]\nkind = "categorical"\nvalues = [16]\nstage = "run"\n'
+    )
+    assert main(["tune", str(path), "--yes", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    measured = out["gain"]
+    assert "error" not in measured, measured
+    assert [g["kind"] for g in measured["gains"]] == ["generic", "standard"]
+    for found in measured["gains"]:
+        assert 0 < found["low"] <= found["ratio"] <= found["high"] and found["n"] in (0, 2)
+    results = bench.results_db(config.load().results_dir)
+    runs = results.replicates(out["run_id"])
+    side = runs[runs.trial == gain.GAIN_TRIAL]
+    # The recommendation's level is one of the two standard ones: three builds, two runs each,
+    # in turns (recommended, generic, the other level, recommended, ...).
+    assert side.groupby("build").size().to_dict() == {
+        "recommended": 2,
+        "generic": 2,
+        f"standard{'-O2' if out['recommended']['params']['opt'] == '-O3' else '-O3'}": 2,
+    }
+    assert set(side.state) == {"ok"}
+    # The gain's instance is paid for, and counted in what the run spent.
+    assert measured["usd"] > 0 and out["spent_usd"] >= measured["usd"]
+    assert main(["report", "last", "--no-html", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gain"] == measured
+    assert main(["report", "last", "--no-html"]) == 0
+    text = capsys.readouterr().out
+    assert "gain over the generic build: " in text and "gain over the best standard level" in text
+    journal = Journal(config.load().results_dir / "journal.sqlite")
+    for amibake_run in [
+        d["amibake_run"] for _, k, d in results.events(out["run_id"]) if k == "controller"
+    ]:
+        assert tagged_alive(cloud, amibake_run) == [] and journal.alive(amibake_run) == []
+    assert wait_until_clean(local_dir) == []
