@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ class Artifact:
     target: str
     path: Path
     manifest: dict[str, Any]
+
+    @property
+    def installed(self) -> str:
+        """Its name in the image, where the stage unit looks for the family's build: a variant
+        (a tune's recommended flags) takes the place of the family's own build."""
+        return f"{self.app}_{self.family}.tar.xz"
 
 
 def tmpfs_mb(available_mb: int, vcpus: int, reserve_mb_per_vcpu: int) -> int:
@@ -133,10 +140,19 @@ def _manifest(manifest: Any) -> dict[str, Any]:
     return manifest  # type: ignore[no-any-return]
 
 
-def load_artifacts(artifacts_dir: Path, families: list[str] | None) -> list[Artifact]:
-    """The built artifacts to bake, checked against their manifests."""
+def load_artifacts(
+    artifacts_dir: Path, families: list[str] | None, chosen: list[Path] | None = None
+) -> list[Artifact]:
+    """The built artifacts to bake (those of `chosen` manifests, else every one of the
+    families), checked against their manifests."""
     found = []
-    for manifest_path in sorted(artifacts_dir.glob("*.manifest.json")):
+    for manifest_path in (
+        chosen if chosen is not None else sorted(artifacts_dir.glob("*.manifest.json"))
+    ):
+        if not manifest_path.exists():
+            raise UserError(
+                f"{manifest_path} is missing: build it again (amibake bake --from-tune)"
+            )
         manifest = read_json(
             manifest_path,
             "build the family again (amibake build), which writes it anew",
@@ -166,6 +182,38 @@ def load_artifacts(artifacts_dir: Path, families: list[str] | None) -> list[Arti
             f"`amibake build --family {names}` first, or bake with --build"
         )
     return found
+
+
+TUNE_RUN = re.compile(r"ft-[0-9a-f]{10}")
+
+
+def from_tune(results_dir: Path, run: str) -> dict[str, Any]:
+    """The recommended build of a `fleet tune` run (`last`: the newest), as fleet wrote it in
+    results/tunes/RUN.json when the search ended: its recipe, instance type and flags."""
+    tunes = results_dir / "tunes"
+    if run == "last":
+        written = sorted(tunes.glob("ft-*.json"), key=lambda p: p.stat().st_mtime)
+        if not written:
+            raise UserError(
+                f"no tune run has a recommendation in {tunes}: run `fleet tune FILE` on a cloud "
+                "first (a replayed search has no build to bake)"
+            )
+        run = written[-1].stem
+    if not TUNE_RUN.fullmatch(run):
+        raise UserError(f"--from-tune {run!r}: a tune run is ft- and 10 hex digits, or last")
+    path = tunes / f"{run}.json"
+    if not path.exists():
+        raise UserError(
+            f"tune run {run} has no recommendation in {tunes}: it is another machine's, replayed, "
+            "or found no feasible trial (see `fleet report " + run + "`)"
+        )
+
+    def shape(data: Any) -> dict[str, Any]:
+        for key in ("run_id", "recipe", "instance_type", "family", "cflags", "args"):
+            str(data[key])
+        return data  # type: ignore[no-any-return]
+
+    return read_json(path, f"run `fleet report {run}`, which writes it anew", shape)
 
 
 def fallbacks(artifacts: list[Artifact]) -> dict[str, str]:

@@ -15,6 +15,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -128,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     bake.add_argument("--allow-eol", action="store_true", help="accept an Amazon Linux 2 base")
     bake.add_argument("--build", action="store_true", help="build the families missing first")
     bake.add_argument("--recipe", help="with --build: the recipe (default from config)")
+    bake.add_argument(
+        "--from-tune",
+        metavar="RUN",
+        help="bake the build a `fleet tune` run recommends (its recipe with its flags, for its "
+        "type's family; built first if need be); RUN: a tune run id, or last",
+    )
     bake.add_argument(
         "--keep-on-error",
         action="store_true",
@@ -272,6 +279,7 @@ EXAMPLES = {
         "amibake bake --family c7i,c7g",
         "amibake bake --build --family c7i --dry-run",
         "amibake bake --family c7i --keep 2",
+        "amibake bake --from-tune last",
     ],
     "batch": ["amibake batch up --from-bake"],
     "batch up": ["amibake batch up --from-bake", "amibake batch up --ami ami-0123456789abcdef0"],
@@ -420,6 +428,11 @@ def _bake(args: argparse.Namespace) -> int:
 
     if args.recipe is not None and not args.build:
         raise UserError("--recipe goes with --build: amibake bake --build --recipe NAME")
+    if args.from_tune and (args.family or args.build or args.base_ami):
+        raise UserError(
+            "--from-tune RUN bakes that run's recommended build for its type's family: leave "
+            "out --family, --build and --base-ami"
+        )
     cfg = config_from(args)
     request = pipelines.BakeRequest(
         build_recipe=(args.recipe or cfg.recipe) if args.build else None,
@@ -431,6 +444,19 @@ def _bake(args: argparse.Namespace) -> int:
         keep_on_error=args.keep_on_error,
         dry_run=args.dry_run,
     )
+    tuned: dict[str, Any] = {}
+    if args.from_tune:
+        from amibake import bake as bake_module
+        from amibake.steps.state import Variant
+
+        tuned = bake_module.from_tune(cfg.results_dir, args.from_tune)
+        request = replace(
+            request,
+            build_recipe=tuned["recipe"],
+            families=[tuned["family"]],
+            variant=Variant.of_flags(tuned["cflags"]),
+            tuned_by=tuned["run_id"],
+        )
     pipelines.check_bake(request)  # before connecting: a flag's mistake is not a cloud's
     if request.build_recipe is not None:
         from amibake import recipes
@@ -472,6 +498,12 @@ def _bake(args: argparse.Namespace) -> int:
 
     def text(rows: list[dict[str, Any]]) -> str:
         lines = []
+        if tuned:
+            lines.append(
+                f"from tune run {tuned['run_id']}: {tuned['recipe']} for {tuned['family']} "
+                f"with {tuned['cflags'] or 'its own flags'}"
+                + (f"; run it with {tuned['args']}" if tuned["args"] else "")
+            )
         for r in rows:
             if "plan" in r:
                 lines.append(f"{r['family']}: plan {' -> '.join(r['plan'])}")

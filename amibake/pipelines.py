@@ -391,6 +391,15 @@ class BakeRequest:
     keep_on_error: bool = False
     dry_run: bool = False
     build_recipe: str | None = None  # --build: build the families that have no artifact yet
+    # --from-tune: the recipe built with a tune's recommended flags, instead of its own build
+    variant: Variant = field(default_factory=Variant)
+    tuned_by: str = ""  # the tune run that recommended `variant`
+
+    def manifest(self, artifacts_dir: Path, family: str) -> Path:
+        """Where the build of `family` this bake takes has its manifest."""
+        suffix = f"-{self.variant.name}" if self.variant.name else ""
+        where = artifacts_dir / "variants" if self.variant.name else artifacts_dir
+        return where / f"{self.build_recipe}_{family}{suffix}.manifest.json"
 
 
 def build_missing(cloud: Cloud, request: BakeRequest) -> list[Outcome]:
@@ -402,7 +411,7 @@ def build_missing(cloud: Cloud, request: BakeRequest) -> list[Outcome]:
     missing = [
         family
         for family in request.families or []
-        if not (artifacts / f"{request.build_recipe}_{family}.manifest.json").exists()
+        if not request.manifest(artifacts, family).exists()
     ]
     if not missing:
         return []
@@ -412,6 +421,7 @@ def build_missing(cloud: Cloud, request: BakeRequest) -> list[Outcome]:
         size="large",
         recipes_dir=cloud.config.recipes_dir,
         dry_run=request.dry_run,  # a dry bake plans its builds, and launches none of them
+        variant=request.variant,
     )
     outcomes = build(cloud, build_request)
     failed = [o for o in outcomes if not o.ok]
@@ -446,7 +456,12 @@ def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
     check_bake(request)
     # Read now, as Record will append to it: damaged, it would fail the bake after CreateImage.
     bake_module.baked(cloud.config.results_dir / "amis.json")
-    artifacts = bake_module.load_artifacts(cloud.config.results_dir / "artifacts", request.families)
+    artifacts_dir = cloud.config.results_dir / "artifacts"
+    if request.variant.name:  # --from-tune: exactly the recommended build of each family
+        chosen = [request.manifest(artifacts_dir, f) for f in request.families or []]
+        artifacts = bake_module.load_artifacts(artifacts_dir / "variants", None, chosen)
+    else:
+        artifacts = bake_module.load_artifacts(artifacts_dir, request.families)
     if request.base_ami is not None and len({a.architecture for a in artifacts}) > 1:
         raise UserError("--base-ami names one image, but the artifacts span architectures")
     states = []

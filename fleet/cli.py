@@ -339,7 +339,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from amibake.connect import connect
-    from fleet import bench, control, evaluators, gain, tune
+    from fleet import bench, control, evaluators, gain, recommended, tune
     from fleet import plan as planning
     from fleet.trial import CloudEvaluator
 
@@ -421,10 +421,16 @@ def _tune(args: argparse.Namespace) -> int:
     logs.to_terminal()
     print(f"fleet: tune run {run_id} (log: {results.log_path(run_id)})", file=sys.stderr)
     outcome = tune.search(spec, evaluate, results, run_id)
-    measured = None
-    if isinstance(evaluate, CloudEvaluator) and outcome.recommended and spec.gain_replicates:
-        measured = _gain(results, run_id, spec, evaluate, outcome)
-        outcome.spent_usd += measured.get("usd", 0.0)
+    measured, bake = None, None
+    if isinstance(evaluate, CloudEvaluator) and outcome.recommended:
+        if spec.gain_replicates:
+            measured = _gain(results, run_id, spec, evaluate, outcome)
+            outcome.spent_usd += measured.get("usd", 0.0)
+        # The hand-over to `amibake bake --from-tune` (fleet report writes it anew too).
+        if recommended.write(
+            cfg.results_dir, run_id, spec, outcome.recommended["params"], gain.lines(measured)
+        ):
+            bake = f"amibake bake --from-tune {run_id}"
     print_result(
         args,
         {
@@ -433,6 +439,7 @@ def _tune(args: argparse.Namespace) -> int:
             "best": outcome.best,
             "recommended": outcome.recommended,
             "gain": measured,
+            "bake": bake,
             "spent_usd": outcome.spent_usd,
             "stopped": outcome.stopped,
         },
@@ -444,6 +451,7 @@ def _tune(args: argparse.Namespace) -> int:
                 else "none feasible (the report says why each trial failed)"
             )
             + "".join("\n" + line for line in gain.lines(o["gain"]))
+            + (f"\nbake it: {o['bake']}" if o["bake"] else "")
             + "".join(
                 "\n" + line
                 for line in _spent_lines(o, f"fleet tune --resume {o['run_id']}")
@@ -744,6 +752,7 @@ EXAMPLES = {
     "tune": [
         "fleet tune examples/kernels.tune.toml --trials 40",
         "fleet tune --resume last --trials 60",
+        "fleet tune examples/kernels.tune.toml --gain-replicates 5",
         "fleet tune compare --replay table.csv --seeds 10",
     ],
     "completion": [

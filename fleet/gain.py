@@ -12,7 +12,6 @@ one type at one price, cost per unit of work falls by 1 - 1/ratio.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from dataclasses import asdict, dataclass
@@ -82,18 +81,13 @@ class SideBySide(Protocol):
     ) -> tuple[dict[str, np.ndarray], float]: ...
 
 
-def _variant(cflags: str) -> Variant:
-    # Named by its flags, as a trial's build is: the artifact cache finds the trial's build.
-    if not cflags:
-        return Variant()
-    return Variant(name="t" + hashlib.sha256(cflags.encode()).hexdigest()[:10], cflags=cflags)
-
-
 def contenders(space: Space, params: dict[str, Any]) -> list[Contender]:
     """The recommendation, the generic build and the standard levels, each build once: a
     standard level that is the recommendation's own flags is not built or run twice."""
     recommended = space.cflags(params)
-    out = [Contender(RECOMMENDED, _variant(recommended), "the recommendation", "recommended")]
+    out = [
+        Contender(RECOMMENDED, Variant.of_flags(recommended), "the recommendation", "recommended")
+    ]
     out.append(
         Contender("generic", Variant(name="generic", generic=True), "the generic build", "generic")
     )
@@ -108,7 +102,7 @@ def contenders(space: Space, params: dict[str, Any]) -> list[Contender]:
         out.append(Contender("standard", Variant(), "the family's standard build", "standard"))
     for level in dict.fromkeys(levels):
         label = f"the standard level {level}"
-        out.append(Contender(f"standard{level}", _variant(level), label, "standard"))
+        out.append(Contender(f"standard{level}", Variant.of_flags(level), label, "standard"))
     return out
 
 

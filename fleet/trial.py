@@ -4,7 +4,6 @@ with the run-time arguments on the chosen executor (ssh or batch), and score it.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from typing import Any
 
@@ -110,11 +109,7 @@ class CloudEvaluator:
 
     def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
         cflags = self.spec.space.cflags(params)
-        variant = (
-            Variant(name="t" + hashlib.sha256(cflags.encode()).hexdigest()[:10], cflags=cflags)
-            if cflags
-            else Variant()
-        )
+        variant = Variant.of_flags(cflags)
         instance_type = self.instance_type(params)
         try:
             artifact = self._build(instance_type, "tuned", variant)

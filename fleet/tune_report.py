@@ -13,13 +13,14 @@ import pandas as pd
 from tabulate import tabulate
 
 from amibake.errors import UserError
-from fleet import gain
+from fleet import gain, recommended
 from fleet.page import Report, png, pyplot, render_page
 from fleet.results import Results
 from fleet.stats import pareto
 
 if TYPE_CHECKING:
     from fleet.replay import Comparison
+    from fleet.tune_spec import TuneSpec
 
 TERMINAL_TRIALS = 10  # a tune report's trials in the terminal; the page and trials.csv hold all
 # Below this many feasible trials per parameter, a parameter's share of the variance is a hint,
@@ -106,6 +107,23 @@ def make_tune(
             measured = gain.recorded(results, run_id)
             lines.extend(gain.lines(measured))
             details["gain"] = measured
+            # The hand-over to `amibake bake --from-tune` (fleet/recommended.py), written anew.
+            searched = _searched(spec, run_id)
+            written = (
+                recommended.write(
+                    results.path.parent,
+                    run_id,
+                    searched,
+                    through_noise["params"],
+                    gain.lines(measured),
+                )
+                if searched is not None
+                else None
+            )
+            if written is not None:
+                bake = f"amibake bake --from-tune {run_id}"
+                lines.append(f"bake it: {bake} (the recipe built with these flags, in an image)")
+                details["recommended"]["bake"] = bake
         lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
     else:
         lines.append("no feasible trial yet")
@@ -147,10 +165,10 @@ def make_tune(
         run_id, record["note"], shown, final[final.state != "ok"][["trial", "state", "reason"]], ""
     )
     report.details = details
-    recommended = details.get("recommended")
+    chosen_now = details.get("recommended")
     report.answer = (
-        f"recommended: {tune.recommendation_text(spec.get('objective', 'runtime'), recommended)}"
-        if recommended
+        f"recommended: {tune.recommendation_text(spec.get('objective', 'runtime'), chosen_now)}"
+        if chosen_now
         else "no feasible trial"
     )
     if len(shown) > TERMINAL_TRIALS:
@@ -176,6 +194,19 @@ def make_tune(
         lines.append(f"report: {page}")
     report.text = "\n".join(lines)
     return report
+
+
+def _searched(spec: dict[str, Any], run_id: str) -> TuneSpec | None:
+    """A cloud search's spec from its record; None for a replay (no build) or a record that no
+    longer parses (its recipe gone, say)."""
+    from fleet.tune_spec import from_dict
+
+    if spec.get("replay"):
+        return None
+    try:
+        return from_dict(spec, f"run {run_id}")
+    except UserError:
+        return None
 
 
 def told_apart_from(ok: pd.DataFrame, recommended: dict[str, Any]) -> list[dict[str, Any]]:

@@ -94,13 +94,14 @@ class Install:
             f"install -d -m 755 {bake.DATA_DIR} {bake.LIBEXEC} {wants}",
         ]
         lines += [
-            f"install -m 644 {staging}/{a.path.name} {bake.DATA_DIR}/" for a in state.artifacts
+            f"install -m 644 {staging}/{a.path.name} {bake.DATA_DIR}/{a.installed}"
+            for a in state.artifacts
         ]
         for index, (path, (_, mode)) in enumerate(state.files.items()):
             lines.append(f"install -m {mode:o} {staging}/{index}.file {shlex.quote(path)}")
             if path.endswith(".service"):
                 lines.append(f"ln -sf {path} {wants}/{Path(path).name}")
-        manifest = {a.path.name: a.manifest for a in state.artifacts}
+        manifest = {a.installed: a.manifest for a in state.artifacts}
         lines.append(
             f"cat > {bake.DATA_DIR}/amibake-bake.json <<'JSON'\n{json.dumps(manifest)}\nJSON"
         )

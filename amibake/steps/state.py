@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -71,6 +72,15 @@ class Variant:
     name: str = ""
     generic: bool = False
     cflags: str = ""
+
+    @classmethod
+    def of_flags(cls, cflags: str) -> Variant:
+        """The family's build with `cflags` appended, named by them: the same flags make the same
+        variant wherever they come from (a tune trial, its gain, a bake of its recommendation),
+        so the artifact cache finds the build made before. No flags: the family's own build."""
+        if not cflags:
+            return cls()
+        return cls(name="t" + hashlib.sha256(cflags.encode()).hexdigest()[:10], cflags=cflags)
 
 
 @dataclass(kw_only=True)

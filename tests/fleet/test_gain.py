@@ -125,12 +125,18 @@ def test_the_gain_waits_for_money_the_budget_has_and_records_why(tmp_path: Path)
     assert again.asked == [] and [g["kind"] for g in done["gains"]] == ["generic", "standard"]
 
 
-def test_a_cloud_tune_measures_its_gain_side_by_side_and_leaves_nothing(
-    cloud: Any, local_dir: Path, tmp_path: Path, host_family: str, capsys: Any
+def test_a_cloud_tune_measures_its_gain_bakes_its_winner_and_leaves_nothing(
+    cloud: Any,
+    local_dir: Path,
+    tmp_path: Path,
+    host_family: str,
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 27: the recommendation's gain over the generic build and the best standard level,
     with intervals, in the run's output, report and --json; its runs take turns on one
-    instance after the search, and everything they launched is gone."""
+    instance after the search, and everything they launched is gone. Then tune -> bake is one
+    command: `amibake bake --from-tune` bakes the recommended build."""
     import json
 
     from amibake import config
@@ -139,6 +145,8 @@ def test_a_cloud_tune_measures_its_gain_side_by_side_and_leaves_nothing(
     from fleet.cli import main
     from tests.helpers import tagged_alive, wait_until_clean
 
+    # Its own results: the image it bakes is not in the session's record of images baked.
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
     path = tmp_path / "t.toml"
     path.write_text(
         f'recipe = "kernels"\ntypes = ["{host_family}.large"]\nalgorithm = "grid"\ntrials = 2\n'
@@ -177,3 +185,55 @@ def test_a_cloud_tune_measures_its_gain_side_by_side_and_leaves_nothing(
     ]:
         assert tagged_alive(cloud, amibake_run) == [] and journal.alive(amibake_run) == []
     assert wait_until_clean(local_dir) == []
+
+    # The recommended build, baked: the trial's own artifact (same flags, same variant), in an
+    # image whose boot test ran it.
+    from amibake.cli import main as amibake
+
+    flags = out["recommended"]["params"]["opt"]
+    assert f"bake it: amibake bake --from-tune {out['run_id']}" in text
+    assert amibake(["bake", "--from-tune", "last", "--yes", "--json"]) == 0
+    (baked,) = json.loads(capsys.readouterr().out)
+    assert baked["ok"] and baked["boot_test"]["staged"], baked
+    variant = Variant.of_flags(flags).name
+    assert baked["artifacts"] == [f"kernels_{host_family}-{variant}.tar.xz"]
+    manifest = json.loads(
+        (
+            tmp_path / "results" / "artifacts" / "variants"
+            / f"kernels_{host_family}-{variant}.manifest.json"
+        ).read_text()
+    )  # fmt: skip
+    assert manifest["cflags"].endswith(flags), manifest["cflags"]
+    images = cloud.ec2.describe_images(ImageIds=[baked["image_id"]])["Images"]
+    assert images and images[0]["State"] == "available"
+    cloud.ec2.deregister_image(ImageId=baked["image_id"])
+    for mapping in images[0]["BlockDeviceMappings"]:
+        if "Ebs" in mapping:
+            cloud.ec2.delete_snapshot(SnapshotId=mapping["Ebs"]["SnapshotId"])
+
+
+def test_bake_from_tune_refuses_what_it_cannot_bake_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from amibake.cli import main as amibake
+
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    tunes = tmp_path / "tunes"
+    cases = [
+        (["--from-tune", "last"], f"no tune run has a recommendation in {tunes}"),
+        (["--from-tune", "ft-12"], "--from-tune 'ft-12': a tune run is ft- and 10 hex digits"),
+        (["--from-tune", "ft-0123456789"], "tune run ft-0123456789 has no recommendation in"),
+        (["--from-tune", "last", "--family", "c7i"], "leave out --family, --build and --base-ami"),
+    ]
+    tunes.mkdir()
+    (tunes / "ft-abcdefabcd.json").write_text('{"run_id": "ft-abcdefabcd"}')  # fields missing
+    for argv, expected in cases[1:]:
+        assert amibake(["bake", *argv, "--cloud", "local"]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("amibake: error: ") and expected in err and err.count("\n") == 1, err
+    assert amibake(["bake", "--from-tune", "ft-abcdefabcd", "--cloud", "local"]) == 2
+    assert "ft-abcdefabcd.json is damaged" in capsys.readouterr().err
+    (tunes / "ft-abcdefabcd.json").unlink()
+    assert amibake(["bake", *cases[0][0], "--cloud", "local"]) == 2
+    assert cases[0][1] in capsys.readouterr().err
+    assert not (tmp_path / "amis.json").exists()  # nothing baked, nothing recorded

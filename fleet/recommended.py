@@ -1,0 +1,48 @@
+"""A cloud tune's recommended build, written where `amibake bake --from-tune RUN` reads it
+(results/tunes/RUN.json). amibake does not read fleet's database (fleet is built on amibake, not
+the other way round): this file is the hand-over, plain data a person can read too."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from fleet.space import TYPE
+from fleet.tune_spec import TuneSpec
+
+
+def path(results_dir: Path, run_id: str) -> Path:
+    return results_dir / "tunes" / f"{run_id}.json"
+
+
+def write(
+    results_dir: Path,
+    run_id: str,
+    spec: TuneSpec,
+    params: dict[str, Any],
+    gains: list[str] | None = None,
+) -> Path | None:
+    """The recommendation's build (recipe, the type's family, the flags added to the family's)
+    and how to run it; None for a replayed search, which has no build."""
+    if spec.replay is not None or not spec.recipe:
+        return None
+    instance_type = str(params.get(TYPE) or spec.types[0])
+    record = {
+        "run_id": run_id,
+        "recipe": spec.recipe,
+        "instance_type": instance_type,
+        "family": instance_type.split(".")[0],
+        "cflags": spec.space.cflags(params),
+        "args": spec.space.args(params),
+        "params": params,
+        "gains": gains or [],
+    }
+    out = path(results_dir, run_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Whole or not at all: bake reads it, maybe while a report rewrites it.
+    partial = out.with_suffix(".json.part")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(partial, out)
+    return out
