@@ -189,6 +189,8 @@ def make_tune(
     if html_page and not ok.empty:
         page = out / "index.html"
         plots = _tune_plots(final, ok, spec)
+        if shares:
+            plots.update(_importance_plot(shares, len(ok)))
         page.write_text(_tune_html(run_id, record, summary_lines, plots, shown))
         report.files["index.html"] = page
         lines.append(f"report: {page}")
@@ -314,6 +316,23 @@ def _options_in_order(name: str, seen: pd.Series, spec: dict[str, Any]) -> list[
     if numbers.notna().all():
         return sorted(set(numbers.tolist()))
     return sorted(present)
+
+
+def _importance_plot(shares: dict[str, float], trials: int) -> dict[str, str]:
+    """Each parameter's share of the loss's variance as a bar; below the trial count that
+    supports it, the bars are pale and the title says they are a hint."""
+    plt = pyplot()
+    needed = IMPORTANCE_TRIALS_PER_PARAM * len(shares)
+    supported = trials >= needed
+    names = list(shares)[::-1]  # largest on top
+    figure, axes = plt.subplots(figsize=(7, 0.5 + 0.4 * len(names)))
+    axes.barh(names, [shares[n] for n in names], color="#1f77b4", alpha=1.0 if supported else 0.35)
+    axes.set_xlim(0, 1)
+    axes.set_xlabel("share of the loss's variance its value explains alone (epsilon squared)")
+    title = f"Parameter importance ({trials} feasible trials)"
+    if not supported:
+        title += f": a hint, not a finding (about {needed} would support it)"
+    return {title: png(figure)}
 
 
 def _tune_plots(final: pd.DataFrame, ok: pd.DataFrame, spec: dict[str, Any]) -> dict[str, str]:

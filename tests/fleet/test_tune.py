@@ -583,7 +583,9 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     assert main(["plan", run_id, "--work", "10"]) == 2  # a bench run's projection
     assert f"{run_id} is a fleet tune run; this needs a fleet bench run" in capsys.readouterr().err
     page = (tmp_path / "reports" / run_id / "index.html").read_text()
-    assert page.count("data:image/png;base64,") == 2  # convergence, result by parameter
+    # Convergence, result by parameter, importance: supported by 60 trials, so no hint.
+    assert page.count("data:image/png;base64,") == 3
+    assert "Parameter importance (60 feasible trials)<" in page
     assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
 
 
@@ -916,3 +918,10 @@ def test_the_report_says_the_recommendation_ready_to_use_and_how_far_importance_
     assert main(["report", "last", "--no-html"]) == 0
     text = capsys.readouterr().out
     assert use in text and "a hint, not a finding: 6 feasible trials for 2 parameters" in text
+    # The page's chart says so too.
+    assert main(["report", "last"]) == 0
+    page = (tmp_path / "results" / "reports" / made["run_id"] / "index.html").read_text()
+    assert (
+        "Parameter importance (6 feasible trials): a hint, not a finding (about 10 would support "
+        "it)" in page
+    )
