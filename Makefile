@@ -14,10 +14,13 @@ STAMP := $(VENV)/.installed
 # a plain user's subordinate ids into the local cloud's user namespace: without root, sshd's
 # privilege separation and ec2-user need more ids than the user's own. cmake builds the CMake
 # projects of `amibake recipe new` (a local instance's tools are this machine's).
+# docker-registry is the local cloud's ECR registry (amibake/local/registry.py); skopeo pushes and
+# pulls images without a Docker daemon, umoci builds the tests' image and unpacks it on a sandbox,
+# busybox-static is the POSIX shell inside that image.
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
 CROSS_PACKAGES := $(if $(filter arm64,$(DEB_ARCH)),gcc-x86-64-linux-gnu libc6-dev-amd64-cross,gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 APT_PACKAGES := openssh-server sudo passwd curl shellcheck xz-utils util-linux uidmap python3-psutil \
-	chromium qemu-user-static cmake $(CROSS_PACKAGES)
+	chromium qemu-user-static cmake docker-registry skopeo umoci busybox-static $(CROSS_PACKAGES)
 
 .PHONY: install system-packages deb-src zstd-source lz4-source gzip-source cmark-source prices test lint demo bench ci clean
 

@@ -22,7 +22,7 @@ from typing import Any
 from amibake.config import Config
 from amibake.errors import AmibakeError, EnvironmentProblem, LocalCloudError, UserError
 from amibake.local import faults, rootless
-from amibake.local.daemon import ERROR_FILE, INFO_FILE
+from amibake.local.daemon import ERROR_FILE, INFO_FILE, REGISTRY_DIR
 from amibake.local.engine import LocalSettings
 from amibake.local.images import LAUNCHER_NS_ENV
 from amibake.local.sandbox import check_host, port_free, remove_tree
@@ -224,7 +224,13 @@ def _clean_leftovers(directory: Path) -> list[str]:
             done.append(f"killed leftover sandbox process {pid}")
         except ProcessLookupError:
             pass
-    for sub in ("sandboxes", "images"):
+    for pid in registry_processes(directory):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            done.append(f"killed leftover registry process {pid}")
+        except ProcessLookupError:
+            pass
+    for sub in ("sandboxes", "images", REGISTRY_DIR):
         path = directory / sub
         if path.exists() and any(path.iterdir()):
             done.append(f"removed {path}")
@@ -250,6 +256,19 @@ def sandbox_processes(directory: Path) -> list[int]:
         if root.startswith(marker) or marker in _cmdline(int(proc.name)):
             found.append(int(proc.name))
     return found
+
+
+def registry_processes(directory: Path) -> list[int]:
+    """The ECR's docker-registry of a local cloud directory, left by a daemon killed so fast its
+    child outlived it: it names its config (in the directory) on its command line."""
+    marker = str(directory.resolve() / REGISTRY_DIR) + "/"
+    return [
+        int(proc.name)
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit()
+        and "docker-registry" in (line := _cmdline(int(proc.name)))
+        and marker in line
+    ]
 
 
 def _reap(pid: int) -> None:

@@ -23,6 +23,9 @@ from amibake.local.engine import LocalCloud, LocalSettings
 
 ERROR_FILE = "startup-error.json"
 INFO_FILE = "daemon.json"
+REGISTRY_DIR = (
+    "registry"  # the ECR's registry: its config, log and storage (amibake.local.registry)
+)
 # Base images every region offers: the ECS-optimized Amazon Linux 2023 AMIs (x86_64, arm64) that
 # amibake bakes from, and Amazon Linux 2 so the end-of-support refusal can be exercised.
 BASE_IMAGE_PARAMETERS = (
@@ -93,10 +96,13 @@ def serve(settings: LocalSettings) -> None:
 
     from amibake.local import faults, jobs, moto_gaps
     from amibake.local.gateway import Gateway
+    from amibake.local.registry import EcrFront, Registry
 
     moto_gaps.apply()
     _quiet_fast_dispatch()
 
+    registry = Registry(settings.directory / REGISTRY_DIR)
+    registry.start()
     cloud = LocalCloud(settings)
     cloud.start()
     for image in _base_images():
@@ -104,7 +110,8 @@ def serve(settings: LocalSettings) -> None:
     stop = threading.Event()
     behaviour = faults.parse(settings.faults, settings.faults_seed)
     cloud.faults = behaviour
-    gateway = Gateway(DomainDispatcherApplication(create_backend_app), cloud, stop, behaviour)
+    moto_app = DomainDispatcherApplication(create_backend_app)
+    gateway = Gateway(EcrFront(moto_app, registry), cloud, stop, behaviour)
     jobs.install(jobs.JobRunner(cloud, gateway.start_sandbox))
     try:
         server = make_server(
@@ -125,6 +132,7 @@ def serve(settings: LocalSettings) -> None:
         "endpoint": f"http://127.0.0.1:{settings.port}",
         "faults": behaviour.names,
         "faults_seed": settings.faults_seed,
+        "registry": registry.endpoint,
     }
     (settings.directory / INFO_FILE).write_text(json.dumps(info))
     logging.info("local cloud up at %s; faults: %s", info["endpoint"], behaviour.names or "none")
@@ -136,6 +144,7 @@ def serve(settings: LocalSettings) -> None:
     logging.info("shutting down")
     server.shutdown()
     cloud.shutdown()
+    registry.stop()
     (settings.directory / INFO_FILE).unlink(missing_ok=True)
 
 

@@ -1,0 +1,244 @@
+"""A container image as a workload: its reference, what ECR says of it, and how an instance runs it.
+
+A bench or tune file names ``image = "ACCOUNT.dkr.ecr.REGION.amazonaws.com/app:tag"`` and a
+``command = "... {args}"`` run inside it. Before anything is launched, the image's manifest is
+read through ECR's API (BatchGetImage, and the config blob through GetDownloadUrlForLayer for a
+single-architecture image): a reference that does not parse, a tag that does not exist, a type
+whose architecture the image lacks, or a GPU type run without its GPUs requested, is refused in
+one line.
+
+The registry's address is the ``proxyEndpoint`` of GetAuthorizationToken, as AWS tells every
+client to use (the ECR host itself on AWS; the local cloud's loopback registry there): nothing else
+differs between the clouds. Instances pull by digest, the one preflight read, so every replicate
+runs the same bytes even when the tag moves during the run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import botocore.exceptions
+
+from amibake.cloud import Cloud
+from amibake.errors import EnvironmentProblem, UserError
+
+# ECR's private registry host, the repository path, then a tag or a digest (none: "latest", as
+# docker pulls it).
+REFERENCE = re.compile(
+    r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d)\.amazonaws\.com(?:\.cn)?"
+    r"/(?P<repository>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})|@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+EXAMPLE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/app:v1"
+INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+# OCI names architectures as Go does; EC2 and the AMIs as the kernel's x86_64 / arm64.
+EC2_ARCHITECTURE = {"amd64": "x86_64", "arm64": "arm64"}
+OCI_ARCHITECTURE = {v: k for k, v in EC2_ARCHITECTURE.items()}
+# The presigned layer URLs are S3's (on AWS) or the registry's (local): never through a proxy
+# meant for something else... but a proxy the user set for S3 must still be honoured on AWS.
+_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    account: str
+    region: str
+    repository: str
+    tag: str = ""
+    digest: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> ImageRef:
+        match = REFERENCE.match(text.strip())
+        if match is None:
+            raise ValueError(
+                f"{text!r} is not an ECR image reference: write ACCOUNT.dkr.ecr.REGION."
+                f"amazonaws.com/REPOSITORY:TAG, e.g. {EXAMPLE}"
+            )
+        found = match.groupdict()
+        tag = found["tag"] or ("" if found["digest"] else "latest")
+        return cls(
+            found["account"], found["region"], found["repository"], tag, found["digest"] or ""
+        )
+
+    @property
+    def image_id(self) -> dict[str, str]:
+        return {"imageDigest": self.digest} if self.digest else {"imageTag": self.tag}
+
+    def __str__(self) -> str:
+        host = f"{self.account}.dkr.ecr.{self.region}.amazonaws.com"
+        return f"{host}/{self.repository}" + (f"@{self.digest}" if self.digest else f":{self.tag}")
+
+
+@dataclass(frozen=True)
+class Image:
+    """What ECR holds under a reference: its digest and the architectures it has (EC2's names)."""
+
+    reference: ImageRef
+    digest: str
+    architectures: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Login:
+    """Where and how to reach a registry: GetAuthorizationToken's answer."""
+
+    host: str  # host[:port] of the proxyEndpoint
+    username: str
+    password: str
+    insecure: bool  # plain http: the local cloud's loopback registry
+
+    def pull_name(self, ref: ImageRef, digest: str) -> str:
+        return f"{self.host}/{ref.repository}@{digest}"
+
+
+def login(cloud: Cloud, ref: ImageRef) -> Login:
+    data = cloud.client("ecr").get_authorization_token(registryIds=[ref.account])
+    entry = data["authorizationData"][0]
+    username, _, password = base64.b64decode(entry["authorizationToken"]).decode().partition(":")
+    endpoint = urllib.parse.urlparse(entry["proxyEndpoint"])
+    return Login(endpoint.netloc, username, password, endpoint.scheme == "http")
+
+
+def lookup(cloud: Cloud, ref: ImageRef) -> Image:
+    """The image under `ref` as ECR has it; a UserError naming what is missing."""
+    if ref.region != cloud.config.region:
+        raise UserError(
+            f"image {ref} is in {ref.region} and the run in {cloud.config.region}: push (or "
+            f"replicate) it to {cloud.config.region}, or run with --region {ref.region}"
+        )
+    ecr = cloud.client("ecr")
+    try:
+        answer = ecr.batch_get_image(
+            registryId=ref.account,
+            repositoryName=ref.repository,
+            imageIds=[ref.image_id],
+            acceptedMediaTypes=[*INDEX_TYPES, *MANIFEST_TYPES],
+        )
+    except botocore.exceptions.ClientError as exc:
+        if "RepositoryNotFound" in str(exc):
+            raise UserError(
+                f"image {ref}: ECR has no repository {ref.repository} in account {ref.account} "
+                f"({ref.region}); create it and push the image (aws ecr create-repository)"
+            ) from None
+        raise
+    if not answer.get("images"):
+        tags = _tags(ecr, ref)
+        said = f"; it has {', '.join(tags[:8])}" if tags else "; it has no tagged image"
+        what = f"digest {ref.digest}" if ref.digest else f"tag {ref.tag!r}"
+        raise UserError(f"image {ref}: repository {ref.repository} has no {what}{said}")
+    found = answer["images"][0]
+    manifest = json.loads(found["imageManifest"])
+    digest = found["imageId"]["imageDigest"]
+    if found.get("imageManifestMediaType") in INDEX_TYPES or "manifests" in manifest:
+        architectures = [
+            EC2_ARCHITECTURE.get(m.get("platform", {}).get("architecture", ""), "")
+            for m in manifest["manifests"]
+            if m.get("platform", {}).get("os", "linux") == "linux"
+        ]
+    else:
+        architectures = [_config_architecture(ecr, ref, manifest["config"]["digest"])]
+    return Image(ref, digest, tuple(sorted({a for a in architectures if a})))
+
+
+def _tags(ecr: Any, ref: ImageRef) -> list[str]:
+    details = ecr.describe_images(registryId=ref.account, repositoryName=ref.repository)
+    return sorted(t for d in details.get("imageDetails", []) for t in d.get("imageTags", []))
+
+
+def _config_architecture(ecr: Any, ref: ImageRef, config_digest: str) -> str:
+    url = ecr.get_download_url_for_layer(
+        registryId=ref.account, repositoryName=ref.repository, layerDigest=config_digest
+    )["downloadUrl"]
+    with _LOOPBACK.open(url, timeout=60) as response:
+        return EC2_ARCHITECTURE.get(json.loads(response.read()).get("architecture", ""), "")
+
+
+def check(
+    image: Image, instance_type: str, architecture: str, gpus: tuple[str, ...], wanted: int
+) -> str:
+    """Why `image` cannot be benchmarked on the type as asked, or ''."""
+    if architecture not in image.architectures:
+        has = ", ".join(image.architectures) or "no linux"
+        graviton = " (Graviton)" if architecture == "arm64" else ""
+        return (
+            f"{instance_type}{graviton} needs an {architecture} image and {image.reference} has "
+            f"{has} only: push a multi-architecture image (an index with linux/"
+            f"{OCI_ARCHITECTURE.get(architecture, architecture)}), or drop {instance_type}"
+        )
+    if gpus and not wanted:
+        return (
+            f"{instance_type} has GPUs ({', '.join(gpus)}) and the run requests none: add "
+            f"gpus = N to the file so the container gets them, or pick a type without GPUs"
+        )
+    if wanted and not gpus:
+        return f"{instance_type} has no GPU and the run requests gpus = {wanted}: pick a GPU type"
+    return ""
+
+
+def push(cloud: Cloud, source: str, ref: ImageRef) -> None:
+    """Copy an image (a skopeo transport: ``oci:DIR:TAG``, ``docker-archive:FILE``...) with every
+    architecture it has to `ref`, logged in with ECR's token at its proxyEndpoint."""
+    program = shutil.which("skopeo")
+    if program is None:
+        raise EnvironmentProblem("pushing an image needs skopeo: sudo apt-get install skopeo")
+    where = login(cloud, ref)
+    destination = f"docker://{where.host}/{ref.repository}:{ref.tag or 'latest'}"
+    done = subprocess.run(
+        [
+            program,
+            "copy",
+            "--all",
+            "--quiet",
+            f"--dest-tls-verify={'false' if where.insecure else 'true'}",
+            "--dest-creds",
+            f"{where.username}:{where.password}",
+            source,
+            destination,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise UserError(f"skopeo could not push {source} to {ref}: {done.stderr.strip()[-300:]}")
+
+
+def run_line(pull: str, architecture: str, command: str, shell: bool, gpus: int) -> str:
+    """The shell line that runs `command` in the image on its instance (run by the replicate
+    wrapper in the replicate's directory, which the container sees at the same path, with
+    $FLEET_METRIC_FILE). With a POSIX shell in the image the command is a shell line; without
+    one, its words are run as they are."""
+    options = [
+        "--rm",
+        "--network host",
+        f"--platform linux/{OCI_ARCHITECTURE[architecture]}",
+        '-v "$PWD:$PWD"',
+        '-w "$PWD"',
+        "-e FLEET_METRIC_FILE",
+    ]
+    if gpus:
+        options.append(f"--gpus {gpus}")
+    if shell:
+        run = f"--entrypoint /bin/sh {pull} -c {shlex.quote(command)}"
+    else:
+        words = shlex.split(command)
+        run = f"--entrypoint {shlex.quote(words[0])} {pull} " + " ".join(
+            map(shlex.quote, words[1:])
+        )
+    return f"docker run {' '.join(options)} {run}"

@@ -1,0 +1,112 @@
+"""The local cloud's ECR: moto's API over a real registry. An image built without a Docker
+daemon (two architectures in one OCI index) is pushed with skopeo under its ECR name, and ECR's
+API then says what the registry holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amibake.cloud import Cloud
+from amibake.errors import UserError
+from fleet import container
+from tests.container import image as test_image
+
+pytestmark = pytest.mark.usefixtures("cloud")
+
+
+@pytest.fixture(scope="module")
+def pushed(cloud: Cloud, tmp_path_factory: pytest.TempPathFactory) -> container.ImageRef:
+    account = cloud.client("sts").get_caller_identity()["Account"]
+    ecr = cloud.client("ecr")
+    ecr.create_repository(repositoryName="bench/app")
+    layout = test_image.build(tmp_path_factory.mktemp("image"))
+    ref = container.ImageRef.parse(
+        f"{account}.dkr.ecr.{cloud.config.region}.amazonaws.com/bench/app:v1"
+    )
+    container.push(cloud, f"oci:{layout}:multi", ref)
+    only = container.ImageRef(ref.account, ref.region, ref.repository, "host-only")
+    container.push(cloud, f"oci:{layout}:{test_image.host_architecture()}", only)
+    return ref
+
+
+def test_a_pushed_index_is_what_ecr_describes(cloud: Cloud, pushed: container.ImageRef) -> None:
+    ecr = cloud.client("ecr")
+    details = ecr.describe_images(repositoryName="bench/app")["imageDetails"]
+    assert sorted(t for d in details for t in d.get("imageTags", [])) == ["host-only", "v1"]
+    got = ecr.batch_get_image(
+        repositoryName="bench/app",
+        imageIds=[{"imageTag": "v1"}],
+        acceptedMediaTypes=list(container.INDEX_TYPES),
+    )
+    assert not got["failures"]
+    manifest = got["images"][0]
+    assert manifest["imageManifestMediaType"] == test_image.INDEX
+    one = ecr.describe_images(repositoryName="bench/app", imageIds=[{"imageTag": "v1"}])
+    assert one["imageDetails"][0]["imageDigest"] == manifest["imageId"]["imageDigest"]
+
+
+def test_lookup_reads_the_architectures_of_an_index_and_of_a_single_image(
+    cloud: Cloud, pushed: container.ImageRef
+) -> None:
+    assert container.lookup(cloud, pushed).architectures == ("arm64", "x86_64")
+    host = container.EC2_ARCHITECTURE[test_image.host_architecture()]
+    only = container.ImageRef(pushed.account, pushed.region, pushed.repository, "host-only")
+    assert container.lookup(cloud, only).architectures == (host,)
+
+
+def test_a_tag_or_repository_that_does_not_exist_is_refused_naming_what_exists(
+    cloud: Cloud, pushed: container.ImageRef
+) -> None:
+    missing = container.ImageRef(pushed.account, pushed.region, pushed.repository, "v2")
+    with pytest.raises(UserError, match=r"has no tag 'v2'; it has host-only, v1"):
+        container.lookup(cloud, missing)
+    nowhere = container.ImageRef(pushed.account, pushed.region, "nothing-here", "v1")
+    with pytest.raises(UserError, match="no repository nothing-here"):
+        container.lookup(cloud, nowhere)
+    ecr = cloud.client("ecr")
+    with pytest.raises(ecr.exceptions.ImageNotFoundException):
+        ecr.describe_images(repositoryName="bench/app", imageIds=[{"imageTag": "v2"}])
+
+
+def test_the_registry_address_is_the_proxy_endpoint_on_loopback(
+    cloud: Cloud, pushed: container.ImageRef
+) -> None:
+    where = container.login(cloud, pushed)
+    assert where.host.startswith("127.0.0.1:") and where.insecure
+    assert where.username == "AWS" and where.password
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "app:v1",
+        "12345.dkr.ecr.us-east-1.amazonaws.com/app:v1",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/App:v1",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/app:",
+    ],
+)
+def test_a_reference_that_does_not_parse_says_how_to_write_one(text: str) -> None:
+    with pytest.raises(ValueError, match=r"ACCOUNT\.dkr\.ecr\.REGION\.amazonaws\.com/REPOSITORY:TAG"):
+        container.ImageRef.parse(text)
+
+
+def test_a_reference_without_tag_is_latest() -> None:
+    ref = container.ImageRef.parse("123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/app")
+    assert (ref.repository, ref.tag, ref.region) == ("team/app", "latest", "eu-west-1")
+
+
+def test_the_registry_is_gone_after_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from amibake.connect import connect
+    from amibake.local import control
+    from tests.helpers import own_local_cloud
+
+    cfg = own_local_cloud(tmp_path, monkeypatch)
+    connect(cfg)
+    daemon = control.find(cfg)
+    assert daemon is not None
+    assert control.registry_processes(cfg.local_dir)
+    control.down(cfg)
+    assert not control.registry_processes(cfg.local_dir)
+    assert not (cfg.local_dir / "registry").exists()
