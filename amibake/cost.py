@@ -37,6 +37,12 @@ class Declined(AmibakeError):
     """Asked "Proceed?", the user said no: nothing was launched."""
 
 
+def dollars(usd: float) -> str:
+    """Money spent, as people read it: cents to four places, less than a cent (the local
+    cloud's seconds of instance time) in two significant digits, not "$0.0000"."""
+    return f"${usd:.4f}" if usd >= 0.01 or usd == 0 else f"${usd:.2g}"
+
+
 def seconds(text: Any) -> float:
     """A duration like "90s", "5m" or "1.5h", in seconds; a ValueError says why not."""
     match = _DURATION.match(text) if isinstance(text, str) else None

@@ -368,7 +368,12 @@ def _execute(
             errors=failed,
         )
     else:
-        results.event(run_id, "finished" if not failed else "failed", errors=failed)
+        results.event(
+            run_id,
+            "finished" if not failed else "failed",
+            errors=failed,
+            spent=summary["spent_usd"],
+        )
     return summary
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amibake import checks, cliutil, logs
+from amibake import checks, cliutil, cost, logs
 from amibake import config as config_module
 from amibake.cli import common_options, config_from, guarded, network_options, print_result
 from amibake.cliutil import Parser
@@ -218,8 +218,6 @@ def _bench(args: argparse.Namespace) -> int:
 def _estimated(args: argparse.Namespace, estimate: Any, cap: float | None) -> bool:
     """Say what a run will launch and spend; with --dry-run that is all (True: stop here).
     Otherwise ask to proceed where a terminal is attached, or check --yes or a cap where not."""
-    from amibake import cost
-
     capped = f"; capped at ${cap:g} (--max-cost / max_cost)" if cap is not None else ""
     if args.dry_run:
         print_result(
@@ -236,8 +234,7 @@ def _estimated(args: argparse.Namespace, estimate: Any, cap: float | None) -> bo
 def _spent_lines(summary: dict[str, Any], resume: str) -> list[str]:
     """What the run spent, and, if it stopped at its cap, how to go on."""
     usd = summary.get("spent_usd", 0.0)
-    shown = f"{usd:.4f}" if usd >= 0.01 else f"{usd:.2g}"  # seconds on the local cloud: tiny
-    lines = [f"spent: ${shown} (instance time at its price)"]
+    lines = [f"spent: {cost.dollars(usd)} (instance time at its price)"]
     if summary.get("stopped"):
         lines.append(
             f"STOPPED at the cap ({summary['stopped']}); everything it launched is gone. "

@@ -12,7 +12,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from amibake import batch, gc
+from amibake import batch, cost, gc
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.errors import UserError
@@ -56,8 +56,15 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 
     record = results.require(run_id)
     # The run's state is its last lifecycle event (a tune search's "spent" per trial is not).
-    lifecycle = [k for _, k, _ in results.events(run_id) if k in STARTED + ENDED]
-    last = lifecycle[-1] if lifecycle else "created"
+    events = results.events(run_id)
+    lifecycle = [(at, k) for at, k, _ in events if k in STARTED + ENDED]
+    last = lifecycle[-1][1] if lifecycle else "created"
+    # When it started and ended, and what it spent, each of its controllers together (a bench
+    # records its spend as it ends; a killed controller's is unknown: it never said).
+    when = {
+        "created": record["created"],
+        "ended": lifecycle[-1][0] if lifecycle and last in ENDED else None,
+    }
     live = controller(results, run_id)
     state = "running" if last in STARTED else last
     if state == "running" and live is None:
@@ -77,6 +84,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
             "run_id": run_id,
             "kind": "tune",
             "state": state,
+            **when,
             "controller_pid": live["pid"] if live else None,
             "note": record["note"],
             **search,
@@ -94,6 +102,8 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
         "run_id": run_id,
         "kind": record["kind"],
         "state": state,
+        **when,
+        "spent_usd": sum(d.get("spent", 0.0) for _, k, d in events if k in ENDED),
         "planned": replicates,
         "finished": len(done),
         "interrupted": int((rows.state == "interrupted").sum()) if len(rows) else 0,
@@ -119,7 +129,9 @@ def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, An
         "trials_budget": int({**spec, **budget_changes(results, run_id)}.get("trials", 20)),
         "trials_asked": int((trials.state == "asked").sum()) if len(trials) else 0,
         "trials_finished": {str(k): int(n) for k, n in final.state.value_counts().items()},
-        "spent_usd": sum(trial_costs(results, run_id).values()),
+        # The trials, and the gain measured after them (fleet/gain.py).
+        "spent_usd": sum(trial_costs(results, run_id).values())
+        + sum(d.get("usd", 0.0) for _, k, d in results.events(run_id) if k == "gain"),
         "best_loss": float(top.loss) if top is not None else None,
         "best": in_own_terms(objective, float(top.loss), top.metric) if top is not None else None,
     }
@@ -134,7 +146,27 @@ def status_line(s: dict[str, Any]) -> str:
         )
     else:
         progress = f"{s['finished']}/{s['planned']} replicates"
-    return f"{s['run_id']}  {s['kind']:5}  {s['state']:11}  {progress}"
+    return (
+        f"{s['run_id']}  {s['kind']:5}  {s['state']:11}  {_when(s['created'])}  "
+        f"{cost.dollars(s['spent_usd']):>9}  {progress}"
+    )
+
+
+def _when(at: float) -> str:
+    """A run's date and time as people read them here: local time, to the minute."""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
+
+
+def _span(s: dict[str, Any]) -> str:
+    """Started, and ended (or for how long it has run)."""
+    started = _when(s["created"])
+    if s["ended"] is None and s["state"] == "stopped":
+        return f"started {started}; its controller stopped without a word"
+    if s["ended"] is None:
+        return f"started {started}, running for {(time.time() - s['created']) / 60:.0f} min"
+    return (
+        f"started {started}, ended {_when(s['ended'])} ({(s['ended'] - s['created']) / 60:.1f} min)"
+    )
 
 
 def status_text(s: dict[str, Any]) -> str:
@@ -145,14 +177,17 @@ def status_text(s: dict[str, Any]) -> str:
         lines = [
             f"run {s['run_id']} (tune): {s['state']}; {sum(finished.values())}/"
             f"{s['trials_budget']} trials finished{f' ({tally})' if tally else ''}, "
-            f"{s['trials_asked']} asked; ${s['spent_usd']:.4f} spent; best {best}"
+            f"{s['trials_asked']} asked; {cost.dollars(s['spent_usd'])} spent; best {best}",
+            f"  {_span(s)}",
         ]
         if s["state"] == "stopped":
             lines.append(f"finish it with: fleet tune --resume {s['run_id']}")
         return "\n".join(lines)
     lines = [
         f"run {s['run_id']} ({s['kind']}): {s['state']}; {s['finished']}/{s['planned']} "
-        f"replicates finished, {s['failed']} failed, {s['interrupted']} interrupted and rerun"
+        f"replicates finished, {s['failed']} failed, {s['interrupted']} interrupted and rerun; "
+        f"{cost.dollars(s['spent_usd'])} spent",
+        f"  {_span(s)}",
     ]
     for instance_type, counts in s["types"].items():
         why = s.get("type_errors", {}).get(instance_type)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from amibake import catalog, cpu, flags
+from amibake import catalog, cost, cpu, flags
 from amibake.cloud import Cloud
 from amibake.errors import CloudError
 from amibake.journal import Journal
@@ -484,6 +484,13 @@ def test_a_type_that_failed_entirely_is_named_first_in_the_report(
     state = control.status(results, run_id)
     assert next(iter(state["types"])) == broken[0], state["types"]
     assert "could not be staged" in state["type_errors"][broken[0]]
-    assert control.status_text(state).splitlines()[1].startswith(f"  {broken[0]}: 0 ok")
+    assert control.status_text(state).splitlines()[2].startswith(f"  {broken[0]}: 0 ok")
+    # When it ran and what it cost (issue 27: status showed neither): the instance that ran
+    # was paid for, the one that failed staging too, until it was torn down.
+    assert state["created"] <= state["ended"] <= time.time() and state["spent_usd"] > 0
+    day = time.strftime("%Y-%m-%d", time.localtime(state["created"]))
+    assert control.status_text(state).splitlines()[1].startswith(f"  started {day} ")
+    line = control.status_line(state)
+    assert f"  failed       {day} " in line and cost.dollars(state["spent_usd"]) in line, line
     assert "(FAILED: injected: the instance could not be staged)" in control.status_text(state)
     assert_nothing_left(cloud, results, run_id, local_dir)
