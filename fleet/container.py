@@ -230,7 +230,8 @@ def run_line(pull: str, architecture: str, command: str, shell: bool, gpus: int)
         f"--platform linux/{OCI_ARCHITECTURE[architecture]}",
         '-v "$PWD:$PWD"',
         '-w "$PWD"',
-        "-e FLEET_METRIC_FILE",
+        # sudo keeps no environment: the metric file's path goes by value.
+        '-e FLEET_METRIC_FILE="$FLEET_METRIC_FILE"',
     ]
     if gpus:
         options.append(f"--gpus {gpus}")
@@ -241,4 +242,5 @@ def run_line(pull: str, architecture: str, command: str, shell: bool, gpus: int)
         run = f"--entrypoint {shlex.quote(words[0])} {pull} " + " ".join(
             map(shlex.quote, words[1:])
         )
-    return f"docker run {' '.join(options)} {run}"
+    # As root: the AMI's docker socket is root's (ec2-user is not in the docker group).
+    return f"sudo -n docker run {' '.join(options)} {run}"

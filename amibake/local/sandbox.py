@@ -48,6 +48,8 @@ SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd", "/sbin/sshd")
 # Debian has no sbin, where chroot, useradd and usermod live.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_USER = "ec2-user"
+# `docker` on instances of the ECS-optimized AMIs (see Sandbox._install_container_runtime).
+CONTAINER_RUNTIME = Path(__file__).with_name("container_runtime.py")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -173,6 +175,7 @@ class Sandbox:
         # cloud-init writes fresh host keys on an instance's first boot; so do we, straight into
         # the instance's own layer, where a bake's hygiene step will find and remove them.
         self.public_host_key, self.fingerprint = host_key(self.upper / "etc" / "ssh")
+        self._install_container_runtime()
 
         (self.root / "hosts").write_text(
             f"127.0.0.1 localhost\n{spec.address} {self.hostname}\n"
@@ -217,6 +220,20 @@ class Sandbox:
             )
             self._spawn(spawn, command)
             self._wait_for_sshd(wait_s, ready)
+
+    def _install_container_runtime(self) -> None:
+        """The ECS-optimized AMI has docker; an instance of one here gets the local cloud's
+        runtime (amibake.local.container_runtime) in its own layer, as /usr/bin/docker and over
+        /usr/local/bin/docker: a docker CLI of this host's would talk to this host's daemon,
+        which no instance may reach."""
+        ecs = any((Path(layer) / "etc/ecs/ecs.config").exists() for layer in self.spec.layers)
+        if not ecs:
+            return
+        for place in ("usr/bin/docker", "usr/local/bin/docker"):
+            target = self.upper / place
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(CONTAINER_RUNTIME, target)
+            target.chmod(0o755)
 
     def _start_isolated(self, spawn: SpawnFn, command: list[str], wait_s: float) -> None:
         """A plain user's sandbox: in its network namespace, sshd run per connection by a loop

@@ -5,6 +5,7 @@ into an OCI layout with umoci and an OCI index naming both."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 WORK_C = Path(__file__).with_name("work.c")
 OCI = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -84,3 +86,20 @@ def build(directory: Path, architectures: tuple[str, ...] = ("amd64", "arm64")) 
     )
     (layout / "index.json").write_text(json.dumps(index))
     return str(layout)
+
+
+def push_to_ecr(cloud: Any, directory: Path, repository: str, tag: str = "v1") -> Any:
+    """Build the two-architecture image and push it to the cloud's ECR (a repository created
+    for it); returns its fleet.container.ImageRef."""
+    from fleet import container
+
+    account = cloud.client("sts").get_caller_identity()["Account"]
+    ecr = cloud.client("ecr")
+    with contextlib.suppress(ecr.exceptions.RepositoryAlreadyExistsException):
+        ecr.create_repository(repositoryName=repository)
+    layout = build(directory)
+    ref = container.ImageRef.parse(
+        f"{account}.dkr.ecr.{cloud.config.region}.amazonaws.com/{repository}:{tag}"
+    )
+    container.push(cloud, f"oci:{layout}:multi", ref)
+    return ref
