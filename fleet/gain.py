@@ -59,12 +59,15 @@ class Gain:
     def text(self) -> str:
         if self.same_build:
             return f"it is {self.against} itself"
-        cheaper = 1 - 1 / self.ratio
-        told = (
-            "cannot be told apart"
-            if self.low <= 1.0 <= self.high
-            else f"{cheaper:.0%} less per unit of work at the same price"
-        )
+        if self.low <= 1.0 <= self.high:
+            told = "cannot be told apart"
+        elif self.ratio > 1:
+            told = f"{1 - 1 / self.ratio:.0%} less per unit of work at the same price"
+        else:  # the search has not beaten it: said plainly, not as a negative saving
+            told = (
+                f"SLOWER: {1 / self.ratio - 1:.0%} more per unit of work; use {self.against} "
+                "or search longer"
+            )
         return (
             f"{self.ratio:.2f}x the speed of {self.against} "
             f"(95%: {self.low:.2f} to {self.high:.2f}, {self.n} runs each; {told})"

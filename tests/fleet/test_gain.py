@@ -88,6 +88,9 @@ def test_a_standard_level_that_is_the_recommendation_runs_once_and_gains_nothing
 def test_overlapping_builds_are_said_to_be_indistinguishable() -> None:
     told = gain.Gain("the generic build", "generic", 1.01, 0.97, 1.05, 5).text()
     assert "cannot be told apart" in told and "less per unit" not in told
+    # A recommendation the standard level beats is said to be slower, not "-25% less".
+    told = gain.Gain("the standard level -O3", "standard", 0.8, 0.7, 0.9, 5).text()
+    assert "SLOWER: 25% more per unit of work; use the standard level -O3" in told
 
 
 def test_a_ratio_interval_covers_the_true_ratio_and_refuses_nonsense() -> None:
