@@ -152,7 +152,13 @@ class Estimate:
                 f"  {line.what}: {line.instances} instance{'s' * (line.instances != 1)}, "
                 f"{line.hours:.3g} instance-hours {price}"
             )
-        without = f" (without {', '.join(self.unpriced)}: no price)" if self.unpriced else ""
+        # Left out of the sum, and said so with the way to a price: never counted as free.
+        without = (
+            f" (without {', '.join(self.unpriced)}: no price; `fleet prices --refresh` reads "
+            "every type the region sells)"
+            if self.unpriced
+            else ""
+        )
         rows.append(f"estimate: {self.hours:.3g} instance-hours, ${self.usd:.2f}{without}")
         rows += [f"  basis: {b}" for b in self.basis]
         return "\n".join(rows)

@@ -167,7 +167,14 @@ def lookup(instance_type: str, document: dict[str, Any] | None = None) -> Price:
     if instance_type not in table:
         close = difflib.get_close_matches(instance_type, table, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise PriceError(f"no price for {instance_type} in the {document['date']} snapshot{hint}")
+        region = document.get("region", "")
+        # A type the table lacks may be one it never had (a GPU type): a refresh prices every
+        # type the region sells.
+        refresh = f"`fleet prices --refresh{f' --region {region}' if region else ''}`"
+        raise PriceError(
+            f"no price for {instance_type} in the {document['date']} snapshot{hint} "
+            f"({refresh} reads every type the region sells)"
+        )
     entry = table[instance_type]
     return Price(
         instance_type, entry["vcpus"], entry["memory_gib"], entry["on_demand"], dict(entry["spot"])
@@ -210,31 +217,70 @@ def in_use(results_dir: Path, region: str) -> dict[str, Any]:
     return shipped
 
 
-def _on_demand(pricing: Any, instance_type: str, location: str) -> float | None:
-    """The Linux, shared-tenancy, no-license on-demand hourly price from the Pricing API."""
-    filters = {
-        "instanceType": instance_type,
-        "location": location,
-        "operatingSystem": "Linux",
-        "tenancy": "Shared",
-        "preInstalledSw": "NA",
-        "capacitystatus": "Used",
-    }
-    response = pricing.get_products(
+# The Price List's product filters of a plain Linux instance: shared tenancy, no pre-installed
+# software or licence, capacity that is used (not a reservation's unused remainder).
+LINUX = {
+    "operatingSystem": "Linux",
+    "tenancy": "Shared",
+    "preInstalledSw": "NA",
+    "capacitystatus": "Used",
+}
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One type's on-demand offer in the Price List, with its vCPUs and memory."""
+
+    on_demand: float
+    vcpus: float
+    memory_gib: float
+
+
+def _memory_gib(text: str) -> float:
+    """The Price List's memory attribute ("16 GiB", "0.5 GiB", "1,952 GiB") in GiB."""
+    return float(text.split()[0].replace(",", "")) if text else 0.0
+
+
+def _price_list(pricing: Any, location: str) -> dict[str, Listed]:
+    """Every instance type the Price List sells in `location` at a Linux on-demand price: one
+    paged scan (about ten pages on AWS) instead of one call per type, which also finds the
+    types outside the shipped table (GPU, Inferentia, older or newer ones)."""
+    filters = {**LINUX, "location": location}
+    found: dict[str, Listed] = {}
+    pages = pricing.get_paginator("get_products").paginate(
         ServiceCode="AmazonEC2",
         Filters=[{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()],
-        MaxResults=10,
+        PaginationConfig={"PageSize": 100},
     )
-    for item in response.get("PriceList", []):
-        product = json.loads(item) if isinstance(item, str) else item
-        for term in product.get("terms", {}).get("OnDemand", {}).values():
-            for dimension in term.get("priceDimensions", {}).values():
-                usd = dimension.get("pricePerUnit", {}).get("USD")
-                if usd is not None and float(usd) > 0:
-                    return float(usd)
+    for page in pages:
+        for item in page.get("PriceList", []):
+            product = json.loads(item) if isinstance(item, str) else item
+            attributes = product.get("product", {}).get("attributes", {})
+            instance_type = attributes.get("instanceType")
+            if not instance_type or instance_type in found:
+                continue
+            usd = _hourly_usd(product)
+            if usd is None:
+                continue
+            try:
+                vcpus = float(attributes.get("vcpu", 0))
+                memory = _memory_gib(str(attributes.get("memory", "")))
+            except ValueError:
+                continue  # a product whose size is not numbers is not one to price runs with
+            found[instance_type] = Listed(usd, vcpus, memory)
+    return found
+
+
+def _hourly_usd(product: dict[str, Any]) -> float | None:
+    for term in product.get("terms", {}).get("OnDemand", {}).values():
+        for dimension in term.get("priceDimensions", {}).values():
+            usd = dimension.get("pricePerUnit", {}).get("USD")
+            if usd is not None and float(usd) > 0:
+                return float(usd)
     return None
 
 
+SPOT_NAMES = 100  # instance types named in one DescribeSpotPriceHistory request
 # The Pricing API names regions by location, not by code.
 LOCATIONS = {
     "us-east-1": "US East (N. Virginia)",
@@ -246,11 +292,13 @@ LOCATIONS = {
 
 
 def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dict[str, Any]:
-    """Current prices: spot per zone from the last hour of spot price history, on-demand from
-    the Pricing API (only served from us-east-1). Saved under results/ as the region's table in
-    use. Whatever the cloud cannot answer keeps the region's previous value, and the note says
-    so; in a region with no table yet there is none to keep, and a type the cloud does not
-    price is left out (the shipped table gives only the types and their sizes)."""
+    """Current prices: on-demand from the Price List (only served from us-east-1), spot per zone
+    from the last hour of spot price history. Every type the Price List sells in the region
+    is priced (of `families` when given), those outside the shipped table too: a GPU type a
+    bench names is priced by a refresh. Saved under results/ as the region's table in use.
+    Whatever the cloud cannot answer keeps the region's previous value, and the note says so;
+    in a region with no table yet there is none to keep, and a type the cloud does not price
+    is left out (the shipped table gives only the types and their sizes)."""
     now = now or datetime.now(UTC)
     region = cloud.config.region
     try:
@@ -258,60 +306,71 @@ def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dic
     except PriceError:
         base = None  # the region has no table yet
     ours = base["prices"] if base else {}  # the region's own prices, kept where the cloud is mute
+    notes = []
+    kept = f"kept from {base['date']}" if base else "left out"
+    pricing = cloud.session.client(
+        "pricing", region_name="us-east-1", endpoint_url=cloud.endpoint_url
+    )
+    location = LOCATIONS.get(region)
+    listed: dict[str, Listed] = {}
+    try:
+        if location is None:
+            raise PriceError(f"no Pricing API location known for {region}")
+        listed = _price_list(pricing, location)
+    except Exception as exc:  # any refusal: keep the previous on-demand prices, and say why
+        notes.append(f"on-demand prices {kept}: the Pricing API said: {exc}")
+    else:
+        if not listed:
+            notes.append(f"on-demand prices {kept}: the Pricing API lists no type in {location}")
     # Every type fleet knows, with its vCPUs and memory; a type not in `ours` has no price yet.
     catalogue = {**snapshot()["prices"], **ours}
-    types = [t for t in catalogue if not families or t.split(".")[0] in families]
+    known = set(catalogue) | set(listed)
+    types = sorted(t for t in known if not families or t.split(".")[0] in families)
     if not types:
-        raise PriceError(f"no instance type of {','.join(families)} in the price table")
+        where = f" nor in {location}'s Price List" if listed else ""
+        raise PriceError(f"no instance type of {','.join(families)} in the price table{where}")
     ec2 = cloud.ec2
     zone_ids = {
         z["ZoneName"]: z.get("ZoneId", z["ZoneName"])
         for z in ec2.describe_availability_zones()["AvailabilityZones"]
     }
     newest: dict[tuple[str, str], tuple[datetime, float]] = {}
-    pages = ec2.get_paginator("describe_spot_price_history").paginate(
-        InstanceTypes=types,
-        ProductDescriptions=["Linux/UNIX"],
-        StartTime=now - timedelta(hours=1),
-        EndTime=now,
-    )
-    for page in pages:
-        for item in page["SpotPriceHistory"]:
-            key = (
-                item["InstanceType"],
-                zone_ids.get(item["AvailabilityZone"], item["AvailabilityZone"]),
-            )
-            if key not in newest or item["Timestamp"] > newest[key][0]:
-                newest[key] = (item["Timestamp"], float(item["SpotPrice"]))
-    notes = []
-    pricing = cloud.session.client(
-        "pricing", region_name="us-east-1", endpoint_url=cloud.endpoint_url
-    )
-    location = LOCATIONS.get(region)
-    on_demand: dict[str, float] = {}
-    kept = f"kept from {base['date']}" if base else "left out"
-    try:
-        if location is None:
-            raise PriceError(f"no Pricing API location known for {region}")
-        for instance_type in types:
-            price = _on_demand(pricing, instance_type, location)
-            if price is not None:
-                on_demand[instance_type] = price
-    except Exception as exc:  # any refusal: keep the previous on-demand prices, and say why
-        notes.append(f"on-demand prices {kept}: the Pricing API said: {exc}")
+    # By name, a hundred types a request: the region's whole history would be every type it
+    # offers in every zone, most of them of no use here.
+    for first in range(0, len(types), SPOT_NAMES):
+        pages = ec2.get_paginator("describe_spot_price_history").paginate(
+            InstanceTypes=types[first : first + SPOT_NAMES],
+            ProductDescriptions=["Linux/UNIX"],
+            StartTime=now - timedelta(hours=1),
+            EndTime=now,
+        )
+        for page in pages:
+            for item in page["SpotPriceHistory"]:
+                key = (
+                    item["InstanceType"],
+                    zone_ids.get(item["AvailabilityZone"], item["AvailabilityZone"]),
+                )
+                if key not in newest or item["Timestamp"] > newest[key][0]:
+                    newest[key] = (item["Timestamp"], float(item["SpotPrice"]))
     table = {}
     unpriced = 0
     for instance_type in types:
-        entry = dict(catalogue[instance_type])
+        offer = listed.get(instance_type)
+        if instance_type in catalogue:
+            entry = dict(catalogue[instance_type])
+        elif offer is not None:
+            entry = {"vcpus": offer.vcpus, "memory_gib": offer.memory_gib}
+        else:
+            continue
         spot = {z: p for (t, z), (_, p) in newest.items() if t == instance_type}
         if instance_type not in ours:  # its prices are another region's: only the cloud's count
-            if instance_type not in on_demand:
+            if offer is None:
                 unpriced += 1
                 continue
             entry["spot"] = spot
         else:
             entry["spot"] = spot or entry["spot"]
-        entry["on_demand"] = on_demand.get(instance_type, entry["on_demand"])
+        entry["on_demand"] = offer.on_demand if offer is not None else entry["on_demand"]
         table[instance_type] = entry
     if not newest:
         notes.append(f"no spot price history in the last hour: spot prices {kept}")

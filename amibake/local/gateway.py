@@ -26,7 +26,7 @@ from typing import Any
 
 from amibake.cloud.tags import LOCAL_SSH_TAG
 from amibake.errors import AmibakeError, UserError
-from amibake.local import faults
+from amibake.local import faults, pricing
 from amibake.local.engine import Launch, LocalCloud
 from amibake.local.moto_gaps import BACKENDS
 
@@ -52,8 +52,9 @@ RECLAIM_AFTER_S = 5.0
 SPOT_TERMINATION = "Server.SpotInstanceTermination"
 # Services moto does not serve. It answered them with a 500 and an HTML page, which boto retried
 # and then quoted whole ("the Pricing API said: <!doctype html> ..."): a service the local
-# cloud lacks is refused at once, in the service's JSON protocol, saying so.
-UNSERVED = {"pricing": "Pricing API"}
+# cloud lacks is refused at once, in the service's JSON protocol, saying so. (The Pricing API
+# was one: the local cloud serves it now, amibake/local/pricing.py.)
+UNSERVED: dict[str, str] = {}
 
 StartResponse = Callable[..., Any]
 
@@ -90,6 +91,8 @@ class Gateway:
         if path.startswith("/_amibake/"):
             return self._admin(path, environ, start_response)
         scope = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
+        if scope is not None and scope.group(3) == "pricing":
+            return pricing.serve(environ, start_response)
         if scope is not None and scope.group(3) in UNSERVED:
             return self._unserved(UNSERVED[scope.group(3)], start_response)
         if scope is not None and scope.group(3) == "s3" and not self._owner_expected(environ):

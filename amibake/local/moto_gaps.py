@@ -27,6 +27,15 @@ def apply() -> None:
     _compute_environment_in_a_queue()
     _batch_action_names()
     _s3_action_names()
+    _spot_prices()
+
+
+def _spot_prices() -> None:
+    """moto's spot price history is $0.00001 for every type, stamped 2006: the prices of the
+    local cloud's price list instead (amibake/local/pricing.py)."""
+    from amibake.local import pricing
+
+    pricing.apply()
 
 
 def _tags_of_one_resource() -> None:

@@ -93,16 +93,14 @@ def test_refresh_reads_the_spot_history_and_says_what_it_kept(
     try:
         assert json.loads(saved.read_text())["generated_by"] == "fleet prices --refresh"
         assert document["source"].startswith("local: EC2 DescribeSpotPriceHistory")
-        # The local cloud has no Pricing API: on-demand prices stay the snapshot's, and say so.
-        assert document["note"].startswith(
-            "on-demand prices kept from 2026-11-22: the Pricing API said: An error occurred "
-            "(NotImplemented) when calling the GetProducts operation: the local cloud has no "
-            "Pricing API (moto does not serve it)"
-        ), document["note"]
-        entry = document["prices"]["c5a.large"]
-        assert entry["on_demand"] == prices.snapshot()["prices"]["c5a.large"]["on_demand"]
+        # The local cloud's Price List and spot history answer with us-east-1's real prices (the
+        # snapshot's own source), not moto's $0.00001: nothing was kept, nothing is missing.
+        assert "Pricing API" not in document["note"], document["note"]
         assert "no spot price history" not in document["note"]
-        assert entry["spot"] and all(p > 0 for p in entry["spot"].values())
+        entry = document["prices"]["c5a.large"]
+        shipped = prices.snapshot()["prices"]["c5a.large"]
+        assert entry["on_demand"] == shipped["on_demand"]
+        assert entry["spot"] and all(entry["spot"][z] == shipped["spot"][z] for z in entry["spot"])
         assert main(["prices", "--family", "c5a"]) == 0  # the refreshed table is the one in use
         assert "(local: EC2 DescribeSpotPriceHistory" in capsys.readouterr().out
     finally:
@@ -158,21 +156,22 @@ def test_a_first_refresh_in_a_region_keeps_no_other_regions_price(
 ) -> None:
     there = connect(replace(cloud.config, region="eu-west-1"))
     saved = prices.saved(cloud.config.results_dir, "eu-west-1")
-    # The local cloud has no Pricing API, and there is no eu-west-1 on-demand price to keep.
+    # The local cloud's Price List has no eu-west-1 price, and there is none to keep.
     with pytest.raises(
         prices.PriceError,
-        match="no eu-west-1 prices read: on-demand prices left out: the Pricing API said",
+        match="no eu-west-1 prices read: on-demand prices left out: the Pricing API lists no "
+        r"type in EU \(Ireland\)",
     ):
         prices.refresh(there, ["c5a"])
     assert not saved.exists()
     # A Pricing API that prices one type: the table is that type, at this region's prices.
     asked: list[str] = []
 
-    def on_demand(pricing: object, instance_type: str, location: str) -> float | None:
+    def price_list(pricing: object, location: str) -> dict[str, prices.Listed]:
         asked.append(location)
-        return {"c5a.large": 0.0871, "c6a.large": 0.0864}.get(instance_type)
+        return {"c5a.large": prices.Listed(0.0871, 2, 4), "c6a.large": prices.Listed(0.0864, 2, 4)}
 
-    monkeypatch.setattr(prices, "_on_demand", on_demand)
+    monkeypatch.setattr(prices, "_price_list", price_list)
     document = prices.refresh(there, ["c5a"])
     try:
         assert set(asked) == {"EU (Ireland)"}
