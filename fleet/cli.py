@@ -110,7 +110,7 @@ def _prices(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from amibake.connect import connect
-    from fleet import bench, spec
+    from fleet import bench, container, spec
     from fleet import plan as planning
 
     cfg = config_from(args)
@@ -183,6 +183,8 @@ def _bench(args: argparse.Namespace) -> int:
         bench.check_runnable(
             cloud, bench_spec.types, bench_spec.builds if bench_spec.recipe else ()
         )
+        if bench_spec.image:  # an image ECR lacks, or lacks a type's architecture: refused
+            container.preflight(cloud, bench_spec)
     estimate = planning.bench_estimate(
         bench_spec, results, cfg.results_dir, cfg.region, todo, cfg.recipes_dir
     )
@@ -336,7 +338,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from amibake.connect import connect
-    from fleet import bench, control, evaluators, gain, recommended, tune
+    from fleet import bench, control, evaluators, gain, recommended, tune, tune_report
     from fleet import plan as planning
     from fleet.trial import CloudEvaluator
 
@@ -443,7 +445,11 @@ def _tune(args: argparse.Namespace) -> int:
         lambda o: (
             f"run {o['run_id']}: {o['trials']} trials; "
             + (
-                "recommended: " + tune.recommendation_text(spec.objective, o["recommended"])
+                "recommended: "
+                + tune.recommendation_text(spec.objective, o["recommended"])
+                # Ready to paste: the flags and arguments, not a Python dict (issue 27).
+                + "\n"
+                + tune_report.ready_line(spec.raw, o["run_id"], o["recommended"]["params"])
                 if o["recommended"]
                 else "none feasible (the report says why each trial failed)"
             )

@@ -906,11 +906,12 @@ def test_the_report_says_the_recommendation_ready_to_use_and_how_far_importance_
         '[params.opt]\nkind = "categorical"\nvalues = ["-O2", "-O3"]\nstage = "compile"\n'
     )
     assert main(["tune", str(path)]) == 0
-    capsys.readouterr()
+    searched = capsys.readouterr().out
     assert main(["report", "last", "--no-html", "--json"]) == 0
     made = json.loads(capsys.readouterr().out)
     chosen = made["recommended"]["params"]
     use = made["recommended"]["use"]
+    assert f"\n{use}\n" in searched  # the search's own last lines say it too
     assert use.startswith("use: build with CFLAGS=\"<the family's tuned flags> ")
     assert f'CFLAGS="<the family\'s tuned flags> {chosen["opt"]}"' in use
     assert f'run with "--threads {chosen["threads"]}"' in use
