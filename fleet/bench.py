@@ -26,7 +26,7 @@ from amibake.pipelines import build as build_pipeline
 from amibake.runner import Boundary
 from amibake.steps.preflight import preflight_instance
 from amibake.steps.state import Variant
-from fleet import control, prices
+from fleet import container, control, prices
 from fleet import plan as planning
 from fleet.batch import JobsState, batch_steps, registered
 from fleet.executor import BenchState, BuildArtifact, Replicate, build_verdict, ssh_steps
@@ -395,6 +395,8 @@ def measure(
     price_of = price_lookup(
         spec.types, spec.allow_missing_price, cloud.config.results_dir, cloud.config.region
     )
+    if spec.image:  # refused here, for every type at once, before any instance is launched
+        container.preflight(cloud, spec)
     states = []
     for instance_type in spec.types:
         family_name, _, size = instance_type.partition(".")

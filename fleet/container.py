@@ -21,6 +21,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any
 
 import botocore.exceptions
 
+from amibake import instance_kinds
 from amibake.cloud import Cloud
 from amibake.errors import EnvironmentProblem, UserError
 
@@ -116,8 +118,38 @@ def login(cloud: Cloud, ref: ImageRef) -> Login:
     return Login(endpoint.netloc, username, password, endpoint.scheme == "http")
 
 
+# Read once per image and cloud for the life of the process (a run, or a tune's trials): the
+# preflight's answer is the digest every instance pulls, even if the tag moves meanwhile.
+_seen: dict[tuple[str, str, str], Image] = {}
+_lock = threading.Lock()
+
+
+def preflight(cloud: Cloud, spec: Any) -> Image:
+    """The run's image as ECR has it, checked against every type of the run (a BenchSpec's
+    `image`, `types` and `gpus`): a UserError naming the fix, before anything is launched."""
+    ref = ImageRef.parse(spec.image)
+    image = lookup(cloud, ref)
+    for instance_type in spec.types:
+        kind = instance_kinds.kind_of(cloud, instance_type)
+        gpus = tuple(getattr(kind, "gpus", ()))
+        problem = check(image, instance_type, kind.architecture, gpus, spec.gpus)
+        if problem:
+            raise UserError(problem)
+    return image
+
+
 def lookup(cloud: Cloud, ref: ImageRef) -> Image:
     """The image under `ref` as ECR has it; a UserError naming what is missing."""
+    key = (str(cloud.endpoint_url or ""), cloud.config.region, str(ref))
+    with _lock:
+        if key in _seen:
+            return _seen[key]
+    image = _lookup(cloud, ref)
+    with _lock:
+        return _seen.setdefault(key, image)
+
+
+def _lookup(cloud: Cloud, ref: ImageRef) -> Image:
     if ref.region != cloud.config.region:
         raise UserError(
             f"image {ref} is in {ref.region} and the run in {cloud.config.region}: push (or "

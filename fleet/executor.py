@@ -31,6 +31,7 @@ from amibake.steps.access import KeyPair, SecurityGroup
 from amibake.steps.launch import LaunchFleet, LaunchTemplate
 from amibake.steps.remote_build import SHARED, Connect
 from amibake.steps.state import InstanceState
+from fleet import container
 from fleet.results import ReplicateRow
 from fleet.spec import BenchSpec
 
@@ -194,7 +195,8 @@ class Stage:
             "cpu_flags": facts.get("flags", ""),
             "monitor": facts.get("monitor") == "yes",
         }
-        record_host(self.context.cloud, state, host, state.base_ami)
+        image = stage_image(self.context.cloud, state, host) if state.spec.image else None
+        record_host(self.context.cloud, state, host, state.base_ami, image)
         for build in state.artifacts.values():
             emulator = state.facts["emulated"].get(build.name)
             if emulator:
@@ -218,7 +220,7 @@ class Measure:
         remote = state.remote
         assert remote is not None
         imds = self.context.cloud.imds_endpoint
-        command = state.spec.command_line()
+        command = workload_line(state)
         timeout = state.spec.timeout_s
         state.pending[0:0] = warmups_again(state)
         while state.pending:
@@ -277,7 +279,83 @@ def warmups_again(state: BenchState) -> list[Replicate]:
     ]
 
 
-def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str) -> None:
+def stage_image(cloud: Cloud, state: BenchState, host: dict[str, Any]) -> dict[str, Any]:
+    """Log the instance in to ECR, pull the image's variant for the type's architecture (by the
+    digest the preflight read) and find out how it runs there: whether it has a POSIX shell for
+    the command line, whether the instance's CPU runs it natively, and what the monitor can see.
+    Returns the facts the environment records under "image"."""
+    remote = state.remote
+    assert remote is not None
+    ref = container.ImageRef.parse(state.spec.image)
+    image = container.lookup(cloud, ref)
+    where = container.login(cloud, ref)
+    architecture = state.family.architecture
+    platform = f"linux/{container.OCI_ARCHITECTURE[architecture]}"
+    scheme = "http" if where.insecure else "https"
+    remote.run(
+        f"sudo -n docker login --username {shlex.quote(where.username)} --password-stdin "
+        f"{scheme}://{where.host}",
+        stdin=where.password.encode(),  # never on a command line (ps, logs)
+        stream=False,
+    )
+    pull = where.pull_name(ref, image.digest)
+    remote.run(f"sudo -n docker pull --platform {platform} {pull}", stream=False)
+    # A shell that can start another program: what `sh -c "a && b"` needs (under QEMU without
+    # binfmt_misc, the shell itself starts and its children do not).
+    probe = remote.run(
+        f"sudo -n docker run --rm --platform {platform} --entrypoint /bin/sh {pull} "
+        "-c 'exec /bin/sh -c :'",
+        check=False,
+        stream=False,
+    )
+    machine = str(host.get("machine", ""))
+    native = {"aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    # A Docker daemon starts the container: the workload is dockerd's, not the client's child.
+    daemon = remote.run("sudo -n docker info >/dev/null 2>&1", check=False, stream=False)
+    not_measured = []
+    if probe.exit_code != 0:
+        not_measured.append(
+            "the image has no POSIX shell: the command ran as plain words (no pipes, "
+            "redirections or variables), and a metric file is the program's own to write "
+            "($FLEET_METRIC_FILE is in its environment)"
+        )
+    if daemon.exit_code == 0 and state.spec.monitor:
+        not_measured.append(
+            "the workload runs under the Docker daemon: the monitor's process-tree columns "
+            "(tree_rss_mb, tree_cpu_percent) are the docker client's, not the workload's; the "
+            "machine-wide ones are measured"
+        )
+    for what in not_measured:
+        log.warning("%s: %s", state.label, what)
+    return {
+        "reference": str(ref),
+        "digest": image.digest,
+        "pull": pull,
+        "platform": platform,
+        "shell": probe.exit_code == 0,
+        "emulated": native != architecture,
+        "not_measured": not_measured,
+    }
+
+
+def workload_line(state: BenchState) -> str:
+    """What the replicate wrapper runs: the command, or the command in the run's image."""
+    command = state.spec.command_line()
+    image = state.facts.get("image")
+    if not image:
+        return command
+    return container.run_line(
+        image["pull"], state.family.architecture, command, image["shell"], state.spec.gpus
+    )
+
+
+def record_host(
+    cloud: Cloud,
+    state: BenchState,
+    host: dict[str, Any],
+    ami: str,
+    image: dict[str, Any] | None = None,
+) -> None:
     """Record where the replicates run (the environment row) and how each build runs on that
     CPU: natively, emulated (under QEMU, recorded so, never ranked against native runs), or not
     at all, refused in one line naming what it lacks. ``host`` is what the instance reported:
@@ -318,6 +396,21 @@ def record_host(cloud: Cloud, state: BenchState, host: dict[str, Any], ami: str)
         },
         "emulated": {n: v.emulator for n, v in verdicts.items() if v.how == "emulated"},
     }
+    if image is not None:
+        state.facts["image"] = image
+        if image["emulated"]:
+            # The image's variant for the type's architecture, on a CPU of the other one: the
+            # runtime runs it under QEMU (the local cloud), measured, never ranked as native.
+            emulator = f"qemu-{'aarch64' if state.family.architecture == 'arm64' else 'x86_64'}"
+            state.facts["emulated"] = {b: emulator for b in state.spec.builds}
+            log.warning(
+                "%s: the image's %s variant runs under %s on this %s CPU: measured, never "
+                "ranked against native runs",
+                state.label,
+                state.family.architecture,
+                emulator,
+                host.get("machine", ""),
+            )
     if isinstance(state.family, InstanceKind):  # a type outside the build catalog: as EC2 has it
         state.facts.update(state.family.facts())
     state.record_environment(state)

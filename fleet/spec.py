@@ -3,6 +3,8 @@ anything is launched. Errors name the file and the line of the key at fault.
 
     types = ["c5a.large", "c6a.xlarge"]      # and/or families = ["c7g"] with sizes = [...]
     recipe = "kernels"                       # or command = "my-app {args}"
+    image = "ACCOUNT.dkr.ecr.REGION.amazonaws.com/app:tag"  # command run in this image
+    gpus = 1                                 # GPUs the image's container gets (GPU types)
     builds = ["tuned", "generic"]            # recipe builds: the family's flags, or baseline
     replicates = 3
     warmups = 1
@@ -31,6 +33,7 @@ from typing import Any
 
 from amibake import catalog, checks, cost, instance_kinds, recipes, tomlfile
 from amibake.errors import UserError
+from fleet.container import ImageRef
 
 BUILDS = ("tuned", "generic")
 EXECUTORS = ("ssh", "batch")
@@ -58,6 +61,8 @@ KNOWN_KEYS = {
     "expected_runtime",
     "max_cost",
     "unit",
+    "image",
+    "gpus",
 }
 # The counts a run may ask for, and why no more: past them a number is a typo, and recorded it
 # made a run nobody could read back (`fleet status` planned 99999999999999 replicates).
@@ -69,6 +74,7 @@ COUNTS = {
     ),
     "warmups": (0, 100, "a machine is warm after a few runs; more only costs"),
     "concurrency": (1, 256, "each type measured at once is an instance and a thread here"),
+    "gpus": (0, 16, "no EC2 type has more than 16 GPUs"),
 }
 MAX_TIMEOUT_S = 7 * 86400.0  # a replicate still running after a week is stuck
 # The flag that gives a key on the command line, where it is not --KEY.
@@ -162,6 +168,8 @@ class BenchSpec:
     expected_runtime_s: float | None = None  # one replicate, as declared: for the estimate
     max_cost: float | None = None  # USD: no new work once spent + in flight would pass it
     unit: str = ""  # one unit of work ("frames"), for costs per unit; "" for the metric's
+    image: str = ""  # an ECR image the command runs in (fleet/container.py); "" on the host
+    gpus: int = 0  # GPUs given to the image's container
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -296,6 +304,11 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         check_type(instance_type, fail, build=bool(data.get("recipe")))
     types = list(dict.fromkeys(types))
     recipe, command = str(data.get("recipe", "")), str(data.get("command", ""))
+    image = data.get("image", "")
+    if image:
+        problem = image_problem(image, recipe, command)
+        if problem:
+            raise fail("image", problem)
     if bool(recipe) == bool(command):
         raise fail("recipe", "give exactly one of recipe (a build recipe) or command")
     recipe_metric: dict[str, Any] = {}
@@ -317,7 +330,7 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         raise fail("builds", f"must be a non-empty list of {', '.join(BUILDS)}")
     if command and builds != ["tuned"]:
         raise fail("builds", "builds are for a recipe; a plain command has nothing to build")
-    defaults = {"replicates": 3, "warmups": 1, "concurrency": 2}
+    defaults = {"replicates": 3, "warmups": 1, "concurrency": 2, "gpus": 0}
     numbers: dict[str, int] = {}
     for key, (low, high, why) in COUNTS.items():
         value = data.get(key, defaults[key])
@@ -325,6 +338,8 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         if problem:
             raise fail(key, problem)
         numbers[key] = value
+    if numbers["gpus"] and not image:
+        raise fail("gpus", 'GPUs are given to an image\'s container: add image = "..."')
     executor = str(data.get("executor", "ssh"))
     if executor not in EXECUTORS:
         raise fail("executor", f"{executor!r} is not one of {', '.join(EXECUTORS)}")
@@ -390,7 +405,25 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         expected_runtime_s=expected_s,
         max_cost=None if max_cost is None else float(max_cost),
         unit=unit.strip(),
+        image=str(image).strip(),
+        gpus=numbers["gpus"],
     )
+
+
+def image_problem(image: Any, recipe: str, command: str) -> str:
+    """What is wrong with a bench file's image, or '' (whether ECR has it is asked before
+    anything is launched, fleet/container.py)."""
+    if recipe:
+        return "an image runs a command; a recipe builds on the instance: give one of them"
+    if not isinstance(image, str):
+        return "must be an ECR image reference in quotes"
+    try:
+        ImageRef.parse(image)
+    except ValueError as exc:
+        return str(exc)
+    if not command.strip():
+        return 'needs command = "..." to run in it'
+    return ""
 
 
 def cap_problem(value: Any) -> str:

@@ -1,0 +1,154 @@
+"""Container workloads (issue 23): `fleet bench` with image = an ECR image and command = "... {args}".
+On the local cloud an image built without a Docker daemon is pushed to its ECR and benchmarked
+on two types, one x86_64 and one arm64 (Graviton): the variant of the other architecture than
+this machine's runs under QEMU, marked emulated. Bad images are refused in one line, exit 2,
+before anything is launched or recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amibake.cloud import Cloud
+from amibake.errors import UserError
+from fleet import bench, container, spec
+from fleet.cli import main
+from fleet.report import emulated
+from tests.container import image as test_image
+from tests.fleet.test_any_type import own_results
+from tests.fleet.test_bench import assert_nothing_left
+
+X86, GRAVITON = "c5a.large", "c7g.large"  # catalog types of each architecture
+
+
+@pytest.fixture(scope="module")
+def ref(cloud: Cloud, tmp_path_factory: pytest.TempPathFactory) -> container.ImageRef:
+    found: container.ImageRef = test_image.push_to_ecr(
+        cloud, tmp_path_factory.mktemp("image"), "fleet/work"
+    )
+    return found
+
+
+@pytest.fixture(scope="module")
+def host_only(
+    cloud: Cloud, ref: container.ImageRef, tmp_path_factory: pytest.TempPathFactory
+) -> container.ImageRef:
+    """The same program, this machine's architecture only."""
+    layout = test_image.build(tmp_path_factory.mktemp("one"), (test_image.host_architecture(),))
+    single = container.ImageRef(ref.account, ref.region, ref.repository, "one-arch")
+    container.push(cloud, f"oci:{layout}:{test_image.host_architecture()}", single)
+    return single
+
+
+@pytest.mark.e2e
+def test_an_image_is_benchmarked_on_an_x86_and_a_graviton_type(
+    cloud: Cloud, ref: container.ImageRef, local_dir: Path, tmp_path: Path
+) -> None:
+    mine = own_results(cloud, tmp_path / "results")
+    run_spec = spec.load(
+        None,
+        {
+            "types": [X86, GRAVITON],
+            "image": str(ref),
+            "command": "work {args}",
+            "args": {"n": 300000},
+            "metric": {"kind": "file", "meaning": "rate", "unit": "iterations/s"},
+            "replicates": 2,
+            "warmups": 0,
+            "concurrency": 2,
+        },
+    )
+    results = bench.results_db(mine.config.results_dir)
+    run_id = bench.create(mine, run_spec, results)
+    summary = bench.execute(mine, run_id, results)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    rows = results.replicates(run_id)
+    assert set(rows[rows.state == "ok"].instance_type) == {X86, GRAVITON}
+    assert (rows.state == "ok").all() and (rows.metric > 0).all()
+    facts = {e["instance_type"]: e for e in results.environments(run_id)}
+    digest = container.lookup(mine, ref).digest
+    host = container.EC2_ARCHITECTURE[test_image.host_architecture()]
+    for instance_type, architecture in ((X86, "x86_64"), (GRAVITON, "arm64")):
+        image = facts[instance_type]["image"]
+        assert image["digest"] == digest and image["pull"].endswith(digest)
+        assert image["emulated"] == (architecture != host)
+        # The test image has busybox's shell in this machine's variant only.
+        assert image["shell"] == (architecture == host)
+        assert bool(image["not_measured"]) == (architecture != host)
+    native, other = (X86, GRAVITON) if host == "x86_64" else (GRAVITON, X86)
+    assert emulated(results, run_id) == {(other, "tuned")}
+    del native
+    assert_nothing_left(mine, results, run_id, local_dir)
+
+
+def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str) -> str:
+    """`fleet bench FILE` exits 2 with one line, no run recorded, no instance launched."""
+    path = tmp_path / "bench.toml"
+    path.write_text(body)
+    assert main(["bench", str(path), "--yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert bench.results_db(tmp_path / "results").run_ids() == []
+    return err
+
+
+def test_an_image_without_the_architecture_of_a_type_is_refused_before_launch(
+    cloud: Cloud,
+    host_only: container.ImageRef,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    other = GRAVITON if test_image.host_architecture() == "amd64" else X86
+    err = _refused(
+        tmp_path,
+        capsys,
+        f'types = ["{other}"]\nimage = "{host_only}"\ncommand = "work"\n',
+    )
+    assert other in err and "push a multi-architecture image" in err
+
+
+def test_a_tag_that_does_not_exist_is_refused_naming_the_tags(
+    cloud: Cloud,
+    ref: container.ImageRef,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    missing = container.ImageRef(ref.account, ref.region, ref.repository, "nope")
+    err = _refused(tmp_path, capsys, f'types = ["{X86}"]\nimage = "{missing}"\ncommand = "work"\n')
+    assert "has no tag 'nope'" in err and "v1" in err
+
+
+def test_a_gpu_type_without_gpus_requested_is_refused(
+    cloud: Cloud,
+    ref: container.ImageRef,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    body = f'types = ["g5.xlarge"]\nimage = "{ref}"\ncommand = "work"\nallow_missing_price = true\n'
+    err = _refused(tmp_path, capsys, body)
+    assert "g5.xlarge has GPUs" in err and "gpus = N" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ('image = "app:latest"\ncommand = "work"', "is not an ECR image reference"),
+        ('image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/app"', "needs command"),
+        ('command = "work"\ngpus = 1', "GPUs are given to an image's container"),
+    ],
+)
+def test_a_bad_image_entry_is_one_line_with_its_fix(
+    extra: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bench.toml"
+    path.write_text(f'types = ["{X86}"]\n{extra}\n')
+    with pytest.raises(UserError) as caught:
+        spec.load(path, {})
+    assert said in str(caught.value) and "\n" not in str(caught.value)
