@@ -6,6 +6,7 @@ before anything is launched or recorded."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,40 @@ def test_a_bad_image_entry_is_one_line_with_its_fix(
     with pytest.raises(UserError) as caught:
         spec.load(path, {})
     assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.e2e
+def test_the_monitor_samples_the_workload_inside_an_image_with_a_shell(
+    cloud: Cloud, ref: container.ImageRef, local_dir: Path, tmp_path: Path
+) -> None:
+    mine = own_results(cloud, tmp_path / "results")
+    native = X86 if test_image.host_architecture() == "amd64" else GRAVITON
+    run_spec = spec.load(
+        None,
+        {
+            "types": [native],
+            "image": str(ref),
+            # A shell line (&&): this machine's variant has busybox's sh. Long enough (about
+            # 4 s here) for the 1 Hz monitor to sample it more than once.
+            "command": "work {args} && echo done-in-shell",
+            "args": {"n": 600_000_000},
+            "metric": {"kind": "regex", "pattern": "rate=([0-9.]+)", "meaning": "rate"},
+            "replicates": 1,
+            "warmups": 0,
+        },
+    )
+    results = bench.results_db(mine.config.results_dir)
+    run_id = bench.create(mine, run_spec, results)
+    summary = bench.execute(mine, run_id, results)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    row = results.replicates(run_id).iloc[0]
+    assert row.state == "ok" and row.metric > 0
+    assert row.monitor_samples >= 1 and row.rss_max_mb > 0
+    # The tree it watched is the workload's: busy (sudo and sh around it sleep at 0%; on this
+    # shared two-core machine the busy loop measured 38-44% of a core).
+    with open(row.monitor_csv) as handle:
+        busy = [float(r["tree_cpu_percent"]) for r in csv.DictReader(handle)]
+    assert max(busy) > 20, busy
+    image = results.environments(run_id)[0]["image"]
+    assert image["shell"] and not image["emulated"] and image["not_measured"] == []
+    assert_nothing_left(mine, results, run_id, local_dir)
