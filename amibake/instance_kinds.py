@@ -15,6 +15,7 @@ cloud is asked.
 from __future__ import annotations
 
 import difflib
+import re
 import threading
 from dataclasses import dataclass
 from functools import cache
@@ -74,6 +75,24 @@ def in_catalog(instance_type: str) -> bool:
     family_name, _, size = instance_type.partition(".")
     family = catalog.families().get(family_name)
     return family is not None and size in family.sizes
+
+
+# AWS's family names: class letters, generation, then attributes (c7gn: g Graviton, n network).
+_FAMILY = re.compile(r"^(?P<cls>[a-z]+?)(?P<gen>\d+)(?P<attrs>[a-z]*)")
+
+
+def architecture(instance_type: str) -> str:
+    """A type's architecture without asking a cloud: its catalog family's, else by AWS's naming,
+    where a Graviton family carries a "g" among its attributes (c7g, m6gd, g5g, im4gn; the "g"
+    that starts g5 is its class) and a1 was the first. For a search space's check of which
+    architectures its types span, before any cloud is asked (a launch describes the type)."""
+    family_name = instance_type.partition(".")[0]
+    known = catalog.families().get(family_name)
+    if known is not None:
+        return known.architecture
+    found = _FAMILY.match(family_name)
+    graviton = family_name == "a1" or (found is not None and "g" in found["attrs"])
+    return "arm64" if graviton else "x86_64"
 
 
 def suggestions(instance_type: str, extra: frozenset[str] = frozenset()) -> list[str]:
