@@ -147,6 +147,8 @@ demo: install
 	$(BIN)/fleet report last
 	$(BIN)/fleet tune compare --replay benchmarks/data/kernels_space.csv --algorithms tpe,random \
 	  --seeds 10 --budget 22
+	AMIBAKE_CLOUD=local $(BIN)/python -m tests.container.image demo/work:v1
+	$(BIN)/fleet bench examples/container.bench.toml --cloud local --yes
 	$(BIN)/fleet bench --cloud local --yes --types $(HOST_FAMILY).large,$(HOST_FAMILY).xlarge --recipe kernels \
 	  --builds tuned,generic --replicates 3 --warmups 1 --args "--size 2"
 	$(BIN)/fleet report last

@@ -40,6 +40,7 @@ from amibake.cloud.calls import error_code
 from amibake.errors import RemoteError, UserError
 from amibake.pipelines import MAX_ATTEMPTS
 from amibake.runner import RunContext, Step
+from fleet import container
 from fleet.executor import (
     AGENT,
     BenchState,
@@ -102,7 +103,7 @@ class JobsState(BenchState):
 
 
 def batch_steps(context: RunContext) -> list[Step[JobsState]]:
-    return [Environment(context), Payload(context), Jobs(context)]
+    return [Environment(context), ImageDefinition(context), Payload(context), Jobs(context)]
 
 
 def runnable_timeout_s() -> float:
@@ -140,6 +141,15 @@ def registered(cloud: Any, state: JobsState) -> None:
     registered_env = amibake_batch.environments(client, environment)[0]
     state.resources = registered_env["computeResources"]
     state.service_role = registered_env.get("serviceRole", "")
+    bucket = amibake_batch.job_bucket(cloud)
+    if bucket is None or not amibake_batch.check_owned(cloud, bucket):
+        raise UserError(
+            f"no job bucket {bucket or ''} for Batch in {cloud.config.region}: run "
+            "`amibake batch up --from-bake`"
+        )
+    state.bucket = bucket
+    if state.spec.image:
+        return  # the run's own job definition, on the image (ImageDefinition)
     app = state.spec.recipe or ""
     definitions = [
         d
@@ -159,13 +169,6 @@ def registered(cloud: Any, state: JobsState) -> None:
             "--from-bake` (after `amibake bake`)"
         )
     state.job_definition = str(chosen[0]["jobDefinitionArn"])
-    bucket = amibake_batch.job_bucket(cloud)
-    if bucket is None or not amibake_batch.check_owned(cloud, bucket):
-        raise UserError(
-            f"no job bucket {bucket or ''} for Batch in {cloud.config.region}: run "
-            "`amibake batch up --from-bake`"
-        )
-    state.bucket = bucket
 
 
 class Environment:
@@ -253,6 +256,81 @@ def _size(cloud: Any, instance_type: str) -> tuple[int, int]:
     return int(info["VCpuInfo"]["DefaultVCpus"]), int(info["MemoryInfo"]["SizeInMiB"])
 
 
+# A job of the user's image runs in that image alone: no python, no agent beside it. This POSIX
+# shell script times the command, reads the metric file and prints the line replicate.sh would
+# (start and end on one clock: only their difference is read).
+IMAGE_WRAPPER = """mkdir -p /tmp 2>/dev/null
+FLEET_METRIC_FILE=/tmp/fleet-metric.$$; export FLEET_METRIC_FILE; rm -f "$FLEET_METRIC_FILE"
+now() {  # busybox's date may lack %N: the kernel's uptime has hundredths (a difference is read)
+  t=$(date +%s.%N 2>/dev/null)
+  case "$t" in *N*|"") read -r t _ </proc/uptime 2>/dev/null || t=$(date +%s);; esac; echo "$t"
+}
+start=$(now)
+/bin/sh -c "$FLEET_COMMAND" </dev/null 2>&1
+code=$?
+end=$(now)
+metric=$(head -c 200 "$FLEET_METRIC_FILE" 2>/dev/null | tr -s ' \\n\\t' '   ')
+echo "FLEET-RESULT exit=$code start=$start end=$end state=finished metric_file=$metric"
+"""
+# What a Batch job of an image cannot give, said in the run's environment record.
+IMAGE_UNMEASURED = (
+    "the monitor: a Batch job runs the image alone (no psutil agent beside it), so there are "
+    'no CPU or memory samples; use executor = "ssh" for them'
+)
+
+
+def image_job_definition(
+    cloud: Cloud, state: JobsState, name: str, tags: dict[str, str]
+) -> dict[str, Any]:
+    """RegisterJobDefinition's request for the run's image on the type's architecture: the
+    image pinned to that architecture's own manifest, the command through its POSIX shell."""
+    ref = container.ImageRef.parse(state.spec.image)
+    image = container.lookup(cloud, ref)
+    architecture = state.family.architecture
+    where = container.login(cloud, ref)
+    resources = [{"type": "VCPU", "value": "1"}, {"type": "MEMORY", "value": "512"}]
+    if state.spec.gpus:
+        resources.append({"type": "GPU", "value": str(state.spec.gpus)})
+    return {
+        "jobDefinitionName": name,
+        "type": "container",
+        "platformCapabilities": ["EC2"],
+        "containerProperties": {
+            "image": where.pull_name(ref, image.variants[architecture]),
+            "command": ["/bin/sh", "-c", IMAGE_WRAPPER],
+            "resourceRequirements": resources,
+        },
+        "tags": tags,
+    }
+
+
+class ImageDefinition:
+    """A job definition of the run's image for this type's architecture (image runs only):
+    registered for the run, deregistered at its end. Named amibake-* (amibake iam-policy allows
+    those), never ending in the architecture, which names `amibake batch up`'s own."""
+
+    name = "image-definition"
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    def run(self, state: JobsState) -> None:
+        if not state.spec.image:
+            return
+        architecture = state.family.architecture
+        name = f"amibake-image-{architecture}-{state.fleet_run}-{state.slot}"
+        request = image_job_definition(self.context.cloud, state, name, self.context.tags)
+        made = self.context.cloud.client("batch").register_job_definition(**request)
+        state.job_definition = str(made["jobDefinitionArn"])
+
+    def cleanup(self, state: JobsState) -> None:
+        if state.spec.image and state.job_definition:
+            self.context.cloud.client("batch").deregister_job_definition(
+                jobDefinition=state.job_definition
+            )
+            state.job_definition = ""
+
+
 class Payload:
     """The agent and the builds, as one tar in the job bucket under the run's prefix."""
 
@@ -262,6 +340,8 @@ class Payload:
         self.context = context
 
     def run(self, state: JobsState) -> None:
+        if state.spec.image:
+            return  # the image is the payload
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for name in ("job.py", "s3.py", "replicate.sh", "monitor.py"):
@@ -330,19 +410,27 @@ class Jobs:
         }
         if cloud.endpoint_url:  # the local cloud's one endpoint; AWS's S3 is found by region
             environment["FLEET_S3_ENDPOINT"] = cloud.endpoint_url
+        command = ["python3", "-c", BOOTSTRAP]
+        # The whole instance: one replicate at a time, nothing beside it. ECS keeps some memory
+        # for itself.
+        resources = [
+            {"type": "VCPU", "value": str(vcpus)},
+            {"type": "MEMORY", "value": str(int(memory * 0.85))},
+        ]
+        if state.spec.image:
+            # The user's image runs alone: its own shell times the command (IMAGE_WRAPPER).
+            environment = {"FLEET_COMMAND": state.spec.command_line()}
+            command = ["/bin/sh", "-c", IMAGE_WRAPPER]
+            if state.spec.gpus:
+                resources.append({"type": "GPU", "value": str(state.spec.gpus)})
         request: dict[str, Any] = {
             "jobName": state.queue,
             "jobQueue": state.queue,
             "jobDefinition": state.job_definition,
             "containerOverrides": {
-                "command": ["python3", "-c", BOOTSTRAP],
+                "command": command,
                 "environment": [{"name": k, "value": v} for k, v in environment.items()],
-                # The whole instance: one replicate at a time, nothing beside it. ECS keeps
-                # some memory for itself.
-                "resourceRequirements": [
-                    {"type": "VCPU", "value": str(vcpus)},
-                    {"type": "MEMORY", "value": str(int(memory * 0.85))},
-                ],
+                "resourceRequirements": resources,
             },
             "timeout": {"attemptDurationSeconds": int(state.spec.timeout_s + 600)},
             "tags": self.context.tags,
@@ -416,6 +504,8 @@ class Jobs:
             ),
             None,
         )
+        if host is None and state.spec.image:
+            host = self._image_host(state, job)
         if host is not None:
             self._host(state, host)
         reason = str(job.get("statusReason", ""))
@@ -493,6 +583,32 @@ class Jobs:
         log.warning("%s: stopped reading log stream %s before its end", job["jobId"], stream)
         return "\n".join(lines)
 
+    def _image_host(self, state: JobsState, job: dict[str, Any]) -> dict[str, Any] | None:
+        """Where a job of the user's image ran, read from outside (its image has no agent to
+        say): the container instance Batch names, as EC2 describes it."""
+        cloud = self.context.cloud
+        arn = str((job.get("container") or {}).get("containerInstanceArn") or "")
+        instance_id = arn if arn.startswith("i-") else ""  # the local cloud names the instance
+        if arn and not instance_id:
+            cluster = amibake_batch.environments(cloud.client("batch"), state.environment)
+            found = cloud.client("ecs").describe_container_instances(
+                cluster=cluster[0]["ecsClusterArn"] if cluster else "", containerInstances=[arn]
+            )["containerInstances"]
+            instance_id = found[0]["ec2InstanceId"] if found else ""
+        if not instance_id:
+            return None
+        instance = cloud.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0][
+            "Instances"
+        ][0]
+        zone = instance.get("Placement", {}).get("AvailabilityZone", "")
+        zones = cloud.ec2.describe_availability_zones(ZoneNames=[zone])["AvailabilityZones"]
+        return {
+            "instance_id": instance_id,
+            "zone_id": zones[0].get("ZoneId", zone) if zones else zone,
+            "lifecycle": instance.get("InstanceLifecycle", "on-demand"),
+            "ami": instance.get("ImageId", ""),
+        }
+
     def _host(self, state: JobsState, host: dict[str, Any]) -> None:
         """Where a child ran: the instance, its zone and price; recorded once per instance."""
         state.instance_id = host.get("instance_id", "")
@@ -507,7 +623,31 @@ class Jobs:
             if not state.launched_at:
                 state.launched_at = time.time()
                 state.on_event(state, "staging")
-            record_host(self.context.cloud, state, host, host.get("ami", ""))
+            record_host(
+                self.context.cloud, state, host, host.get("ami", ""), image_facts(self, state)
+            )
+
+
+def image_facts(jobs: Jobs, state: JobsState) -> dict[str, Any] | None:
+    """The environment record's "image" of a Batch run of an image (None for other runs): on
+    a cloud whose instances all run one CPU (the local cloud's), the other architecture's
+    variant is emulated."""
+    if not state.spec.image:
+        return None
+    cloud = jobs.context.cloud
+    ref = container.ImageRef.parse(state.spec.image)
+    image = container.lookup(cloud, ref)
+    architecture = state.family.architecture
+    machine = cloud.instance_cpu
+    return {
+        "reference": str(ref),
+        "digest": image.digest,
+        "pull": container.login(cloud, ref).pull_name(ref, image.variants[architecture]),
+        "platform": f"linux/{container.OCI_ARCHITECTURE[architecture]}",
+        "shell": True,  # the job runs through it (IMAGE_WRAPPER): no shell, no result
+        "emulated": machine is not None and machine.architecture != architecture,
+        "not_measured": [IMAGE_UNMEASURED],
+    }
 
 
 def _stuck(state: JobsState, waiting: int, deadline: float, reasons: dict[str, int]) -> str:

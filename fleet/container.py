@@ -24,7 +24,7 @@ import subprocess
 import threading
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import botocore.exceptions
@@ -95,6 +95,9 @@ class Image:
     reference: ImageRef
     digest: str
     architectures: tuple[str, ...]
+    # Each architecture's own manifest (the index's entry; the image itself when single): what
+    # a Batch job definition of that architecture pins.
+    variants: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -179,14 +182,15 @@ def _lookup(cloud: Cloud, ref: ImageRef) -> Image:
     manifest = json.loads(found["imageManifest"])
     digest = found["imageId"]["imageDigest"]
     if found.get("imageManifestMediaType") in INDEX_TYPES or "manifests" in manifest:
-        architectures = [
-            EC2_ARCHITECTURE.get(m.get("platform", {}).get("architecture", ""), "")
+        variants = {
+            EC2_ARCHITECTURE.get(m.get("platform", {}).get("architecture", ""), ""): m["digest"]
             for m in manifest["manifests"]
             if m.get("platform", {}).get("os", "linux") == "linux"
-        ]
+        }
     else:
-        architectures = [_config_architecture(ecr, ref, manifest["config"]["digest"])]
-    return Image(ref, digest, tuple(sorted({a for a in architectures if a})))
+        variants = {_config_architecture(ecr, ref, manifest["config"]["digest"]): digest}
+    variants.pop("", None)  # platforms EC2 has no instances of
+    return Image(ref, digest, tuple(sorted(variants)), variants)
 
 
 def _tags(ecr: Any, ref: ImageRef) -> list[str]:

@@ -370,7 +370,7 @@ def record_host(
         }
     )
     state.monitor = state.spec.monitor and bool(host.get("monitor"))
-    if state.spec.monitor and not state.monitor:
+    if state.spec.monitor and not state.monitor and image is None:
         log.warning("%s has no python3-psutil: running without the monitor", state.label)
     verdicts = {b.name: build_verdict(b, state.family, machine) for b in state.artifacts.values()}
     state.facts = {

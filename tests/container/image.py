@@ -103,3 +103,27 @@ def push_to_ecr(cloud: Any, directory: Path, repository: str, tag: str = "v1") -
     )
     container.push(cloud, f"oci:{layout}:multi", ref)
     return ref
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.container.image REPOSITORY[:TAG]``: build the image and push it to the
+    configured cloud's ECR (make demo: the local cloud's)."""
+    import argparse
+
+    from amibake import config
+    from amibake.connect import connect
+
+    parser = argparse.ArgumentParser(prog="python -m tests.container.image")
+    parser.add_argument("repository", help="REPOSITORY[:TAG] in the account's ECR")
+    args = parser.parse_args(argv)
+    repository, _, tag = args.repository.partition(":")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        ref = push_to_ecr(connect(config.load()), Path(scratch), repository, tag or "v1")
+    print(f"pushed {ref} (linux/amd64 and linux/arm64)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
