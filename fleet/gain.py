@@ -22,6 +22,7 @@ import numpy as np
 from amibake.errors import AmibakeError
 from amibake.steps.state import Variant
 from fleet import stats
+from fleet.control import ENDED
 from fleet.results import Results
 from fleet.space import Space
 from fleet.spec import Metric
@@ -191,6 +192,10 @@ def of_run(
     if detail.get("error"):
         log.warning("[%s] gain not measured: %s", run_id, detail["error"])
     results.event(run_id, "gain", **detail)
+    # Its runs' controller made the run "running" again; it ends as the search had ended.
+    ended = [k for _, k, _ in results.events(run_id) if k in ENDED]
+    if ended:
+        results.event(run_id, ended[-1], after="gain")
     return detail
 
 

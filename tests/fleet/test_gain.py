@@ -175,6 +175,12 @@ def test_a_cloud_tune_measures_its_gain_bakes_its_winner_and_leaves_nothing(
         f"standard{'-O2' if out['recommended']['params']['opt'] == '-O3' else '-O3'}": 2,
     }
     assert set(side.state) == {"ok"}
+    # Its runs' controller ran after the search ended: the run is finished all the same, and
+    # status counts what the gain spent.
+    from fleet import control
+
+    state = control.status(results, out["run_id"])
+    assert state["state"] == "finished" and state["spent_usd"] == pytest.approx(out["spent_usd"])
     # The gain's instance is paid for, and counted in what the run spent.
     assert measured["usd"] > 0 and out["spent_usd"] >= measured["usd"]
     assert main(["report", "last", "--no-html", "--json"]) == 0
