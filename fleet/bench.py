@@ -396,7 +396,7 @@ def measure(
         spec.types, spec.allow_missing_price, cloud.config.results_dir, cloud.config.region
     )
     if spec.image:  # refused here, for every type at once, before any instance is launched
-        container.preflight(cloud, spec)
+        container.preflight(cloud, spec.image, spec.types, spec.gpus)
     states = []
     for instance_type in spec.types:
         family_name, _, size = instance_type.partition(".")

@@ -184,7 +184,7 @@ def _bench(args: argparse.Namespace) -> int:
             cloud, bench_spec.types, bench_spec.builds if bench_spec.recipe else ()
         )
         if bench_spec.image:  # an image ECR lacks, or lacks a type's architecture: refused
-            container.preflight(cloud, bench_spec)
+            container.preflight(cloud, bench_spec.image, bench_spec.types, bench_spec.gpus)
     estimate = planning.bench_estimate(
         bench_spec, results, cfg.results_dir, cfg.region, todo, cfg.recipes_dir
     )

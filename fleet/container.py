@@ -24,6 +24,7 @@ import subprocess
 import threading
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,15 +128,15 @@ _seen: dict[tuple[str, str, str], Image] = {}
 _lock = threading.Lock()
 
 
-def preflight(cloud: Cloud, spec: Any) -> Image:
-    """The run's image as ECR has it, checked against every type of the run (a BenchSpec's
-    `image`, `types` and `gpus`): a UserError naming the fix, before anything is launched."""
-    ref = ImageRef.parse(spec.image)
+def preflight(cloud: Cloud, reference: str, types: Iterable[str], gpus: int) -> Image:
+    """The run's image as ECR has it, checked against every type the run may launch and the
+    GPUs it asks for: a UserError naming the fix, before anything is launched."""
+    ref = ImageRef.parse(reference)
     image = lookup(cloud, ref)
-    for instance_type in spec.types:
+    for instance_type in types:
         kind = instance_kinds.kind_of(cloud, instance_type)
-        gpus = tuple(getattr(kind, "gpus", ()))
-        problem = check(image, instance_type, kind.architecture, gpus, spec.gpus)
+        carried = tuple(getattr(kind, "gpus", ()))
+        problem = check(image, instance_type, kind.architecture, carried, gpus)
         if problem:
             raise UserError(problem)
     return image
