@@ -265,13 +265,14 @@ def _numeric(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float)
 
 
-def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
+def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True) -> Space:
     """The [params] table of a tune file; every problem names the file and line. ``types`` are
-    the instance types in play when the type is not itself a parameter."""
-    from amibake import catalog
+    the instance types in play when the type is not itself a parameter; ``build`` says whether
+    a trial builds (a recipe does; a replay table or a prebuilt workload does not), and so
+    whether each type's family must be in the build catalog."""
+    from amibake import instance_kinds
 
-    def arch_of(instance_type: str) -> str:
-        return catalog.family(instance_type.split(".")[0]).architecture
+    arch_of = instance_kinds.architecture
 
     def fail(name: str, message: str) -> UserError:
         line = line_of(text, f"params.{name}")
@@ -280,7 +281,7 @@ def parse(raw: Any, where: str, text: str, types: list[str]) -> Space:
     if isinstance(raw, dict) and isinstance(raw.get(TYPE), dict):
         types = [str(t) for t in raw[TYPE].get("values", [])]
         for instance_type in types:
-            check_type(instance_type, lambda _key, message: fail(TYPE, message))
+            check_type(instance_type, lambda _key, message: fail(TYPE, message), build=build)
     architectures = {arch_of(t) for t in types}
 
     if not isinstance(raw, dict) or not raw:

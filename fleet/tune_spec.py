@@ -136,11 +136,13 @@ def from_dict(
     types = data.get("types", [])
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
         raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
+    # A replay table builds nothing: any type EC2 names is in; a recipe needs a catalog family.
+    builds = data.get("replay") is None
     for instance_type in types:
-        check_type(instance_type, fail)  # before a run is recorded, not in every trial
+        check_type(instance_type, fail, build=builds)  # before a run is recorded, not per trial
     if types and isinstance(data.get("params"), dict) and TYPE in data["params"]:
         raise fail("types", "the types are named twice: keep types or params.instance_type")
-    space = parse(data.get("params"), where, text, types)
+    space = parse(data.get("params"), where, text, types, build=builds)
     objective = data.get("objective", "runtime")
     if objective not in OBJECTIVES:
         raise fail("objective", f"{objective!r} is not one of {', '.join(OBJECTIVES)}")
