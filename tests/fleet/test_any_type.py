@@ -25,8 +25,9 @@ from tests.fleet.test_bench import assert_nothing_left
 
 GPU, INFERENTIA = "g5.xlarge", "inf2.xlarge"
 # us-east-1's Linux on-demand prices of the two (AWS's price list), and spot prices per zone as
-# `fleet prices --refresh` reads them from DescribeSpotPriceHistory. The local cloud has no
-# Pricing API, so the test writes the refreshed table that command would have saved on AWS.
+# `fleet prices --refresh` reads them from DescribeSpotPriceHistory. The local cloud's Price List
+# (amibake/local/price_list.py) does not sell these two, so the test writes the refreshed table
+# that command would have saved on AWS.
 REFRESHED: dict[str, dict[str, Any]] = {
     GPU: {"vcpus": 4.0, "memory_gib": 16.0, "on_demand": 1.006,
           "spot": {"use1-az1": 0.41, "use1-az2": 0.43, "use1-az4": 0.45}},
