@@ -139,7 +139,7 @@ demo: install
 	$(BIN)/amibake families --host
 	$(BIN)/amibake build --cloud local --family c7i --recipe kernels --dry-run
 	$(BIN)/amibake build --cloud local --family $(DEMO_FAMILIES) --recipe kernels --yes
-	$(BIN)/amibake bake --cloud local --family $(DEMO_FAMILIES) --yes
+	$(BIN)/amibake bake --cloud local --family $(DEMO_FAMILIES) --keep 1 --yes
 	$(BIN)/amibake batch up --cloud local --from-bake
 	$(BIN)/amibake batch status --cloud local
 	$(BIN)/amibake batch down --cloud local
