@@ -422,7 +422,7 @@ def _tune(args: argparse.Namespace) -> int:
     outcome = tune.search(spec, evaluate, results, run_id)
     measured, bake = None, None
     if isinstance(evaluate, CloudEvaluator) and outcome.recommended:
-        if spec.gain_replicates:
+        if spec.gain_replicates and spec.recipe:  # an image's tune builds nothing to compare
             measured = _gain(results, run_id, spec, evaluate, outcome)
             outcome.spent_usd += measured.get("usd", 0.0)
         # The hand-over to `amibake bake --from-tune` (fleet report writes it anew too).
