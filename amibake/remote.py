@@ -33,6 +33,10 @@ from fabric import Connection
 from amibake.errors import HostKeyMismatch, RemoteError
 
 Sink = Callable[[str], None]
+# After a command's exit status, how long its output may still come before EOF: enough for a
+# loaded machine's sshd to drain the pipe, short enough not to wait on a background process
+# that holds the output open (such a command's output is whatever came by then).
+EOF_AFTER_EXIT_S = 5.0
 _BLOCK = re.compile(
     r"-----BEGIN SSH HOST KEY FINGERPRINTS-----(.*?)-----END SSH HOST KEY FINGERPRINTS-----", re.S
 )
@@ -190,6 +194,7 @@ class Remote:
         out: list[bytes] = []
         err: list[bytes] = []
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        exited = 0.0  # when the exit status was first seen with nothing left to read
         while True:
             got = False
             while channel.recv_ready():
@@ -209,7 +214,16 @@ class Remote:
                 and not channel.recv_ready()
                 and not (channel.recv_stderr_ready())
             ):
-                break
+                # The exit status is not the end of the output: sshd sends it when the command
+                # exits, and what is still in the command's pipe follows (RFC 4254 allows it;
+                # under load a replicate's last line, its FLEET-RESULT, came after it and was
+                # lost). The end is EOF; waited for a while only, as a process the command left
+                # in the background may hold the output open.
+                if channel.eof_received:
+                    break
+                exited = exited or time.monotonic()
+                if time.monotonic() - exited > EOF_AFTER_EXIT_S:
+                    break
             if channel.closed and not got:
                 break
             if self.cancel is not None and self.cancel.is_set():
@@ -219,7 +233,7 @@ class Remote:
                 channel.close()
                 raise RemoteError(f"{self.name}: command timed out after {timeout_s:.0f}s")
             if not got:
-                select.select([channel], [], [], 1.0)
+                select.select([channel], [], [], 0.05 if exited else 1.0)
         return b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace")
 
     def script(self, text: str, *, sudo: bool = True, check: bool = True, **kw: Any) -> Result:
