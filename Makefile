@@ -108,7 +108,7 @@ prices: install
 # reclaims, ...) at fixed seeds.
 FAULT_SEEDS ?= 11
 test: install zstd-source lz4-source gzip-source cmark-source
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 	@for seed in $(FAULT_SEEDS); do \
 	  echo "end-to-end tests under --faults aws, seed $$seed"; \
 	  AMIBAKE_LOCAL_FAULTS=aws AMIBAKE_LOCAL_FAULTS_SEED=$$seed $(BIN)/python -m pytest -q -m e2e \
