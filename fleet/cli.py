@@ -398,7 +398,7 @@ def _tune(args: argparse.Namespace) -> int:
         # The cloud (credentials, region, the local cloud's daemon) is checked now: left to the
         # trials, each failed in turn and the search ended "none feasible" with exit 0. So is
         # what its CPU can run, when every instance runs on one (the local cloud).
-        bench.check_runnable(evaluate.cloud(), evaluate.types, ("tuned",))
+        bench.check_runnable(evaluate.cloud(), evaluate.types, () if spec.image else ("tuned",))
         trials = results.trials(run_id) if run_id else None
         asked = int((trials.state == "asked").sum()) if trials is not None and len(trials) else 0
         left = max(0, spec.trials - asked)

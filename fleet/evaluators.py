@@ -19,6 +19,8 @@ def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
         return ReplayEvaluator(spec.replay, spec)
     from fleet.trial import CloudEvaluator
 
-    # What the workload takes, before anything else is asked of the cloud or the prices.
-    spec.space.check_workload(recipes.load(spec.recipe, config.recipes_dir))
+    # What the workload takes, before anything else is asked of the cloud or the prices (an
+    # image's command is checked by the tune spec: its run parameters go through {args}).
+    if not spec.image:
+        spec.space.check_workload(recipes.load(spec.recipe, config.recipes_dir))
     return CloudEvaluator(spec, config)

@@ -193,6 +193,7 @@ def replicate_seconds(spec: BenchSpec, results: Results) -> tuple[dict[str, floa
         lambda s: (
             BenchSpec.from_json(s).command_line() == spec.command_line()
             and s.get("recipe", "") == spec.recipe
+            and s.get("image", "") == spec.image
         ),
         ("bench",),
     )
@@ -301,11 +302,19 @@ def tune_estimate(
     types = types or list(spec.types)
     priced = {t: cost.hourly(table, t, True) for t in types}
     dearest = max(types, key=lambda t: priced[t] or 0.0)
-    earlier = _measured(results, lambda s: s.get("recipe") == spec.recipe, ("tune", "bench"))
+    # The same workload: the recipe, or the image (a tune of an image has no recipe).
+    earlier = _measured(
+        results,
+        lambda s: s.get("recipe", "") == spec.recipe and s.get("image", "") == spec.image,
+        ("tune", "bench"),
+    )
     if earlier is not None:
         run_id, medians = earlier
         each = medians.get(dearest, medians[""])
-        basis = f"durations: run {run_id} of {spec.recipe} measured {_minutes(each)} a replicate"
+        basis = (
+            f"durations: run {run_id} of {spec.recipe or spec.image} measured {_minutes(each)} "
+            "a replicate"
+        )
     elif spec.expected_runtime_s is not None:
         each = spec.expected_runtime_s
         basis = f"durations: expected_runtime {_minutes(each)} a replicate"
@@ -354,5 +363,8 @@ def tune_estimate(
             )
         )
         notes.append(build_basis)
-    runs = f"{trials} trials of {spec.recipe} ({spec.parallel} at a time) on spot instances"
+    runs = (
+        f"{trials} trials of {spec.recipe or spec.image} ({spec.parallel} at a time) on spot "
+        "instances"
+    )
     return cost.Estimate(runs, lines, notes)

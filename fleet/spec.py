@@ -217,7 +217,7 @@ def _args_text(value: Any) -> str:
     raise TypeError("args must be a string or a table of name = value")
 
 
-def _metric(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
+def metric_from(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
     merged = {**recipe_metric, **raw}
     kind = str(merged.get("kind", "runtime"))
     if kind not in METRIC_KINDS:
@@ -356,7 +356,7 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     if not isinstance(metric_raw, dict):
         raise fail("metric", "must be a table: [metric] kind = ...")
     try:
-        metric = _metric(metric_raw, recipe_metric)
+        metric = metric_from(metric_raw, recipe_metric)
     except ValueError as exc:
         raise fail("metric", str(exc)) from None
     timeout = data.get("timeout_s", 3600.0)

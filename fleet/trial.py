@@ -17,11 +17,11 @@ from amibake.errors import AmibakeError, UserError
 from amibake.pipelines import BuildRequest
 from amibake.pipelines import build as build_pipeline
 from amibake.steps.state import Variant
-from fleet import bench, stats
+from fleet import bench, container, stats
 from fleet.executor import BenchState, BuildArtifact, Replicate
 from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE
-from fleet.spec import BenchSpec, Metric
+from fleet.spec import BenchSpec, Metric, metric_from
 from fleet.tune_spec import TuneSpec, broken_constraint
 
 
@@ -37,6 +37,47 @@ class CloudEvaluator:
     def __init__(self, spec: TuneSpec, config: Config) -> None:
         self.spec = spec
         self.config = config
+        self._cloud: Cloud | None = None
+        self._lock = threading.Lock()
+        if spec.image:
+            self._image_workload()
+        else:
+            self._recipe_workload()
+        # Money needs a price for every type in the run's region: refused now, before a trial
+        # is paid for. Otherwise a type without one is measured, unpriced.
+        self.priced = (
+            spec.objective == "cost"
+            or spec.max_usd is not None
+            or "max_usd_per_unit" in spec.constraints
+        )
+        types = list(spec.space.params[TYPE].values) if TYPE in spec.space.params else spec.types
+        self.types = [str(t) for t in types]
+        bench.price_lookup(
+            types,
+            not self.priced,
+            config.results_dir,
+            config.region,
+            instead="leave money out of the search (objective, max_usd, max_usd_per_unit)",
+        )
+        if spec.image:
+            # Every type the search may pick, against the image's architectures and the GPUs
+            # asked: refused before the run is recorded, not trial after trial.
+            container.preflight(self.cloud(), spec.image, self.types, spec.gpus)
+        self.run_id = ""  # set by the search before the first trial
+        self.results: Any = None
+
+    def _image_workload(self) -> None:
+        """An image's tune: its command and metric from the tune file; nothing is built."""
+        self.recipe: recipes.Recipe | None = None
+        self.workload = self.spec.command
+        self.metric = metric_from(self.spec.metric, {})
+        if "min_rate" in self.spec.constraints and not self.metric.higher_is_better:
+            raise UserError(
+                "constraints.min_rate: the metric is a time, not a rate; bound it with max_seconds"
+            )
+
+    def _recipe_workload(self) -> None:
+        spec, config = self.spec, self.config
         recipe = recipes.load(spec.recipe, config.recipes_dir)
         bench_definition = recipe.bench
         if "command" not in bench_definition:
@@ -58,33 +99,15 @@ class CloudEvaluator:
                 "with max_seconds"
             )
         self._check_run_parameters()
-        # Money needs a price for every type in the run's region: refused now, before a trial
-        # is paid for. Otherwise a type without one is measured, unpriced.
-        self.priced = (
-            spec.objective == "cost"
-            or spec.max_usd is not None
-            or "max_usd_per_unit" in spec.constraints
-        )
-        types = list(spec.space.params[TYPE].values) if TYPE in spec.space.params else spec.types
-        self.types = [str(t) for t in types]
-        bench.price_lookup(
-            types,
-            not self.priced,
-            config.results_dir,
-            config.region,
-            instead="leave money out of the search (objective, max_usd, max_usd_per_unit)",
-        )
-        self._cloud: Cloud | None = None
-        self._lock = threading.Lock()
-        self.run_id = ""  # set by the search before the first trial
-        self.results: Any = None
 
     def _check_run_parameters(self) -> None:
         """Every run parameter must reach the workload: into the bench command's {NAME}, or
         as --NAME VALUE through {args}, which the recipe's [bench.parameters] must then declare
         (a misspelt one failed every trial with the workload's "unknown argument") unless the
         tune file says how to pass it (arg = ...)."""
-        recipe, placeholders = self.recipe, self.recipe.placeholders
+        recipe = self.recipe
+        assert recipe is not None
+        placeholders = recipe.placeholders
         for param in self.spec.space.params.values():
             if param.stage != "run" or param.name in placeholders:
                 continue
@@ -111,14 +134,17 @@ class CloudEvaluator:
         cflags = self.spec.space.cflags(params)
         variant = Variant.of_flags(cflags)
         instance_type = self.instance_type(params)
-        try:
-            artifact = self._build(instance_type, "tuned", variant)
-        except AmibakeError as exc:
-            return Evaluation("failed", reason=f"build failed: {exc}")
-        manifest = dict(artifact.manifest)
+        artifacts: dict[str, BuildArtifact] = {}
+        manifest: dict[str, Any] = {"image": self.spec.image} if self.spec.image else {}
+        if not self.spec.image:  # an image's trials build nothing: run-time parameters only
+            try:
+                artifacts["tuned"] = self._build(instance_type, "tuned", variant)
+            except AmibakeError as exc:
+                return Evaluation("failed", reason=f"build failed: {exc}")
+            manifest = dict(artifacts["tuned"].manifest)
         todo = [Replicate(instance_type, "tuned", i, False) for i in range(self.spec.replicates)]
         try:
-            usd = self._measure(f"trial {trial}", trial, params, todo, {"tuned": artifact})
+            usd = self._measure(f"trial {trial}", trial, params, todo, artifacts)
         except Measured as failed:
             return Evaluation("failed", reason=failed.reason, manifest=manifest, usd=failed.usd)
         rows = self.results.replicates(self.run_id)
@@ -193,22 +219,26 @@ class CloudEvaluator:
         instance_type = self.instance_type(params)
         family = instance_type.split(".")[0]
         # Run parameters named after a {NAME} of the bench command fill it; the rest are args.
+        placeholders = self.recipe.placeholders if self.recipe is not None else ()
         filled = {
             n: v
             for n, v in space.active(params).items()
-            if n in self.recipe.placeholders and space.params[n].stage == "run"
+            if n in placeholders and space.params[n].stage == "run"
         }
         bench_spec = BenchSpec(
             types=(instance_type,),
             recipe=spec.recipe,
-            builds=tuple(artifacts),
+            command=spec.command,
+            image=spec.image,
+            gpus=spec.gpus,
+            builds=tuple(artifacts) or ("tuned",),
             replicates=spec.replicates,
             warmups=0,
             args=space.args({n: v for n, v in params.items() if n not in filled}),
             metric=self.metric,
             concurrency=1,
             workload=self.workload,
-            parameters=self.recipe.bench_values(filled),
+            parameters=self.recipe.bench_values(filled) if self.recipe is not None else {},
             executor=spec.executor,
             allow_missing_price=not self.priced,
         )

@@ -18,7 +18,7 @@ from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE, Space, parse
 from fleet.spec import COUNTS as BENCH_COUNTS
-from fleet.spec import EXECUTORS, check_type, line_of
+from fleet.spec import EXECUTORS, check_type, image_problem, line_of, metric_from
 
 log = logging.getLogger("amibake")
 
@@ -79,6 +79,10 @@ class TuneSpec:
     expected_runtime_s: float | None = None  # one replicate, as declared: for the estimate
     gain_replicates: int = GAIN_REPLICATES
     raw: dict[str, Any] = field(default_factory=dict)
+    image: str = ""  # an ECR image run with `command` (fleet/container.py); no recipe then
+    command: str = ""
+    metric: dict[str, Any] = field(default_factory=dict)  # the image's [metric], as written
+    gpus: int = 0
     # What a trial is expected to cost before any has (the estimate's): the money budget counts
     # the trials in flight at it, not at nothing. Set by the caller; never recorded.
     trial_usd_guess: float = 0.0
@@ -119,6 +123,7 @@ def from_dict(
         "params", "objective", "algorithm", "seed", "trials", "startup_trials", "parallel",
         "max_usd", "max_hours", "constraints", "replay", "replay_column", "types", "recipe",
         "replicates", "name", "executor", "expected_runtime", "max_cost", "gain_replicates",
+        "image", "command", "metric", "gpus",
     }  # fmt: skip
     for key in data:
         if key not in known:
@@ -136,8 +141,10 @@ def from_dict(
     types = data.get("types", [])
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
         raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
-    # A replay table builds nothing: any type EC2 names is in; a recipe needs a catalog family.
-    builds = data.get("replay") is None
+    # A replay table builds nothing, nor does an image: any type EC2 names is in; a recipe needs
+    # a catalog family.
+    image = data.get("image")
+    builds = data.get("replay") is None and not image
     for instance_type in types:
         check_type(instance_type, fail, build=builds)  # before a run is recorded, not per trial
     if types and isinstance(data.get("params"), dict) and TYPE in data["params"]:
@@ -174,8 +181,13 @@ def from_dict(
     if not isinstance(data.get("replay_column", ""), str):
         raise fail("replay_column", "must be the name of a column of the replay table")
     recipe = data.get("recipe")
-    if replay is None and not recipe:
-        raise fail("recipe", "name the recipe to tune (or a replay table to search offline)")
+    container = _container(data, space, fail) if image else {}
+    if replay is None and not recipe and not image:
+        raise fail(
+            "recipe",
+            "name the recipe to tune, or an image and its command (or a replay table to search "
+            "offline)",
+        )
     if recipe is not None:
         try:
             recipes.check_name(recipe)
@@ -211,9 +223,44 @@ def from_dict(
         replicates=int(data.get("replicates", 1)),
         executor=str(executor),
         expected_runtime_s=expected_s,
-        gain_replicates=int(data.get("gain_replicates", GAIN_REPLICATES)),
+        # An image has no builds: nothing for the gain to compare (refused when asked for).
+        gain_replicates=int(data.get("gain_replicates", 0 if image else GAIN_REPLICATES)),
         raw=data,
+        **container,
     )
+
+
+def _container(data: dict[str, Any], space: Space, fail: Any) -> dict[str, Any]:
+    """An image's tune (no recipe): its command, metric and GPUs, checked; the search tunes
+    run-time parameters only (and the instance type), for there is nothing to compile."""
+    command = str(data.get("command", ""))
+    problem = image_problem(data["image"], str(data.get("recipe") or ""), command)
+    if problem:
+        raise fail("image", problem)
+    for param in space.params.values():
+        if param.stage == "compile":
+            raise fail(
+                "params",
+                f"params.{param.name} is a compile flag and an image has nothing to compile: "
+                'give it stage = "run" (an argument through {args}), or tune a recipe',
+            )
+    if any(p.stage == "run" for p in space.params.values()) and "{args}" not in command:
+        raise fail("command", f"({command}) has no {{args}} to take the run parameters")
+    if data.get("gain_replicates"):
+        raise fail("gain_replicates", "the gain compares builds, and an image has none: drop it")
+    raw_metric = data.get("metric", {})
+    if not isinstance(raw_metric, dict):
+        raise fail("metric", "must be a table: [metric] kind = ...")
+    try:
+        metric_from(raw_metric, {})
+    except ValueError as exc:
+        raise fail("metric", str(exc)) from None
+    gpus = data.get("gpus", 0)
+    problem = checks.integer(gpus, *BENCH_COUNTS["gpus"])
+    if problem:
+        raise fail("gpus", problem)
+    image = str(data["image"]).strip()
+    return {"image": image, "command": command, "metric": raw_metric, "gpus": gpus}
 
 
 def new_engine(
