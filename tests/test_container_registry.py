@@ -88,7 +88,9 @@ def test_the_registry_address_is_the_proxy_endpoint_on_loopback(
     ],
 )
 def test_a_reference_that_does_not_parse_says_how_to_write_one(text: str) -> None:
-    with pytest.raises(ValueError, match=r"ACCOUNT\.dkr\.ecr\.REGION\.amazonaws\.com/REPOSITORY:TAG"):
+    with pytest.raises(
+        ValueError, match=r"ACCOUNT\.dkr\.ecr\.REGION\.amazonaws\.com/REPOSITORY:TAG"
+    ):
         container.ImageRef.parse(text)
 
 
@@ -110,3 +112,33 @@ def test_the_registry_is_gone_after_down(tmp_path: Path, monkeypatch: pytest.Mon
     control.down(cfg)
     assert not control.registry_processes(cfg.local_dir)
     assert not (cfg.local_dir / "registry").exists()
+
+
+def test_a_registry_outliving_a_killed_daemon_is_found_and_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL the daemon: its registry dies with it (PDEATHSIG), and whatever is left of it
+    (its storage) goes with `amibake local down`, as a crashed daemon's sandboxes do."""
+    import os
+    import signal
+    import time
+
+    from amibake.connect import connect
+    from amibake.local import control
+    from tests.helpers import own_local_cloud
+
+    cfg = own_local_cloud(tmp_path, monkeypatch)
+    connect(cfg)
+    daemon = control.find(cfg)
+    assert daemon is not None
+    registry = control.registry_processes(cfg.local_dir)
+    assert registry
+    os.kill(daemon.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while control.registry_processes(cfg.local_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not control.registry_processes(cfg.local_dir)
+    assert (cfg.local_dir / "registry").exists()  # left behind, until:
+    said = control.down(cfg)
+    assert not (cfg.local_dir / "registry").exists()
+    assert any("registry" in line for line in said), said
