@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +150,13 @@ def search(
 def _search(
     spec: TuneSpec, evaluate: Evaluator, results: Results, run_id: str, stop_after: int | None
 ) -> Outcome:
-    engine = new_engine(spec.space, spec.algorithm, spec.seed, spec.startup, spec.trials)
+    # The engine as first planned: a model search splits its budget into phases (a start, then
+    # a race among finalists from 60% of it), so an engine made for an extended budget asks
+    # other trials than the record holds. Built for the first budget, it replays the record
+    # and goes on past that budget.
+    first = results.require(run_id)["spec"].get("trials", TuneSpec.trials)  # the default if unset
+    planned = replace(spec, trials=int(first))
+    engine = new_engine(spec.space, spec.algorithm, spec.seed, planned.startup, planned.trials)
     if hasattr(evaluate, "results"):  # a cloud evaluator records its replicates in the run
         evaluate.run_id, evaluate.results = run_id, results  # type: ignore[attr-defined]
     in_flight = _replay_record(engine, results, run_id)
