@@ -32,16 +32,39 @@ import pandas as pd
 from fleet.prices import lookup
 from fleet.search.features import facts
 
-FAMILIES = ("c6i", "c6a", "c7a", "c7g", "m7i", "r7g")  # x 4 sizes x 4 node counts: 96
-SIZES = ("large", "xlarge", "2xlarge", "4xlarge")
-NODES = (1, 2, 4, 8)
+
+@dataclass(frozen=True)
+class Layout:
+    """Which configurations a table holds: family x size x node count."""
+
+    families: tuple[str, ...]
+    sizes: tuple[str, ...]
+    nodes: tuple[int, ...]
+
+
+# 6 families x 4 sizes x 4 node counts: 96
+WIDE = Layout(
+    ("c6i", "c6a", "c7a", "c7g", "m7i", "r7g"),
+    ("large", "xlarge", "2xlarge", "4xlarge"),
+    (1, 2, 4, 8),
+)
+# Tables of other shapes, so that the search is not tuned to one: older and newer families, node
+# counts that are not powers of two, sizes up to 8xlarge.
+# 5 x 3 x 5: 75, of the shape CherryPick searched (a few families, small sizes, 2-12 nodes)
+SMALL_MANY = Layout(
+    ("c5", "m5", "r6i", "c6g", "m7g"), ("large", "xlarge", "2xlarge"), (2, 4, 6, 8, 12)
+)
+# 5 x 4 x 4: 80, big nodes and few of them
+BIG_FEW = Layout(
+    ("m6i", "c7i", "r6i", "m7g", "c8g"), ("xlarge", "2xlarge", "4xlarge", "8xlarge"), (1, 2, 3, 4)
+)
 # Relative speed per vCPU, scalar code, by family (a generation's usual step, SMT on x86: a vCPU
 # is a hyperthread there and a core on Graviton).
 BASE_SPEED = {
     "c5": 1.0, "c6i": 1.12, "c7i": 1.25, "c6a": 1.08, "c7a": 1.45, "c6g": 1.0, "c7g": 1.22,
-    "m7i": 1.25, "r7g": 1.22,
+    "m7i": 1.25, "r7g": 1.22, "m5": 1.0, "r6i": 1.12, "m6i": 1.12, "m7g": 1.22, "c8g": 1.40,
 }  # fmt: skip
-WIDE_VECTORS = {"c5", "c6i", "c7i", "c7a", "m7i", "c7g", "r7g"}
+WIDE_VECTORS = {"c5", "m5", "c6i", "m6i", "r6i", "c7i", "c7a", "m7i", "c7g", "m7g", "r7g", "c8g"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +80,8 @@ class Workload:
     vector_gain: float  # speed-up from wide vectors
     bandwidth_gain: float  # speed-up per doubling of GiB per vCPU above 2
     cliff: float
+    layout: Layout = WIDE
+    arm_speed: float = 1.0  # below 1: code tuned for x86 (hand-written AVX kernels, MKL)
 
 
 WORKLOADS = (
@@ -64,6 +89,10 @@ WORKLOADS = (
     Workload("render", 90_000, 10, 2, 2, 6, 0.5, 0.02, 1.10, 0.0, 1.8),
     Workload("genomics", 25_000, 120, 10, 3, 28, 2.0, 0.12, 1.0, 0.20, 3.0),
     Workload("training", 60_000, 60, 80, 6, 20, 1.5, 0.05, 1.40, 0.05, 2.0),
+    # a shuffle: memory-hungry, its exchange grows with the node count; spills past the cliff
+    Workload("sort", 30_000, 20, 60, 5, 50, 1.5, 0.10, 1.0, 0.15, 2.2, SMALL_MANY),
+    # a solver with a long serial part and little memory, its kernels written for AVX
+    Workload("solver", 50_000, 400, 30, 10, 12, 1.0, 0.06, 1.30, 0.0, 2.0, BIG_FEW, 0.7),
 )
 
 
@@ -76,6 +105,7 @@ def row(
     assert known is not None
     vcpus = price.vcpus
     speed = BASE_SPEED[family] * (w.vector_gain if family in WIDE_VECTORS else 1.0)
+    speed *= w.arm_speed if known.processor == "graviton" else 1.0
     speed *= 1 + w.bandwidth_gain * max(0.0, math.log2(price.memory_gib / vcpus) - 1)
     efficiency = 1 / (1 + w.contention * math.log2(vcpus))
     seconds = (
@@ -105,8 +135,10 @@ def row(
 
 def table(w: Workload) -> pd.DataFrame:
     wobble = random.Random(w.name)
+    shape = w.layout
     return pd.DataFrame(
-        row(w, f, s, n, wobble) for f, s, n in itertools.product(FAMILIES, SIZES, NODES)
+        row(w, f, s, n, wobble)
+        for f, s, n in itertools.product(shape.families, shape.sizes, shape.nodes)
     )
 
 

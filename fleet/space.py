@@ -44,7 +44,8 @@ STAGES = ("compile", "run")
 TYPE = "instance_type"  # the parameter (and its stage) that chooses the instance type
 # A parameter's table: what each key is for. A key not here (flg = ...) was ignored, and the
 # search ran without what the user meant.
-KEYS = ("kind", "values", "low", "high", "step", "stage", "flag", "arg", "when")
+KEYS = ("kind", "values", "low", "high", "step", "stage", "flag", "arg", "when", "scale")
+SCALE = "nodes"  # a parameter of this name is a node count (scale) without saying so
 # An int parameter is searched by its position in its list of values, which is built whole.
 MAX_VALUES = 10000
 
@@ -61,6 +62,9 @@ class Param:
     template: str = ""  # "-mprefer-vector-width={}" (compile) or "--threads {}" (run)
     when_param: str = ""
     when_in: tuple[Any, ...] = ()
+    # A node count or other scale-out factor: more of it, less time, more price per hour (the
+    # search may model time as a + b/n + c log n, as Ernest, NSDI'16)
+    scale: bool = False
 
     def options(self) -> list[Any]:
         """Every value of a discrete parameter (categorical, or int with its step)."""
@@ -89,6 +93,12 @@ class Param:
 class Space:
     params: dict[str, Param]
     architectures: set[str] = field(default_factory=set)  # of the types in play
+    # Where each parameter is written ("tune.toml:7"), for an error the search meets later (an
+    # instance type whose features neither its name nor the catalog gives).
+    origins: dict[str, str] = field(default_factory=dict)
+
+    def origin(self, name: str) -> str:
+        return self.origins.get(name, "the search space")
 
     def active(self, chosen: dict[str, Any]) -> dict[str, Any]:
         """The parameters that apply to this choice (a conditional one only where it holds)."""
@@ -390,6 +400,21 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
                 when_in = tuple(when.get("in", ()))
                 if not when_param or not when_in:
                     raise fail(name, "when needs param and a non-empty in = [...]")
+        scale = spec.get("scale", name == SCALE and kind != "categorical")
+        if name == SCALE and kind == "categorical" and "scale" not in spec:
+            scale = all(_numeric(v) and v > 0 for v in values)
+        if not isinstance(scale, bool):
+            raise fail(name, f"scale must be true or false, not {scale!r}")
+        if scale and not (
+            (kind == "categorical" and all(_numeric(v) and v > 0 for v in values))
+            or (kind != "categorical" and low > 0)
+        ):
+            shown = list(values) if kind == "categorical" else f"{low:g}..{high:g}"
+            raise fail(
+                name,
+                f"scale = true marks a node count, a number above 0; {shown} is not: make "
+                "its values numbers above 0, or drop scale",
+            )
         params[name] = Param(
             name,
             kind,
@@ -401,6 +426,7 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
             str(spec.get("flag" if stage == "compile" else "arg", "")),
             when_param,
             when_in,
+            scale,
         )
     for param in params.values():
         if param.when_param and param.when_param not in params:
@@ -416,4 +442,8 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
                 raise fail(param.name, f"when.in has {unknown!r}, not values of {parent.name}")
     if not params:
         raise UserError(f"{where}: no parameter applies to the instance types in play")
-    return Space(params, architectures)
+    origins = {}
+    for name in params:
+        line = line_of(text, f"params.{name}")
+        origins[name] = f"{where}{f':{line}' if line else ''}"
+    return Space(params, architectures, origins)

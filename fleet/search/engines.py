@@ -21,6 +21,7 @@ from fleet.space import Space
 ALGORITHMS: dict[str, str] = {
     "forest": "fleet.search.model:forest",
     "gp": "fleet.search.model:gaussian_process",
+    "blend": "fleet.search.model:blend",
     "tpe": "fleet.search.hyperopt_engine:tpe",
     "random": "fleet.search.hyperopt_engine:random",
     "grid": "fleet.search.grid:grid",

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from amibake.errors import UserError
 from fleet.space import TYPE, Param, Space
 
 FAMILY = re.compile(r"^(?P<cls>[a-z]+?)(?P<gen>\d+)(?P<attrs>[a-z-]*)$")
@@ -33,7 +34,7 @@ class TypeFacts:
     family: str
     cls: str
     generation: int
-    processor: str  # amd | graviton | intel
+    processor: str  # amd | graviton | intel; "" where only the catalog knows the type
     vcpus: float | None  # None for a family alone
     gib_per_vcpu: float
     usd_per_vcpu_hour: float | None
@@ -45,36 +46,44 @@ def size_vcpus(size: str) -> float | None:
     fixed = {"nano": 2.0, "micro": 2.0, "small": 2.0, "medium": 1.0, "large": 2.0, "xlarge": 4.0}
     if size in fixed:
         return fixed[size]
-    found = re.fullmatch(r"(\d+)xlarge", size)
+    # metal-48xl: the whole host of a 48xlarge, sized as one
+    found = re.fullmatch(r"(?:metal-)?(\d+)xl(?:arge)?", size)
     return 4.0 * int(found.group(1)) if found else None
+
+
+def _price(name: str) -> Any:
+    from fleet.prices import PriceError, lookup
+
+    try:
+        return lookup(name)
+    except PriceError:
+        return None
 
 
 @cache
 def facts(name: str) -> TypeFacts | None:
     """What a type's (`c7a.2xlarge`) or family's (`c7a`) name and the catalog say; None when
-    the name follows no convention the search knows."""
+    neither explains it (a name that follows no convention the search knows, a size such as
+    `metal` the convention does not size, and no price in the catalog for it)."""
     family, _, size = name.partition(".")
     found = FAMILY.match(family)
-    if found is None:
+    price = _price(name) if size else None
+    if found is None and price is None:
         return None
-    cls, attrs = found["cls"], found["attrs"]
-    processor = "amd" if "a" in attrs else "graviton" if "g" in attrs else "intel"
+    cls, attrs = (found["cls"], found["attrs"]) if found else ("", "")
+    processor = (
+        "" if found is None else "amd" if "a" in attrs else "graviton" if "g" in attrs else "intel"
+    )
     vcpus = size_vcpus(size) if size else None
-    if size and vcpus is None:
+    if size and vcpus is None and price is None:
         return None
-    gib_per_vcpu = MEMORY_PER_VCPU.get(cls[0], 4.0)
+    gib_per_vcpu = MEMORY_PER_VCPU.get(cls[:1], 4.0)
     usd: float | None = None
-    if size:
-        from fleet.prices import PriceError, lookup
-
-        try:
-            price = lookup(name)
-        except PriceError:
-            pass
-        else:
-            vcpus, gib_per_vcpu = price.vcpus, price.memory_gib / price.vcpus
-            usd = price.on_demand / price.vcpus
-    return TypeFacts(family, cls, int(found["gen"]), processor, vcpus, gib_per_vcpu, usd)
+    if price is not None:
+        vcpus, gib_per_vcpu = price.vcpus, price.memory_gib / price.vcpus
+        usd = price.on_demand / price.vcpus
+    generation = int(found["gen"]) if found else 0
+    return TypeFacts(family, cls, generation, processor, vcpus, gib_per_vcpu, usd)
 
 
 def explains(name: str) -> bool:
@@ -115,13 +124,46 @@ def _kind(param: Param) -> str:
     return "onehot"
 
 
+# Columns of a type's row that say how big it is (ordered: a start design stays mid-size on
+# them); the others say what it is (class, generation, processor: spread over them).
+TYPE_SIZE_COLUMNS = (0,)
+# With a scale parameter (a node count) beside the instance type, the cluster's totals: what a
+# cluster's time, memory wall and price follow (time ~ a + b/(nodes x vCPUs x speed) + c log n;
+# it fails where a node's share of the memory does not fit; it costs nodes x price).
+TOTALS = ("log2_total_vcpus", "log2_total_gib", "log_total_usd_per_hour")
+
+
+def unexplained(space: Space) -> UserError | None:
+    """The refusal for an instance type the search is to read as features but neither its name
+    nor the catalog explains, naming where the space gives it; None when every one is read."""
+    for name, param in space.params.items():
+        if param.kind != "categorical" or name != TYPE:
+            continue
+        for value in param.options():
+            if not explains(str(value)):
+                return UserError(
+                    f"{space.origin(name)}: params.{name}: {value!r} is neither named as AWS "
+                    "names types (FAMILY.SIZE, such as c7a.2xlarge) nor priced in the catalog, "
+                    "so the search cannot read its class, processor and size: refresh the "
+                    "catalog (`fleet prices --refresh`), or search it with algorithm = "
+                    '"tpe", "random" or "grid"'
+                )
+    return None
+
+
 class Encoder:
     """Configurations of a space -> rows of numbers, each column scaled to [0, 1] over the
     candidates (so that distances and a model's length scales mean the same on every axis). A
     parameter a configuration does not have (a conditional one) reads as -0.5: apart from every
-    real value."""
+    real value.
+
+    `sized` marks the ordered columns (numbers, sizes, node counts, totals): a start design
+    takes the middle of them and spreads over the rest."""
 
     def __init__(self, space: Space) -> None:
+        refused = unexplained(space)
+        if refused is not None:
+            raise refused
         self.space = space
         self.kinds = {name: _kind(param) for name, param in space.params.items()}
         self.levels = {
@@ -129,6 +171,20 @@ class Encoder:
             for name, kind in self.kinds.items()
             if kind == "onehot"
         }
+        types = [name for name, kind in self.kinds.items() if kind == "type"]
+        scales = [name for name, param in space.params.items() if param.scale]
+        self.totals = (types[0], scales[0]) if len(types) == 1 and scales else None
+        sized: list[bool] = []
+        for name, kind in self.kinds.items():
+            if kind == "type":
+                sized += [i in TYPE_SIZE_COLUMNS for i in range(len(TYPE_FEATURES))]
+            elif kind == "onehot":
+                sized += [False] * len(self.levels[name])
+            else:
+                sized.append(True)
+        if self.totals:
+            sized += [True] * len(TOTALS)
+        self.sized = np.array(sized, dtype=bool)
         self.low: np.ndarray | None = None
         self.span: np.ndarray | None = None
 
@@ -148,7 +204,22 @@ class Encoder:
                 row.append(math.log(float(value)))
             else:
                 row.append(float(value))
+        if self.totals:
+            row += self._totals(params)
         return row
+
+    def _totals(self, params: dict[str, Any]) -> list[float]:
+        assert self.totals is not None
+        kind, scale = self.totals
+        known = facts(str(params.get(kind)))
+        count = params.get(scale)
+        if known is None or known.vcpus is None or not isinstance(count, int | float):
+            return [math.nan] * len(TOTALS)
+        vcpus = float(count) * known.vcpus
+        if vcpus <= 0:
+            return [math.nan] * len(TOTALS)
+        usd = math.log(vcpus * known.usd_per_vcpu_hour) if known.usd_per_vcpu_hour else math.nan
+        return [math.log2(vcpus), math.log2(vcpus * known.gib_per_vcpu), usd]
 
     def fit(self, candidates: list[dict[str, Any]]) -> np.ndarray:
         raw = np.array([self._raw(c) for c in candidates], dtype=float)

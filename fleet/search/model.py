@@ -5,9 +5,11 @@ trees, or a Gaussian process) learns the loss from the configurations' features
 the optimum in 6-9 runs this way).
 
 Three phases over a budget of N trials:
-1. a spread start: the first `startup` trials as far apart in feature space as they can be;
-2. expected improvement over the configurations not yet run;
-3. with N >= RACE_FROM, one replicate of the incumbent at the start of the last third tells
+1. a start design: the first `startup` trials mid-size on the ordered axes (sizes, node counts,
+   numbers) and spread over the rest (a new processor, class or generation each where it can);
+2. expected improvement over the configurations not yet run, every other step among the
+   incumbent's nearest neighbours only (a trust region);
+3. with N >= RACE_FROM, one replicate of the incumbent at the start of the last 40% tells
    whether the measurements are noisy. If they are, the rest of the budget races the finalists
    (the configuration whose optimistic bound is lowest runs again), so that the recommendation
    (fleet/search/recommend.py) rests on several runs and not on one lucky one. If not (a replayed
@@ -30,9 +32,35 @@ from fleet.space import Param, Space
 
 MAX_CANDIDATES = 4000  # a larger or continuous space is searched over this many samples of it
 RACE_FROM = 12  # budgets below this explore to the end: a replicate costs too large a share
-RACE_SHARE = 0.3  # measured best of 0.15-0.45 on the kernels runs table (bench_search)
+RACE_SHARE = 0.4  # of 0.3-0.5 on the kernels runs table, 0.4 measured best (bench_search)
 FINALISTS = 3  # each run at least twice before racing picks among them
 SAME = 1e-9  # relative: a replicate this close to the first run is the same measurement
+# The start design: the most central POOL share of the candidates on the ordered axes; a point
+# that brings a new processor, class or generation outscores any gain in distance (COVER); on
+# the ordered axes distance counts half (SIZED_WEIGHT).
+POOL = 0.35
+COVER = 10.0
+SIZED_WEIGHT = 0.5
+# Every LOCAL_EVERY-th step after the start chooses among the incumbent's LOCAL_NEIGHBOURS
+# nearest untried candidates (measured on the cluster tables and the kernels runs:
+# bench_search; 2 and 4 found the kernels table's best within 2% in 34 of 60 seeds where no
+# local step found it in 22).
+LOCAL_EVERY = 2
+LOCAL_NEIGHBOURS = 4
+# Below FIXED_UNTIL results the Gaussian process does not learn its kernel: a length scale per
+# feature learnt from four points is noise, and the steps it chose were. An isotropic length
+# scale of FIXED_LENGTH (features span [0, 1]) until then.
+FIXED_UNTIL = 12
+FIXED_LENGTH = 1.0
+FIXED_NOISE = 1e-3
+# A failure is explained first by size (a cluster runs out of memory below some total; a
+# processor or class does not fail by itself): ordered features weigh FEASIBLE_SIZED times as
+# much in the feasibility classifier, whose regularisation (C) keeps one failure from walling
+# off a whole family.
+FEASIBLE_SIZED = 3.0
+FEASIBLE_C = 10.0
+IMPUTE = True
+FOREST_LEAF = 1  # a leaf per point: 2 or 3 lost on both kernels runs and cluster tables
 
 
 def _sample(param: Param, rng: np.random.Generator) -> Any:
@@ -68,11 +96,15 @@ class ModelSearch:
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.model = model
+        # A forest already stays near its incumbent (its trees split there); the trust region
+        # made it slower to reach a bowl's bottom (3 of 6 seeds against 6)
+        self.local = model != "forest"
         self.candidates = candidates(space, self.rng)
-        self.X = Encoder(space).fit(self.candidates)
+        self.encoder = Encoder(space)
+        self.X = self.encoder.fit(self.candidates)
         self.index = {key(c): i for i, c in enumerate(self.candidates)}
         self.budget = budget
-        self.startup = max(2, min(startup, budget // 3)) if budget >= 6 else max(1, startup)
+        self.startup = max(2, min(startup, (budget + 3) // 3)) if budget >= 6 else max(1, startup)
         self.race_at = budget - round(budget * RACE_SHARE) if budget >= RACE_FROM else None
         self.runs: dict[int, list[float | None]] = {}
         self.pending: dict[int, int] = {}  # trial -> candidate
@@ -84,7 +116,13 @@ class ModelSearch:
 
     # -- the interface -------------------------------------------------------------------------
     def ask(self) -> tuple[int, dict[str, Any]] | None:
-        chosen = self._choose()
+        from threadpoolctl import threadpool_limits
+
+        # One BLAS thread: the matrices are small (a few hundred rows), and a thread per core
+        # fighting for a busy machine's cores made a step 3.5 times slower (54 ms a trial at
+        # 300 trials against 16 ms; the goal is 50).
+        with threadpool_limits(limits=1):
+            chosen = self._choose()
         if chosen is None:
             return None
         trial = self.count
@@ -118,6 +156,14 @@ class ModelSearch:
                 return self._race(busy)
         if not untried:
             return self._race(busy) if ok else None
+        if self.local and ok and (self.count - self.startup) % LOCAL_EVERY == LOCAL_EVERY - 1:
+            # Every so often, improvement among the incumbent's nearest untried neighbours
+            # alone (a trust region, as TuRBO): the best configurations of a cluster table sit
+            # beside each other (the same family a size up and half the nodes), and a global
+            # step with so few points to learn from rarely lands there.
+            best = min(ok, key=lambda i: ok[i])
+            near = np.argsort(np.linalg.norm(self.X[untried] - self.X[best], axis=1), kind="stable")
+            return self._improvement([untried[i] for i in near[:LOCAL_NEIGHBOURS]])
         return self._improvement(untried)
 
     def _results(self) -> dict[int, float]:
@@ -130,16 +176,31 @@ class ModelSearch:
         return out
 
     def _spread(self, untried: list[int]) -> int:
-        """The untried candidate farthest from every one run or running (the first at random)."""
+        """The start design: mid-size on the ordered axes (sizes, counts, numbers: their
+        extremes are where memory runs out or the price runs away), spread over the rest
+        (processor, class, generation); the first the most central, each next one the farthest
+        from every one run or running among the central ones."""
+        sized = self.encoder.sized
+        off = np.linalg.norm(self.X[untried][:, sized] - 0.5, axis=1)
         placed = [*self.runs, *self.pending.values()]
         if not placed:
-            return untried[int(self.rng.integers(len(untried)))]
-        distances = np.min(
-            np.linalg.norm(self.X[untried][:, None, :] - self.X[placed][None, :, :], axis=2),
-            axis=1,
+            near = np.flatnonzero(off <= off.min() + 1e-12)
+            return untried[int(near[int(self.rng.integers(len(near)))])]
+        pool = np.flatnonzero(off <= np.quantile(off, POOL) + 1e-12)
+        chosen = self.X[untried][pool]
+        # Cover first: a point with a processor, class or generation no start point has yet
+        # (an unordered column's value not yet placed) before one merely far away.
+        kinds = ~sized
+        seen = self.X[placed][:, kinds]
+        fresh = np.sum(
+            np.all(np.abs(chosen[:, None, kinds] - seen[None, :, :]) > 1e-9, axis=1), axis=1
         )
-        best = np.flatnonzero(distances >= distances.max() - 1e-12)
-        return untried[int(best[int(self.rng.integers(len(best)))])]
+        weights = np.where(sized, SIZED_WEIGHT, 1.0)
+        gaps = (chosen[:, None, :] - self.X[placed][None, :, :]) * weights
+        distances = np.min(np.linalg.norm(gaps, axis=2), axis=1)
+        score = fresh * COVER + distances
+        best = np.flatnonzero(score >= score.max() - 1e-12)
+        return untried[int(pool[best[int(self.rng.integers(len(best)))]])]
 
     def _training(self) -> tuple[np.ndarray, np.ndarray, float]:
         """Features and mean losses (in their own terms) of the configurations with a result,
@@ -147,7 +208,14 @@ class ModelSearch:
         pooled = Pooled.of((self.candidates[i], r) for i, runs in self.runs.items() for r in runs)
         rows = [self.X[self.index[name]] for name in pooled.values]
         targets = [float(np.mean(v)) for v in pooled.values.values()]
-        return np.array(rows), np.array(targets), min(targets, default=math.inf)
+        best = min(targets, default=math.inf)
+        if IMPUTE and targets:
+            worst = max(targets)
+            for i, runs in self.runs.items():
+                if all(r is None for r in runs):
+                    rows.append(self.X[i])
+                    targets.append(worst)
+        return np.array(rows), np.array(targets), best
 
     def _feasible(self, at: np.ndarray) -> np.ndarray:
         """The chance each candidate runs at all. A failure (out of memory, a limit broken) is
@@ -160,9 +228,10 @@ class ModelSearch:
             return np.ones(len(at))
         from sklearn.linear_model import LogisticRegression
 
-        model = LogisticRegression(C=10.0, max_iter=500)
-        model.fit(np.array([x for x, _ in labels]), np.array([ok for _, ok in labels]))
-        return np.asarray(model.predict_proba(at)[:, list(model.classes_).index(True)])
+        weight = np.where(self.encoder.sized, FEASIBLE_SIZED, 1.0)
+        model = LogisticRegression(C=FEASIBLE_C, max_iter=500)
+        model.fit(np.array([x for x, _ in labels]) * weight, np.array([ok for _, ok in labels]))
+        return np.asarray(model.predict_proba(at * weight)[:, list(model.classes_).index(True)])
 
     def _improvement(self, untried: list[int]) -> int:
         X, y, best = self._training()
@@ -179,7 +248,19 @@ class ModelSearch:
     def _predict(
         self, X: np.ndarray, y: np.ndarray, at: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        if self.model == "gp":
+        if self.model == "blend":
+            # Both surrogates as one ensemble: their means averaged, their spreads and their
+            # disagreement both counted as uncertainty.
+            parts = [self._predict_with(name, X, y, at) for name in ("gp", "forest")]
+            means = np.stack([m for m, _ in parts])
+            variances = np.stack([sd**2 for _, sd in parts])
+            return means.mean(axis=0), np.sqrt(variances.mean(axis=0) + means.var(axis=0))
+        return self._predict_with(self.model, X, y, at)
+
+    def _predict_with(
+        self, model: str, X: np.ndarray, y: np.ndarray, at: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if model == "gp":
             from sklearn.exceptions import ConvergenceWarning
             from sklearn.gaussian_process import GaussianProcessRegressor
             from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
@@ -188,9 +269,16 @@ class ModelSearch:
             # more, and kept in between: learning them is most of a fit's time (78 ms a trial
             # at 300 trials, against 50 allowed), and they settle as points accumulate.
             learn = self._kernel is None or len(y) < 30 or len(y) >= 1.1 * self._learnt_at
-            kernel = self._kernel or ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
-                length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(0.05, 20.0), nu=2.5
-            ) + WhiteKernel(1e-4, (1e-8, 1e-1))
+            few = len(y) < FIXED_UNTIL
+            if few:
+                learn = False
+                kernel = ConstantKernel(1.0, "fixed") * Matern(
+                    length_scale=FIXED_LENGTH, length_scale_bounds="fixed", nu=2.5
+                ) + WhiteKernel(FIXED_NOISE, "fixed")
+            else:
+                kernel = self._kernel or ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
+                    length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(0.05, 20.0), nu=2.5
+                ) + WhiteKernel(1e-4, (1e-8, 1e-1))
             gp = GaussianProcessRegressor(
                 kernel,
                 normalize_y=True,
@@ -201,14 +289,14 @@ class ModelSearch:
             with warnings.catch_warnings():  # a length scale at its bound is no error here
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 gp.fit(X, y)
-            if learn:
+            if learn and not few:
                 self._kernel, self._learnt_at = gp.kernel_, len(y)
             mean, sd = gp.predict(at, return_std=True)
             return np.asarray(mean), np.asarray(sd)
         from sklearn.ensemble import ExtraTreesRegressor
 
         forest = ExtraTreesRegressor(
-            n_estimators=48, bootstrap=True, min_samples_leaf=1,
+            n_estimators=48, bootstrap=True, min_samples_leaf=FOREST_LEAF,
             random_state=self.seed * 7919 + len(y),
         )  # fmt: skip
         forest.fit(X, y)
@@ -245,3 +333,7 @@ def forest(space: Space, seed: int, startup: int, budget: int) -> ModelSearch:
 
 def gaussian_process(space: Space, seed: int, startup: int, budget: int) -> ModelSearch:
     return ModelSearch(space, seed, startup, budget, "gp")
+
+
+def blend(space: Space, seed: int, startup: int, budget: int) -> ModelSearch:
+    return ModelSearch(space, seed, startup, budget, "blend")

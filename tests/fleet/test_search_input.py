@@ -1,0 +1,184 @@
+"""Issue 22's bad input to the search, refused on one line naming the file and line, exit 2 (a
+runs table without a run column or with a configuration that has no run, a `scale = true`
+parameter that is not a number, an instance type the search cannot read as features), and what
+the search reads from cluster spaces (node counts as scale, the cluster's totals, a start
+design that spreads over processors at mid-size). Instance types are given as data."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from amibake.errors import UserError
+from fleet.cli import main as fleet
+from fleet.search import engines
+from fleet.search.features import Encoder, facts
+from fleet.search.recommend import recommend
+from fleet.space import Param, Space, parse
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    for name in [n for n in os.environ if n.startswith("AMIBAKE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AMIBAKE_CLOUD", "local")
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(tmp_path / "local"))
+
+    def asked(*_: object, **__: object) -> None:
+        raise AssertionError("bad input reached the cloud: it must be refused before")
+
+    monkeypatch.setattr("amibake.local.control.up", asked)
+    yield tmp_path
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert fleet(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+RUNS = "run,a,metric\n0,1,3.0\n1,1,3.1\n0,2,2.0\n1,2,2.2\n"
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ("a,metric\n1,3.0\n2,2.0\n", "runs.csv:1: a runs table needs a run (or round) column"),
+        (RUNS + "0,3,\n1,3,\n", "runs.csv:6: the configuration"),
+    ],
+    ids=["no-run-column", "configuration-without-a-run"],
+)
+def test_a_bad_runs_table_is_refused_by_compare(
+    sandbox: Path, capsys: pytest.CaptureFixture[str], table: str, says: str
+) -> None:
+    (sandbox / "runs.csv").write_text(table)
+    argv = ["tune", "compare", "--replay-runs", str(sandbox / "runs.csv"), "--budget", "2"]
+    err = refused(argv, capsys)
+    assert f"{sandbox}/{says}" in err, err
+    # The good table passes the same way: the refusal is the table's, not the command's.
+    (sandbox / "runs.csv").write_text(RUNS)
+    assert fleet([*argv, "--seeds", "2"]) == 0
+
+
+def test_a_scale_parameter_that_is_no_number_is_refused(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (sandbox / "t.csv").write_text("nodes,metric\nfew,2\nmany,1\n")
+    tune = (
+        f'replay = "{sandbox}/t.csv"\nobjective = "metric"\n'
+        '[params.nodes]\nkind = "categorical"\nvalues = ["few", "many"]\nscale = true\n'
+    )
+    (sandbox / "tune.toml").write_text(tune)
+    err = refused(["tune", str(sandbox / "tune.toml")], capsys)
+    assert f"{sandbox}/tune.toml:3: params.nodes: scale = true marks a node count" in err, err
+    # Numbers are a scale; `nodes` is one without saying so, a label named nodes is not.
+    assert (
+        parse({"nodes": {"kind": "categorical", "values": [1, 2, 4]}}, "t", "", [])
+        .params["nodes"]
+        .scale
+    )
+    assert (
+        not parse({"nodes": {"kind": "categorical", "values": ["a"]}}, "t", "", [])
+        .params["nodes"]
+        .scale
+    )
+    with pytest.raises(UserError, match="scale must be true or false"):
+        parse({"n": {"kind": "int", "low": 1, "high": 4, "scale": "yes"}}, "t", "", [])
+    with pytest.raises(UserError, match="a number above 0"):
+        parse({"n": {"kind": "int", "low": 0, "high": 4, "scale": True}}, "t", "", [])
+
+
+def test_an_instance_type_neither_name_nor_catalog_explains_is_refused_where_written() -> None:
+    # parse refuses a type EC2 does not have, so the space is given as data here: a type that
+    # reaches the search from elsewhere (an EC2 type outside the catalog and the convention).
+    space = Space(
+        {"instance_type": Param("instance_type", "categorical", "instance_type",
+                                ("c7a.large", "u-zz9.weird"))},
+        origins={"instance_type": "tune.toml:7"},
+    )  # fmt: skip
+    assert facts("u-zz9.weird") is None
+    with pytest.raises(UserError) as caught:
+        engines.make("gp", space, 0, 3, 9)
+    message = str(caught.value)
+    assert message.startswith("tune.toml:7: params.instance_type: 'u-zz9.weird' is neither")
+    assert "\n" not in message
+    # hyperopt's engines need no features: the same space searches with them.
+    assert engines.make("random", space, 0, 3, 9).ask() is not None
+
+
+def test_a_catalog_type_the_convention_does_not_size_is_read_from_the_catalog() -> None:
+    metal = facts("c6i.metal")
+    known = facts("c6i.32xlarge")
+    if metal is None or known is None:
+        pytest.skip("the price snapshot has no c6i.metal")  # the catalog is data, not code
+    assert metal.vcpus == known.vcpus and metal.processor == "intel"
+
+
+CLUSTER = {
+    "instance_type": {
+        "kind": "categorical",
+        "values": [f"{family}.{size}" for family in ("c7a", "c7i", "c7g", "r7g")
+                   for size in ("large", "xlarge", "2xlarge", "4xlarge")],
+    },
+    "nodes": {"kind": "categorical", "values": [1, 2, 4, 8]},
+}  # fmt: skip
+
+
+def test_a_cluster_s_totals_are_features() -> None:
+    space = parse(CLUSTER, "t", "", [])
+    encoder = Encoder(space)
+    rows = encoder.fit(list(space.grid()))
+    assert encoder.totals == ("instance_type", "nodes")
+    # c7a.xlarge x 4 and c7a.4xlarge x 1: the same 16 vCPUs, memory and price per hour
+    split, whole = encoder.encode([{"instance_type": "c7a.xlarge", "nodes": 4},
+                                   {"instance_type": "c7a.4xlarge", "nodes": 1}])  # fmt: skip
+    assert list(split[-3:]) == pytest.approx(list(whole[-3:]))
+    assert rows.shape[1] == len(encoder.sized)
+
+
+def test_the_start_is_mid_size_and_spreads_over_processors_and_classes() -> None:
+    space = parse(CLUSTER, "t", "", [])
+    for seed in range(3):
+        engine = engines.make("gp", space, seed, 4, 9)
+        started = []
+        for _ in range(4):
+            asked = engine.ask()
+            assert asked is not None
+            trial, params = asked
+            engine.tell(trial, 1.0 + trial)
+            started.append(params)
+        kinds = [facts(p["instance_type"]) for p in started]
+        assert {k.processor for k in kinds if k} == {"amd", "intel", "graviton"}, started
+        assert {k.cls for k in kinds if k} == {"c", "r"}, started
+        # mid-size: neither the smallest nor the largest cluster
+        totals = [p["nodes"] * (k.vcpus or 0) for p, k in zip(started, kinds, strict=True) if k]
+        assert all(2 < total < 256 for total in totals), started
+
+
+@pytest.mark.parametrize("rivals", [1, 4])
+def test_the_interval_allows_for_picking_the_best_of_several(rivals: int) -> None:
+    """Winner's curse: the recommendation is the best of every configuration measured twice or
+    more, so its interval holds for all of them at once (Bonferroni)."""
+    pattern = (10.0, 10.5, 9.6)
+    observations = [({"c": "chosen"}, v) for v in pattern]
+    for i in range(rivals):  # the same spread in log terms, each a share worse
+        observations += [({"c": f"r{i}"}, v * (1.2 + 0.1 * i)) for v in pattern]
+    chosen = recommend(observations)
+    assert chosen is not None and chosen.params == {"c": "chosen"}
+    assert chosen.low is not None and chosen.high is not None
+    logs = np.log(pattern)
+    sd, dof = float(np.std(logs, ddof=1)), 2 * (rivals + 1)
+    half = stats.t.ppf(1 - 0.05 / (rivals + 1) / 2, dof) * sd / math.sqrt(3)
+    centre = float(np.mean(logs))
+    assert (chosen.low, chosen.high) == pytest.approx(
+        (math.exp(centre - half), math.exp(centre + half))
+    )
