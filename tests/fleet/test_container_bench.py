@@ -65,8 +65,10 @@ def test_an_image_is_benchmarked_on_an_x86_and_a_graviton_type(
     summary = bench.execute(mine, run_id, results)
     assert all(t["ok"] for t in summary["types"].values()), summary
     rows = results.replicates(run_id)
-    assert set(rows[rows.state == "ok"].instance_type) == {X86, GRAVITON}
-    assert (rows.state == "ok").all() and (rows.metric > 0).all()
+    # Under --faults aws a spot reclaim records a replicate interrupted and runs it again.
+    assert set(rows.state) <= {"ok", "interrupted"}
+    ok = rows[rows.state == "ok"]
+    assert len(ok) == 4 and set(ok.instance_type) == {X86, GRAVITON} and (ok.metric > 0).all()
     facts = {e["instance_type"]: e for e in results.environments(run_id)}
     digest = container.lookup(mine, ref).digest
     host = container.EC2_ARCHITECTURE[test_image.host_architecture()]
@@ -179,7 +181,8 @@ def test_the_monitor_samples_the_workload_inside_an_image_with_a_shell(
     run_id = bench.create(mine, run_spec, results)
     summary = bench.execute(mine, run_id, results)
     assert all(t["ok"] for t in summary["types"].values()), summary
-    row = results.replicates(run_id).iloc[0]
+    rows = results.replicates(run_id)
+    row = rows[rows.state == "ok"].iloc[0]  # (one interrupted before it under --faults aws)
     assert row.state == "ok" and row.metric > 0
     assert row.monitor_samples >= 1 and row.rss_max_mb > 0
     # The tree it watched is the workload's: busy (sudo and sh around it sleep at 0%; on this

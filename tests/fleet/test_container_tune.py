@@ -63,8 +63,10 @@ def test_an_image_is_tuned_over_run_parameters_and_the_instance_type(
     assert chosen["instance_type"] in ("c5a.large", "c7g.large") and chosen["n"] in (200000, 400000)
     results = Results(tmp_path / "results" / "fleet.sqlite")
     rows = results.replicates(out["run_id"])
-    assert (rows.state == "ok").all() and len(rows) == 4
-    assert set(rows.instance_type) == {"c5a.large", "c7g.large"}
+    # Under --faults aws a spot reclaim records a replicate interrupted and runs it again.
+    assert set(rows.state) <= {"ok", "interrupted"}
+    ok = rows[rows.state == "ok"]
+    assert len(ok) == 4 and set(ok.instance_type) == {"c5a.large", "c7g.large"}
     facts = results.environments(out["run_id"])
     assert {f["image"]["platform"] for f in facts} == {"linux/amd64", "linux/arm64"}
     # Nothing was built: no artifact, no build instance.
