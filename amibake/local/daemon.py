@@ -32,6 +32,9 @@ BASE_IMAGE_PARAMETERS = (
     "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id",
     "/aws/service/ecs/optimized-ami/amazon-linux-2023/arm64/recommended/image_id",
     "/aws/service/ecs/optimized-ami/amazon-linux-2/recommended/image_id",
+    # With the accelerators' drivers, for GPU and Inferentia types (amibake.steps.preflight).
+    "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id",
+    "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id",
 )
 REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1")
 

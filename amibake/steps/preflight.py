@@ -19,6 +19,7 @@ from amibake.cloud.network import find as find_network
 from amibake.cloud.tags import RUN_ID
 from amibake.errors import CloudError, UserError
 from amibake.flags import family_target
+from amibake.instance_kinds import Kind
 from amibake.runner import RunContext
 from amibake.sources import sha256_of
 from amibake.steps.state import BuildState, InstanceState, Variant
@@ -29,6 +30,26 @@ BASE_AMI_PARAMETER = {
     "x86_64": "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id",
     "arm64": "/aws/service/ecs/optimized-ami/amazon-linux-2023/arm64/recommended/image_id",
 }
+# The ECS-optimized AMIs with the accelerators' drivers: a GPU type (g5, p4d) on the plain one
+# has no NVIDIA driver, so `docker run --gpus` and any CUDA program fail; an Inferentia or
+# Trainium type needs the Neuron driver. x86_64 only, as AWS publishes them.
+ACCELERATED_AMI_PARAMETER = {
+    "gpu": "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id",
+    "neuron": "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id",
+}
+
+
+def base_ami_parameter(kind: Kind) -> str:
+    """The SSM parameter naming the base AMI an instance of `kind` launches from."""
+    gpus = getattr(kind, "gpus", ())
+    accelerators = getattr(kind, "accelerators", ())
+    if kind.architecture == "x86_64" and gpus:
+        return ACCELERATED_AMI_PARAMETER["gpu"]
+    if kind.architecture == "x86_64" and any(
+        "Inferentia" in a or "Trainium" in a for a in accelerators
+    ):
+        return ACCELERATED_AMI_PARAMETER["neuron"]
+    return BASE_AMI_PARAMETER[kind.architecture]
 
 
 def candidate_sizes(state: InstanceState) -> list[str]:
@@ -101,7 +122,7 @@ class Lookups:
     asked for the same AMI parameter, offerings and instance types eight times (24 of a run's
     161 calls), calls that count against the account's request rate on AWS."""
 
-    base_amis: dict[str, str]  # architecture -> AMI id
+    base_amis: dict[str, str]  # SSM parameter -> AMI id
     offered: set[str]  # instance types offered in the region
     memory: dict[str, int]  # instance type -> MiB
     subnet: str = ""  # the first of subnet_ids: where a launch must go without a default VPC
@@ -111,17 +132,16 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
     """One call for each kind of fact, covering every state. If one fails, each state asks on
     its own, so that the error (a CloudError) names the family it concerns."""
     types = sorted({s.family.instance_type(z) for s in states for z in candidate_sizes(s)})
-    architectures = sorted({s.family.architecture for s in states if not s.base_ami})
+    parameters = sorted({base_ami_parameter(s.family) for s in states if not s.base_ami})
     # Named subnets are checked (they exist, in one VPC) before anything is made.
     subnet = ""
     if cloud.config.subnet_ids:
         subnet = str(find_network(cloud.ec2, cloud.config).subnets[0]["SubnetId"])
     try:
         base_amis = {}
-        if architectures:
-            names = {BASE_AMI_PARAMETER[a]: a for a in architectures}
-            found = cloud.ssm.get_parameters(Names=list(names))["Parameters"]
-            base_amis = {names[p["Name"]]: p["Value"] for p in found}
+        if parameters:  # by parameter: a GPU type's AMI is not its architecture's plain one
+            found = cloud.ssm.get_parameters(Names=parameters)["Parameters"]
+            base_amis = {p["Name"]: p["Value"] for p in found}
         offered = {
             o["InstanceType"]
             for page in cloud.ec2.get_paginator("describe_instance_type_offerings").paginate(
@@ -156,10 +176,10 @@ def preflight_instance(
     if lookups is None:
         lookups = look_up(cloud, [state])
     if not state.base_ami:
-        if family.architecture not in lookups.base_amis:
-            parameter = BASE_AMI_PARAMETER[family.architecture]
+        parameter = base_ami_parameter(family)
+        if parameter not in lookups.base_amis:
             raise CloudError(f"preflight for {family.name}: no SSM parameter {parameter}")
-        state.base_ami = lookups.base_amis[family.architecture]
+        state.base_ami = lookups.base_amis[parameter]
     if not lookups.offered & set(types):
         raise UserError(f"none of {', '.join(types)} is offered in {cloud.config.region}")
     try:

@@ -19,6 +19,7 @@ from amibake.cloud import Cloud
 from amibake.config import Config
 from amibake.errors import UserError
 from amibake.instance_kinds import InstanceKind
+from amibake.steps import preflight
 from fleet import bench, spec
 from fleet.cli import main
 from tests.fleet.test_bench import assert_nothing_left
@@ -100,6 +101,12 @@ def test_gpu_and_inferentia_types_benched_priced_and_described(
     )
     assert facts[INFERENTIA]["gpus"] == []
     assert facts[GPU]["described_vcpus"] == 4 and facts[GPU]["described_memory_mib"] == 16384
+    # Each from the ECS-optimized AMI with its accelerator's driver, as AWS publishes them: the
+    # plain one has no NVIDIA or Neuron driver.
+    for instance_type, kind in (("gpu", GPU), ("neuron", INFERENTIA)):
+        parameter = preflight.ACCELERATED_AMI_PARAMETER[instance_type]
+        expected = mine.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
+        assert facts[kind]["ami"] == expected, (kind, facts[kind]["ami"], expected)
     assert_nothing_left(mine, results, run_id, local_dir)
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(mine.config.results_dir))
     assert main(["report", run_id]) == 0
