@@ -457,9 +457,9 @@ def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
     # Read now, as Record will append to it: damaged, it would fail the bake after CreateImage.
     bake_module.baked(cloud.config.results_dir / "amis.json")
     artifacts_dir = cloud.config.results_dir / "artifacts"
-    if request.variant.name:  # --from-tune: exactly the recommended build of each family
+    if request.tuned_by:  # --from-tune: exactly the recommended build, not every app's
         chosen = [request.manifest(artifacts_dir, f) for f in request.families or []]
-        artifacts = bake_module.load_artifacts(artifacts_dir / "variants", None, chosen)
+        artifacts = bake_module.load_artifacts(artifacts_dir, None, chosen)
     else:
         artifacts = bake_module.load_artifacts(artifacts_dir, request.families)
     if request.base_ami is not None and len({a.architecture for a in artifacts}) > 1:

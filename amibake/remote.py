@@ -209,6 +209,8 @@ class Remote:
                 got = True
                 if stream:
                     self._emit(chunk.decode(errors="replace"))
+            # Read before the buffers are: data that comes with the EOF is then in them.
+            eof = channel.eof_received
             if (
                 channel.exit_status_ready()
                 and not channel.recv_ready()
@@ -219,7 +221,7 @@ class Remote:
                 # under load a replicate's last line, its FLEET-RESULT, came after it and was
                 # lost). The end is EOF; waited for a while only, as a process the command left
                 # in the background may hold the output open.
-                if channel.eof_received:
+                if eof:
                     break
                 exited = exited or time.monotonic()
                 if time.monotonic() - exited > EOF_AFTER_EXIT_S:

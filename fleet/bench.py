@@ -443,7 +443,12 @@ def measure(
         except BaseException as exc:
             # A tune trial's failure ends the trial, not the search: the search says when it
             # stops (a "stopped" here would show a running search as stopped).
-            if trial is None:
-                results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
+            if trial is None:  # what it spent until then, for `fleet status` (not $0)
+                results.event(
+                    run_id,
+                    "stopped",
+                    reason=str(exc) or type(exc).__name__,
+                    spent=board.spent_now(),
+                )
             raise
     return outcomes

@@ -115,6 +115,16 @@ def builds(space: Space, params: dict[str, Any]) -> int:
     return len({(c.variant.cflags, c.variant.generic) for c in contenders(space, params)})
 
 
+def most_builds(space: Space) -> int:
+    """The most builds a gain can run, whatever is recommended (for the estimate, before the
+    search): the recommendation, the generic build and each standard level (or the standard
+    build, when the space has no level). Without compile parameters the recommendation is the
+    standard build itself."""
+    if any(p.stage == "compile" for p in space.params.values()):
+        return len(contenders(space, {}))
+    return builds(space, {})
+
+
 def measure(
     evaluator: SideBySide, space: Space, params: dict[str, Any], n: int, label: str
 ) -> tuple[list[Gain], float]:

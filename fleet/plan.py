@@ -332,7 +332,7 @@ def tune_estimate(
         )
     ]
     # The gain's builds, at most: with no compile parameter chosen, one is the standard build.
-    builds = gain.builds(spec.space, {}) if spec.gain_replicates and spec.recipe else 0
+    builds = gain.most_builds(spec.space) if spec.gain_replicates and spec.recipe else 0
     if builds:
         gain_runs = spec.gain_replicates * builds
         lines.append(

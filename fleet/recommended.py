@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fleet.space import TYPE
 from fleet.tune_spec import TuneSpec
 
 
@@ -28,7 +27,7 @@ def write(
     and how to run it; None for a replayed search, which has no build."""
     if spec.replay is not None or not spec.recipe:
         return None
-    instance_type = str(params.get(TYPE) or spec.types[0])
+    instance_type = spec.instance_type(params)
     record = {
         "run_id": run_id,
         "recipe": spec.recipe,

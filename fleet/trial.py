@@ -5,6 +5,7 @@ with the run-time arguments on the chosen executor (ssh or batch), and score it.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -158,7 +159,7 @@ class CloudEvaluator:
         return self._score(mine, manifest, usd)
 
     def instance_type(self, params: dict[str, Any]) -> str:
-        return str(params.get(TYPE) or self.spec.types[0])
+        return self.spec.instance_type(params)
 
     def side_by_side(
         self, label: str, trial: int, params: dict[str, Any], variants: dict[str, Variant], n: int
@@ -175,8 +176,12 @@ class CloudEvaluator:
             except AmibakeError as exc:
                 raise Measured(f"the {build} build failed: {exc}", 0.0) from None
         todo = [Replicate(instance_type, b, i, False) for i in range(n) for b in variants]
+        began = time.time()
         usd = self._measure(label, trial, params, todo, artifacts)
         rows = self.results.replicates(self.run_id)
+        # This attempt's runs only: an earlier one (a failed gain, or an earlier recommendation
+        # before a resume) recorded under the same trial number.
+        rows = rows[rows.started >= began]
         mine = rows[(rows.trial == trial) & (rows.state == "ok")]
         values = {b: mine[mine.build == b].metric.to_numpy(dtype=float) for b in variants}
         short = [b for b, v in values.items() if len(v) == 0]

@@ -105,6 +105,10 @@ def make_tune(
                 )
             details["recommended"]["cannot_tell_apart"] = tied
             measured = gain.recorded(results, run_id)
+            if measured and measured.get("params") != through_noise["params"]:
+                # An earlier recommendation's (a resumed search changed it): not this one's.
+                measured = {"error": f"not yet for this recommendation (`fleet tune --resume "
+                            f"{run_id}` measures it)"}  # fmt: skip
             lines.extend(gain.lines(measured))
             details["gain"] = measured
             # The hand-over to `amibake bake --from-tune` (fleet/recommended.py), written anew.

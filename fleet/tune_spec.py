@@ -35,6 +35,8 @@ CONSTRAINT_MEASURE = {
 # A replay table's columns that are measurements, never parameters: the objective's default
 # column, time and price per unit, and what the constraints read (rss_mb, rate).
 MEASURES = ("metric", "seconds", "price_per_hour", "rss_mb", "rate")
+# The engines that read configurations as features (fleet/search/model.py).
+MODEL_ALGORITHMS = ("gp", "forest", "blend")
 # A search's budget and its shape, and why no more: past these a number is a typo, and recorded
 # it made a run whose budget was never spent (`compare --budget 100000000` ran without end).
 MAX_TRIALS = 10000
@@ -86,6 +88,10 @@ class TuneSpec:
     # What a trial is expected to cost before any has (the estimate's): the money budget counts
     # the trials in flight at it, not at nothing. Set by the caller; never recorded.
     trial_usd_guess: float = 0.0
+
+    def instance_type(self, params: dict[str, Any]) -> str:
+        """The type a configuration runs on: its own when the type is a parameter."""
+        return str(params.get(TYPE) or self.types[0])
 
     @property
     def startup(self) -> int:
@@ -205,6 +211,14 @@ def from_dict(
         raise fail("expected_runtime", str(exc)) from None
     if algorithm == "grid":
         space.size()  # a continuous parameter is refused here, not mid-search
+    if algorithm in MODEL_ALGORITHMS:
+        from fleet.search.features import unexplained
+
+        # A type the model cannot read as features: refused before the run is recorded (it
+        # was refused when the engine was made, leaving a run that could never finish).
+        unread = unexplained(space)
+        if unread is not None:
+            raise unread
     return TuneSpec(
         space=space,
         objective=objective,

@@ -57,6 +57,12 @@ def test_the_contenders_are_the_generic_build_and_each_standard_level() -> None:
         ("standard", Variant()),
     ]
     assert gain.builds(plain, {"threads": 1}) == 2  # the recommendation is the standard build
+    # The estimate's bound, before anything is recommended: with compile flags but no level,
+    # the recommendation, the generic and the standard build; with levels, each level too.
+    assert gain.most_builds(plain) == 2
+    unrolled = parse({"unroll": LEVELS["unroll"]}, "t.toml", "", ["c7g.large"])
+    assert gain.most_builds(unrolled) == 3
+    assert gain.most_builds(space) == 4
 
 
 def test_the_gain_is_over_the_best_standard_level_with_an_interval() -> None:

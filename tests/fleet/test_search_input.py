@@ -17,6 +17,7 @@ from scipy import stats
 
 from amibake.errors import UserError
 from fleet.cli import main as fleet
+from fleet.results import Results
 from fleet.search import engines
 from fleet.search.features import Encoder, facts
 from fleet.search.recommend import recommend
@@ -113,6 +114,26 @@ def test_an_instance_type_neither_name_nor_catalog_explains_is_refused_where_wri
     assert "\n" not in message
     # hyperopt's engines need no features: the same space searches with them.
     assert engines.make("random", space, 0, 3, 9).ask() is not None
+
+
+def test_a_type_the_model_cannot_read_is_refused_before_the_run_is_recorded(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A type EC2 has whose name the convention does not size (mac1.metal), outside the catalog:
+    # it was refused when the engine was made, after the run was recorded ("created", never to
+    # finish). hyperopt's engines search it all the same.
+    (sandbox / "t.csv").write_text("instance_type,metric\nc7a.large,2\nmac1.metal,1\n")
+    tune = (
+        f'replay = "{sandbox}/t.csv"\nobjective = "metric"\ntrials = 2\n'
+        '[params.instance_type]\nkind = "categorical"\nvalues = ["c7a.large", "mac1.metal"]\n'
+    )
+    (sandbox / "tune.toml").write_text(tune)
+    assert facts("mac1.metal") is None  # the premise: neither name nor catalog explains it
+    err = refused(["tune", str(sandbox / "tune.toml"), "--algorithm", "gp"], capsys)
+    assert "params.instance_type: 'mac1.metal' is neither" in err, err
+    database = sandbox / "results" / "fleet.sqlite"
+    assert not database.exists() or Results(database).run_ids() == []
+    assert fleet(["tune", str(sandbox / "tune.toml"), "--algorithm", "random"]) == 0
 
 
 def test_a_catalog_type_the_convention_does_not_size_is_read_from_the_catalog() -> None:
