@@ -106,48 +106,58 @@ def serve(settings: LocalSettings) -> None:
 
     registry = Registry(settings.directory / REGISTRY_DIR)
     registry.start()
-    cloud = LocalCloud(settings)
-    cloud.start()
-    for image in _base_images():
-        cloud.images.seed_ecs_base(image["ami_id"])
-    stop = threading.Event()
-    behaviour = faults.parse(settings.faults, settings.faults_seed)
-    cloud.faults = behaviour
-    moto_app = DomainDispatcherApplication(create_backend_app)
-    gateway = Gateway(EcrFront(moto_app, registry), cloud, stop, behaviour)
-    jobs.install(jobs.JobRunner(cloud, gateway.start_sandbox))
+    # Stopped however serving ends: a start that fails later (the port taken) left the
+    # registry's process to die with this one, and its storage behind.
     try:
-        server = make_server(
-            "127.0.0.1", settings.port, gateway, threaded=True, request_handler=MotoRequestHandler
-        )
-    except OSError as exc:
-        from amibake.errors import EnvironmentProblem
-
-        raise EnvironmentProblem(
-            f"cannot listen on 127.0.0.1:{settings.port} ({exc.strerror}); stop what uses it or "
-            f"set AMIBAKE_LOCAL_PORT"
-        ) from None
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    threading.Thread(target=server.serve_forever, name="gateway", daemon=True).start()
-    info = {
-        "pid": os.getpid(),
-        "endpoint": f"http://127.0.0.1:{settings.port}",
-        "faults": behaviour.names,
-        "faults_seed": settings.faults_seed,
-        "registry": registry.endpoint,
-    }
-    (settings.directory / INFO_FILE).write_text(json.dumps(info))
-    logging.info("local cloud up at %s; faults: %s", info["endpoint"], behaviour.names or "none")
-    while not stop.wait(1.0):
+        cloud = LocalCloud(settings)
+        cloud.start()
+        for image in _base_images():
+            cloud.images.seed_ecs_base(image["ami_id"])
+        stop = threading.Event()
+        behaviour = faults.parse(settings.faults, settings.faults_seed)
+        cloud.faults = behaviour
+        moto_app = DomainDispatcherApplication(create_backend_app)
+        gateway = Gateway(EcrFront(moto_app, registry), cloud, stop, behaviour)
+        jobs.install(jobs.JobRunner(cloud, gateway.start_sandbox))
         try:
-            gateway.reconcile()
-        except Exception:  # the reconcile loop must outlive a bad moment in moto
-            logging.exception("reconcile failed")
-    logging.info("shutting down")
-    server.shutdown()
-    cloud.shutdown()
-    registry.stop()
+            server = make_server(
+                "127.0.0.1",
+                settings.port,
+                gateway,
+                threaded=True,
+                request_handler=MotoRequestHandler,
+            )
+        except OSError as exc:
+            from amibake.errors import EnvironmentProblem
+
+            raise EnvironmentProblem(
+                f"cannot listen on 127.0.0.1:{settings.port} ({exc.strerror}); stop what uses "
+                "it or set AMIBAKE_LOCAL_PORT"
+            ) from None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        threading.Thread(target=server.serve_forever, name="gateway", daemon=True).start()
+        info = {
+            "pid": os.getpid(),
+            "endpoint": f"http://127.0.0.1:{settings.port}",
+            "faults": behaviour.names,
+            "faults_seed": settings.faults_seed,
+            "registry": registry.endpoint,
+        }
+        (settings.directory / INFO_FILE).write_text(json.dumps(info))
+        logging.info(
+            "local cloud up at %s; faults: %s", info["endpoint"], behaviour.names or "none"
+        )
+        while not stop.wait(1.0):
+            try:
+                gateway.reconcile()
+            except Exception:  # the reconcile loop must outlive a bad moment in moto
+                logging.exception("reconcile failed")
+        logging.info("shutting down")
+        server.shutdown()
+        cloud.shutdown()
+    finally:
+        registry.stop()
     (settings.directory / INFO_FILE).unlink(missing_ok=True)
 
 
