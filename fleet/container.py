@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import threading
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
@@ -53,9 +54,15 @@ MANIFEST_TYPES = (
 # OCI names architectures as Go does; EC2 and the AMIs as the kernel's x86_64 / arm64.
 EC2_ARCHITECTURE = {"amd64": "x86_64", "arm64": "arm64"}
 OCI_ARCHITECTURE = {v: k for k, v in EC2_ARCHITECTURE.items()}
-# The presigned layer URLs are S3's (on AWS) or the registry's (local): never through a proxy
-# meant for something else... but a proxy the user set for S3 must still be honoured on AWS.
-_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# The presigned layer URLs are S3's (on AWS) or the local registry's (loopback): a proxy the
+# user set for S3 is honoured, and a loopback address never goes through one.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_PROXIED = urllib.request.build_opener()
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return _DIRECT if host == "localhost" or host.startswith("127.") else _PROXIED
 
 
 @dataclass(frozen=True)
@@ -203,8 +210,15 @@ def _config_architecture(ecr: Any, ref: ImageRef, config_digest: str) -> str:
     url = ecr.get_download_url_for_layer(
         registryId=ref.account, repositoryName=ref.repository, layerDigest=config_digest
     )["downloadUrl"]
-    with _LOOPBACK.open(url, timeout=60) as response:
-        return EC2_ARCHITECTURE.get(json.loads(response.read()).get("architecture", ""), "")
+    try:
+        with _opener(url).open(url, timeout=60) as response:
+            return EC2_ARCHITECTURE.get(json.loads(response.read()).get("architecture", ""), "")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise EnvironmentProblem(
+            f"{ref}: cannot read the image's configuration from ECR's layer URL ({reason}); "
+            "check the network (or HTTPS_PROXY) to S3 in the region"
+        ) from None
 
 
 def check(

@@ -142,3 +142,25 @@ def test_a_registry_outliving_a_killed_daemon_is_found_and_removed(
     said = control.down(cfg)
     assert not (cfg.local_dir / "registry").exists()
     assert any("registry" in line for line in said), said
+
+
+def test_layer_urls_skip_a_proxy_for_loopback_only_and_fail_in_one_line() -> None:
+    """ECR's layer URLs are S3's on AWS, where the user's HTTPS_PROXY must be honoured, and the
+    local registry's on loopback, which no proxy reaches (review: every proxy was skipped, and a
+    refused connection was a urllib traceback)."""
+    from types import SimpleNamespace
+
+    from amibake.errors import EnvironmentProblem
+    from fleet import container
+
+    assert container._opener("http://127.0.0.1:5000/v2/app/blobs/x") is container._DIRECT
+    s3 = "https://prod-us-east-1-starport-layer-bucket.s3.us-east-1.amazonaws.com/x"
+    assert container._opener(s3) is container._PROXIED
+    nowhere = SimpleNamespace(
+        get_download_url_for_layer=lambda **_: {"downloadUrl": "http://127.0.0.1:1/blob"}
+    )
+    ref = container.ImageRef.parse("123456789012.dkr.ecr.us-east-1.amazonaws.com/app:v1")
+    with pytest.raises(EnvironmentProblem) as caught:
+        container._config_architecture(nowhere, ref, "sha256:" + "0" * 64)
+    assert "cannot read the image's configuration" in str(caught.value)
+    assert "\n" not in str(caught.value)
