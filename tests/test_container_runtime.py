@@ -58,6 +58,10 @@ def test_an_instance_pulls_and_runs_both_variants_of_an_image(
         assert (
             remote.run(f"bash -c {shlex.quote(missing)}", check=False, stream=False).exit_code != 0
         )
+        # Each run's scratch (its writes, in the tmpfs) is gone once it has ended: three runs
+        # left one, the last's, which the next run sweeps (review: all stayed in memory).
+        left = remote.run("sudo -n ls /var/lib/docker", stream=False).stdout.split()
+        assert len([name for name in left if name.startswith("tmp.")]) == 1, left
     finally:
         remote.close()
         cloud.ec2.terminate_instances(InstanceIds=[instance_id])

@@ -252,12 +252,31 @@ def run(args: list[str]) -> None:
     )  # fmt: skip
 
 
+def sweep_scratch() -> None:
+    """Remove the scratch directories of runs that have ended: a run becomes its workload
+    (exec), so nothing is left to remove its own when it exits (--rm), and each one's writes
+    stayed in the tmpfs, in memory, for the instance's life. A run's own mount namespace went
+    with it, so what is left is plain files."""
+    for scratch in ROOT.glob("tmp.*"):
+        try:
+            pid = int((scratch / "pid").read_text())
+            os.kill(pid, 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue  # being made, or not ours
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def inside(plan: dict[str, Any]) -> None:
+    sweep_scratch()
     scratch = Path(
         subprocess.run(
             ["mktemp", "-d", "-p", str(ROOT)], capture_output=True, text=True
         ).stdout.strip()
     )
+    (scratch / "pid").write_text(str(os.getpid()))  # this process becomes the workload
     merged, upper, work = scratch / "merged", scratch / "upper", scratch / "work"
     for path in (merged, upper, work):
         path.mkdir()
