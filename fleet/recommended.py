@@ -39,9 +39,14 @@ def write(
         "gains": gains or [],
     }
     out = path(results_dir, run_id)
+    text = json.dumps(record, indent=2) + "\n"
+    if out.exists() and out.read_text() == text:
+        # Unchanged: not rewritten, so that `bake --from-tune last` (the newest file) means
+        # the newest recommendation, not the run last reported.
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     # Whole or not at all: bake reads it, maybe while a report rewrites it.
     partial = out.with_suffix(".json.part")
-    partial.write_text(json.dumps(record, indent=2) + "\n")
+    partial.write_text(text)
     os.replace(partial, out)
     return out

@@ -4,6 +4,7 @@ cloud part (builds and runs on the local cloud) is in test_tune.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,6 @@ def test_a_cloud_tune_measures_its_gain_bakes_its_winner_and_leaves_nothing(
     with intervals, in the run's output, report and --json; its runs take turns on one
     instance after the search, and everything they launched is gone. Then tune -> bake is one
     command: `amibake bake --from-tune` bakes the recommended build."""
-    import json
 
     from amibake import config
     from amibake.journal import Journal
@@ -252,3 +252,23 @@ def test_bake_from_tune_refuses_what_it_cannot_bake_in_one_line(
     assert amibake(["bake", *cases[0][0], "--cloud", "local"]) == 2
     assert cases[0][1] in capsys.readouterr().err
     assert not (tmp_path / "amis.json").exists()  # nothing baked, nothing recorded
+
+
+def test_the_hand_over_is_rewritten_only_when_the_recommendation_changes(tmp_path: Path) -> None:
+    """`bake --from-tune last` takes the newest file: a report that rewrote an unchanged one made
+    "last" the run last reported, not the newest recommendation."""
+    import os
+
+    from fleet import recommended, tune
+
+    spec = tune.from_dict({"recipe": "kernels", "types": ["c7g.large"], "params": LEVELS}, "t.toml")
+    params = {"opt": "-O3", "unroll": "", "threads": 2}
+    path = recommended.write(tmp_path, "ft-0123456789", spec, params)
+    assert path is not None
+    os.utime(path, (1, 1))
+    assert recommended.write(tmp_path, "ft-0123456789", spec, params) == path
+    assert path.stat().st_mtime == 1  # unchanged: not rewritten
+    recommended.write(tmp_path, "ft-0123456789", spec, {**params, "threads": 1})
+    assert path.stat().st_mtime > 1
+    written = json.loads(path.read_text())
+    assert (written["family"], written["cflags"], written["args"]) == ("c7g", "-O3", "--threads 1")
