@@ -148,6 +148,22 @@ ACTIONS: dict[str, list[str]] = {
         "iam:PassRole",
         "logs:GetLogEvents",
         "s3:DeleteObject",
+        # image = an ECR image (issue 23). Preflight reads its manifest (BatchGetImage; the
+        # config blob of a single-architecture image through GetDownloadUrlForLayer; the tags
+        # it has when the one named is missing, DescribeImages) and logs in (GetAuthorizationToken).
+        # The ssh executor's instances have no instance profile: they pull with the token this
+        # caller got, which ECR authorizes as this caller, by the same two read actions.
+        # Batch's hosts pull with their instance role, whose AmazonEC2ContainerServiceforEC2Role
+        # already grants ECR reads.
+        "ecr:BatchGetImage",
+        "ecr:DescribeImages",
+        "ecr:GetAuthorizationToken",
+        "ecr:GetDownloadUrlForLayer",
+        # executor = "batch" with an image: the run's own job definition (amibake-image-*),
+        # and where a job ran, which on AWS only ECS names (its container instance).
+        "batch:DeregisterJobDefinition",
+        "batch:RegisterJobDefinition",
+        "ecs:DescribeContainerInstances",
         "s3:GetObject",
         "s3:ListBucket",
         "s3:PutObject",
@@ -247,6 +263,12 @@ BATCH_NAMES = tuple(
     for prefix in ("amibake", "fleet")
 )
 JOB_DEFINITIONS = ("arn:aws:batch:*:*:job-definition/amibake-*",)
+# The user's image repositories. Not narrowed to the caller's account: an image may be another
+# account's, shared by its repository policy (the reference names the registry). The region is
+# the run's, which is any the user runs in.
+REPOSITORIES = ("arn:aws:ecr:*:*:repository/*",)
+# A Batch environment's ECS cluster is named after it (NAME_Batch_UUID): fleet runs' are fleet-*.
+CONTAINER_INSTANCES = ("arn:aws:ecs:*:*:container-instance/fleet-*",)
 
 SCOPES: dict[str, tuple[Scope, ...]] = {
     **{
@@ -273,8 +295,15 @@ SCOPES: dict[str, tuple[Scope, ...]] = {
             "batch:ListJobs",
             "iam:ListRoles",
             "pricing:GetProducts",
+            # ECR's token is the registry's, not a repository's: AWS takes no resource for it.
+            "ecr:GetAuthorizationToken",
         )
     },
+    **{
+        a: (Scope(REPOSITORIES),)
+        for a in ("ecr:BatchGetImage", "ecr:DescribeImages", "ecr:GetDownloadUrlForLayer")
+    },
+    "ecs:DescribeContainerInstances": (Scope(CONTAINER_INSTANCES),),
     # AWS's public parameters (the base AMIs) have no account in their ARNs: "*" matches none.
     "ssm:GetParameter": (
         Scope(("arn:aws:ssm:*:*:parameter/aws/service/*", "arn:aws:ssm:*:*:parameter/amibake/*")),

@@ -2,7 +2,8 @@
 from moto's records (a resource's tags, a role's path), for amibake.local.iam to evaluate.
 
 Sources: the Service Authorization Reference's tables for Amazon EC2, IAM, AWS Batch, Amazon S3,
-Systems Manager and CloudWatch Logs (resource types per action, condition keys); EC2's
+Systems Manager, CloudWatch Logs, Amazon ECR and Amazon ECS (resource types per action,
+condition keys); EC2's
 "Grant permission to tag resources during creation" (ec2:CreateTags with ec2:CreateAction);
 "Control access to EC2 Fleet" (the fleet's RunInstances is authorized as the caller's); IAM's
 "Granting a user permissions to pass a role to an AWS service" (iam:PassedToService).
@@ -351,6 +352,31 @@ def _ssm(calls: Calls, params: Params) -> list[Check]:
     return checks
 
 
+def _repository(calls: Calls, params: Params) -> list[Check]:
+    """ECR's image reads act on the repository, in the registry (account) the call names."""
+    registry = str(params.get("registryId") or calls.account)
+    name = str(params.get("repositoryName", ""))
+    return [Check("", f"arn:aws:ecr:{calls.region}:{registry}:repository/{name}")]
+
+
+def _container_instances(calls: Calls, params: Params) -> list[Check]:
+    """ECS's container instances, by ARN (…:container-instance/CLUSTER/ID), with ecs:cluster."""
+    cluster = str(params.get("cluster") or "default")
+    if not cluster.startswith("arn:"):
+        cluster = f"arn:aws:ecs:{calls.region}:{calls.account}:cluster/{cluster}"
+    name = cluster.rsplit("/", 1)[-1]
+    return [
+        Check(
+            "",
+            str(arn)
+            if str(arn).startswith("arn:")
+            else f"arn:aws:ecs:{calls.region}:{calls.account}:container-instance/{name}/{arn}",
+            {"ecs:cluster": cluster},
+        )
+        for arn in params.get("containerInstances") or []
+    ] or [Check("", "*")]
+
+
 def _log_events(calls: Calls, params: Params) -> list[Check]:
     group, stream = params.get("logGroupName", ""), params.get("logStreamName", "")
     return [
@@ -420,6 +446,11 @@ HANDLERS: dict[str, Callable[[Calls, Params], list[Check]]] = {
     "ssm:PutParameter": _ssm,
     "ssm:DeleteParameter": _ssm,
     "logs:GetLogEvents": _log_events,
+    # ecr:GetAuthorizationToken takes no resource ("*", the default).
+    "ecr:BatchGetImage": _repository,
+    "ecr:DescribeImages": _repository,
+    "ecr:GetDownloadUrlForLayer": _repository,
+    "ecs:DescribeContainerInstances": _container_instances,
 }
 
 
