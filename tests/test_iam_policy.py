@@ -329,11 +329,6 @@ def test_a_container_bench_under_enforcement_needs_the_fleet_policy(
     assert not missing, f"a container bench calls {missing}, which the fleet statement lacks"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the local cloud's ECR front (amibake/local/registry.py EcrFront) answers ECR's "
-    "image calls before moto's IAM check: ECR is not enforced locally",
-)
 def test_a_container_bench_without_an_image_read_fails_naming_it(
     enforcing_cloud: dict[str, Any], pushed_image: str
 ) -> None:

@@ -199,6 +199,39 @@ def _die_with_parent() -> None:
     os.setsid()
 
 
+def _denied(
+    environ: dict[str, Any], raw: bytes, action: str, account: str
+) -> dict[str, Any] | None:
+    """The AccessDeniedException reply for an ECR call the caller's policies do not allow, under
+    IAM enforcement (moto's, which this front's calls otherwise bypass); None when allowed or
+    not enforced. The decision is the local cloud's (amibake.local.authorization, through the
+    check moto_gaps installs): by repository ARN, as AWS decides."""
+    from moto import settings
+    from moto.core.authorization import ActionAuthenticatorMixin
+
+    if ActionAuthenticatorMixin.request_count < settings.INITIAL_NO_AUTH_ACTION_COUNT:
+        return None
+    from moto.iam.access_control import IAMRequest
+    from werkzeug.datastructures import EnvironHeaders
+
+    try:
+        IAMRequest(
+            account_id=account,
+            method=str(environ.get("REQUEST_METHOD", "POST")),
+            path=str(environ.get("PATH_INFO", "/")),
+            data={},
+            body=raw,
+            headers=dict(EnvironHeaders(environ)),
+            action=action,
+        ).check_action_permitted("*")
+    except Exception as exc:  # moto's RESTError: AccessDenied, InvalidClientTokenId, ...
+        code = str(getattr(exc, "error_type", "") or type(exc).__name__)
+        message = str(getattr(exc, "message", "") or exc)
+        return {"__type": "AccessDeniedException" if code == "AccessDenied" else code,
+                "message": message}  # fmt: skip
+    return None
+
+
 class EcrFront:
     """In front of moto's app: ECR's image calls answered from the registry; all else to moto."""
 
@@ -213,11 +246,15 @@ class EcrFront:
             return self.app(environ, start_response)
         scope = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
         length = int(environ.get("CONTENT_LENGTH") or 0)
-        request = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+        raw = environ["wsgi.input"].read(length) if length else b""
+        request = json.loads(raw or b"{}")
         from moto.iam.models import get_account_id_from
 
         account = str(get_account_id_from(scope.group(1))) if scope else "123456789012"
         region = scope.group(2) if scope else "us-east-1"
+        denied = _denied(environ, raw, action, account)
+        if denied is not None:  # as AWS: IAM decides before the registry is looked at
+            return _reply(start_response, "400 Bad Request", denied)
         try:
             if action == "GetAuthorizationToken":
                 body = self.authorization(account)
