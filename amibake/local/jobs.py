@@ -11,14 +11,23 @@ decides SUCCEEDED or FAILED, and ``TerminateJob`` kills it. A host that dies und
 the job with Batch's own reason, ``Host EC2 (instance i-...) terminated.``: that is how a spot
 interruption shows on Batch.
 
-What differs from AWS, on purpose: the container image is not pulled (the job sees the host's
-filesystem), each environment has one host that runs its jobs one at a time (what a benchmark
+A job definition whose ``image`` is in the local cloud's ECR registry runs that image, as Batch
+does: the host logs in to the registry (the ECS agent's ECR credentials on AWS) and runs
+``docker run`` of the image, for the host type's architecture (emulated by QEMU when this machine's
+differs), with the host's network and the job's environment, the job's command as entrypoint and
+arguments. The host's ``docker`` is the local cloud's runtime (amibake.local.container_runtime),
+whose image store is a tmpfs in the job's own mount namespace: it goes with the job.
+
+What differs from AWS, on purpose: an image from anywhere else (``amazonlinux:2023``, what the
+recipe jobs name) is not pulled, the job sees the host's filesystem; each environment has one
+host that runs its jobs one at a time (what a benchmark
 wants anyway), and the host lives until its environment is deleted instead of scaling in.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -40,6 +49,8 @@ HOST_GONE = "Host EC2 (instance {}) terminated."
 EXITED = "Essential container in task exited"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOOT_TIMEOUT_S = 120.0
+# daemon.INFO_FILE, named here: the daemon imports this module (no import circle).
+DAEMON_INFO = "daemon.json"
 
 # (EC2 backend, instance id, account, region): starts the sandbox of an instance moto created.
 LaunchFn = Callable[[Any, str, str, str], None]
@@ -48,11 +59,22 @@ LaunchFn = Callable[[Any, str, str, str], None]
 class JobRunner:
     """Takes every job moto accepts and runs it on its compute environment's host."""
 
-    def __init__(self, cloud: LocalCloud, launch: LaunchFn) -> None:
+    def __init__(self, cloud: LocalCloud, launch: LaunchFn, registry: str | None = None) -> None:
         self.cloud = cloud
         self.launch = launch
+        self._registry = registry  # the ECR registry's endpoint, http://127.0.0.1:PORT
         self.hosts: dict[str, Host] = {}  # compute environment ARN -> its host
         self._lock = threading.Lock()
+
+    def registry_host(self) -> str | None:
+        """host:port of the local cloud's ECR registry: as given, else as the daemon published
+        it (daemon.json, written once the registry is up, before any job can reach a host)."""
+        endpoint = self._registry
+        if endpoint is None:
+            with contextlib.suppress(OSError, ValueError):
+                info = json.loads((self.cloud.settings.directory / DAEMON_INFO).read_text())
+                endpoint = info.get("registry") or None
+        return endpoint.split("://", 1)[-1].rstrip("/") if endpoint else None
 
     def accept(self, backend: Any, job: Any, runs: bool) -> None:
         """Called by moto's submit_job for each job; ``runs`` is False for an array's parent,
@@ -173,7 +195,12 @@ class Host:
         job._start_attempt()
         job.latest_attempt["container"]["containerInstanceArn"] = instance_id
         environment = {**self._environment(job), **self._task_role(job, instance_id)}
-        process = sandbox.container(self._command(job), environment)
+        command = self._command(job)
+        image = self._local_image(job)
+        if image is not None:
+            self._login(sandbox, image)
+            command = self._docker_run(image, command, environment)
+        process = sandbox.container(command, environment)
         job.status = "RUNNING"
         lines: list[dict[str, Any]] = []
         reader = threading.Thread(target=_read, args=(process, lines), daemon=True)
@@ -199,8 +226,49 @@ class Host:
     def _command(job: Any) -> list[str]:
         command = job._add_parameters_to_command(job._get_container_property("command", []))
         if not command:
-            raise LocalCloudError("the job has no command (the local cloud pulls no image)")
+            raise LocalCloudError(
+                "the job has no command (the local cloud reads no entrypoint from an image "
+                "outside its registry)"
+            )
         return [str(part) for part in command]
+
+    def _local_image(self, job: Any) -> str | None:
+        """The job definition's image when the local registry serves it, else None."""
+        image = str((job.job_definition.container_properties or {}).get("image") or "")
+        host = self.runner.registry_host()
+        return image if host and image.startswith(host + "/") else None
+
+    def _platform(self) -> str:
+        """The host type's architecture, as docker names it: Batch runs the image on the host,
+        whose CPU is the type's (this machine's, through QEMU, for the other architecture)."""
+        from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+        instance_type = self.environment.compute_resources["instanceTypes"][0]
+        info = INSTANCE_TYPES.get(instance_type, {}).get("ProcessorInfo", {})
+        architecture = (info.get("SupportedArchitectures") or ["x86_64"])[0]
+        return "linux/arm64" if architecture == "arm64" else "linux/amd64"
+
+    def _login(self, sandbox: Any, image: str) -> None:
+        """The host logs in to the registry before the pull, as the ECS agent does with the
+        instance's ECR credentials (the local registry checks no token: GetAuthorizationToken's
+        is enough)."""
+        host = image.split("/", 1)[0]
+        argv = ["docker", "login", "-u", "AWS", "-p", "local-cloud", f"http://{host}"]
+        process = sandbox.container(argv, {"PATH": PATH, "HOME": "/root"})
+        output = process.communicate(timeout=60)[0]
+        if process.returncode != 0:
+            raise LocalCloudError(
+                f"docker login {host} on the host failed: {output.decode(errors='replace')}"
+            )
+
+    def _docker_run(self, image: str, command: list[str], environment: dict[str, str]) -> list[str]:
+        """``docker run`` of the image with the job's command and environment. Each variable is
+        passed by name (``-e NAME``, its value from docker's own environment) so that no value,
+        the task role's credentials endpoint among them, is on a command line."""
+        argv = ["docker", "run", "--rm", "--network", "host", "--platform", self._platform()]
+        for name in environment:
+            argv += ["-e", name]
+        return [*argv, "--entrypoint", command[0], image, *command[1:]]
 
     def _environment(self, job: Any) -> dict[str, str]:
         props = job.job_definition.container_properties or {}
@@ -312,6 +380,11 @@ def install(runner: JobRunner) -> None:
         found = details(self)
         if self.exit_code is not None:
             found["exitCode"] = self.exit_code
+        # AWS names the job's container instance there too (the product reads where a job of
+        # an image ran from it); here it is the host's instance id.
+        attempt = (getattr(self, "latest_attempt", None) or {}).get("container") or {}
+        if attempt.get("containerInstanceArn"):
+            found["containerInstanceArn"] = attempt["containerInstanceArn"]
         return found
 
     container_details._amibake = True  # type: ignore[attr-defined]

@@ -6,16 +6,21 @@ file with no agent beside it."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from amibake import batch as amibake_batch
 from amibake import catalog
 from amibake.cloud import Cloud
-from fleet import batch, container, spec
+from fleet import batch, bench, container, spec
 from tests.container import image as test_image
-from tests.helpers import launch_and_reach
+from tests.fleet.test_any_type import own_results
+from tests.fleet.test_bench import assert_nothing_left
+from tests.helpers import BASE_AMI_PARAMETER, launch_and_reach
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +99,78 @@ def test_the_job_wrapper_times_the_command_and_reads_the_metric_file_in_the_imag
     fields = dict(part.split("=", 1) for part in result.split()[1:4])
     # Timed to the hundredth (busybox's date has no %N; /proc/uptime does).
     assert float(fields["end"]) >= float(fields["start"]) > 0 and "." in fields["start"]
+
+
+GRAVITON_AMI = "/aws/service/ecs/optimized-ami/amazon-linux-2023/arm64/recommended/image_id"
+
+
+@pytest.fixture
+def registered_for_host(cloud: Cloud) -> Iterator[str]:
+    """`amibake batch up` for this machine's architecture on the ECS-optimized AMI (an image
+    run needs the queue, roles and job bucket, not a baked image); the type to bench."""
+    native = test_image.host_architecture() == "amd64"
+    instance_type = "c5a.large" if native else "c7g.large"
+    parameter = BASE_AMI_PARAMETER if native else GRAVITON_AMI
+    ami = cloud.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
+    family = instance_type.split(".")[0]
+    architecture = catalog.family(family).architecture
+    amibake_batch.up(cloud, [amibake_batch.Image(ami, architecture, (family,), ())])
+    yield instance_type
+    amibake_batch.down(cloud)
+
+
+@pytest.mark.e2e
+def test_a_batch_bench_runs_the_image_on_the_local_cloud(
+    cloud: Cloud, ref: container.ImageRef, registered_for_host: str, local_dir: Path, tmp_path: Path
+) -> None:
+    """The job definition names the image in the local ECR: the job runs in it (`work` is in
+    the image only, so a job run on the host's files fails), its metric file read by the image's
+    own shell, and nothing is left."""
+    mine = own_results(cloud, tmp_path / "results")
+    run_spec = spec.load(
+        None,
+        {
+            "types": [registered_for_host],
+            "executor": "batch",
+            "image": str(ref),
+            "command": "work {args} && echo 7.25 > $FLEET_METRIC_FILE",
+            "args": {"n": 1000},
+            "metric": {"kind": "file", "meaning": "rate", "unit": "iterations/s"},
+            "replicates": 2,
+            "warmups": 0,
+        },
+    )
+    results = bench.results_db(mine.config.results_dir)
+    run_id = bench.create(mine, run_spec, results)
+    submitted: list[dict[str, Any]] = []
+    client = mine.client("batch")
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        submitted.append(params)
+
+    client.meta.events.register("provide-client-params.batch.SubmitJob", record)
+    try:
+        summary = bench.execute(mine, run_id, results)
+    finally:
+        client.meta.events.unregister("provide-client-params.batch.SubmitJob", record)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    rows = results.replicates(run_id)
+    # Under --faults aws a spot reclaim records a replicate interrupted and runs it again.
+    assert set(rows.state) <= {"ok", "interrupted"}, rows[["state", "error"]]
+    ok = rows[rows.state == "ok"]
+    assert len(ok) == 2 and set(ok.instance_type) == {registered_for_host}
+    assert (ok.metric == 7.25).all(), ok.metric
+    assert submitted and all(
+        s["jobDefinition"].startswith("amibake-image-")
+        or ":job-definition/amibake-image-" in s["jobDefinition"]
+        for s in submitted
+    ), submitted
+    image = results.environments(run_id)[0]["image"]
+    assert image["digest"] == container.lookup(mine, ref).digest and not image["emulated"]
+    assert_nothing_left(mine, results, run_id, local_dir)
+    assert [n for n in _definitions(mine) if n.startswith("amibake-image-")] == []
+
+
+def _definitions(cloud: Cloud) -> list[str]:
+    found = cloud.client("batch").describe_job_definitions(status="ACTIVE")["jobDefinitions"]
+    return [str(d["jobDefinitionName"]) for d in found]
