@@ -118,7 +118,7 @@ def serve(settings: LocalSettings) -> None:
         cloud.faults = behaviour
         moto_app = DomainDispatcherApplication(create_backend_app)
         gateway = Gateway(EcrFront(moto_app, registry), cloud, stop, behaviour)
-        jobs.install(jobs.JobRunner(cloud, gateway.start_sandbox))
+        jobs.install(jobs.JobRunner(cloud, gateway.start_sandbox, registry.endpoint))
         try:
             server = make_server(
                 "127.0.0.1",

@@ -27,7 +27,6 @@ wants anyway), and the host lives until its environment is deleted instead of sc
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -50,7 +49,6 @@ EXITED = "Essential container in task exited"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOOT_TIMEOUT_S = 120.0
 # daemon.INFO_FILE, named here: the daemon imports this module (no import circle).
-DAEMON_INFO = "daemon.json"
 
 # (EC2 backend, instance id, account, region): starts the sandbox of an instance moto created.
 LaunchFn = Callable[[Any, str, str, str], None]
@@ -67,13 +65,8 @@ class JobRunner:
         self._lock = threading.Lock()
 
     def registry_host(self) -> str | None:
-        """host:port of the local cloud's ECR registry: as given, else as the daemon published
-        it (daemon.json, written once the registry is up, before any job can reach a host)."""
+        """host:port of the local cloud's ECR registry (None: no registry, no image runs)."""
         endpoint = self._registry
-        if endpoint is None:
-            with contextlib.suppress(OSError, ValueError):
-                info = json.loads((self.cloud.settings.directory / DAEMON_INFO).read_text())
-                endpoint = info.get("registry") or None
         return endpoint.split("://", 1)[-1].rstrip("/") if endpoint else None
 
     def accept(self, backend: Any, job: Any, runs: bool) -> None:
