@@ -110,6 +110,7 @@ def serve(settings: LocalSettings) -> None:
     # registry's process to die with this one, and its storage behind.
     try:
         cloud = LocalCloud(settings)
+        cloud.relayed_ports.append(registry.port)  # a plain user's sandboxes pull from it
         cloud.start()
         for image in _base_images():
             cloud.images.seed_ecs_base(image["ami_id"])

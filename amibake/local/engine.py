@@ -85,7 +85,10 @@ class LocalCloud:
         self.ssh_port = rootless.ssh_port(settings.ssh_port) if self.rootless else settings.ssh_port
         self._skeleton: rootless.Skeleton | None = None
         self._connector: rootless.Connector | None = None
-        self._netns: dict[str, tuple[rootless.Netns, rootless.Relay]] = {}
+        self._netns: dict[str, tuple[rootless.Netns, list[rootless.Relay]]] = {}
+        # Host ports a sandbox reaches at 127.0.0.1 besides the endpoint: the ECR registry's
+        # (the daemon adds it), where a plain user's sandboxes pull images from.
+        self.relayed_ports: list[int] = []
 
     def _address_pool(self) -> Iterator[str]:
         network = ipaddress.ip_network(self.settings.subnet)
@@ -188,13 +191,17 @@ class LocalCloud:
         if self._skeleton is None or self._connector is None:
             return IMDSServer(metadata, port)
         netns = rootless.Netns()
+        relays: list[rootless.Relay] = []
         try:
             server = netns.run(lambda: IMDSServer(metadata, port))
-            relay = rootless.Relay(netns, self.settings.port, self._connector)
+            for relayed in (self.settings.port, *self.relayed_ports):
+                relays.append(rootless.Relay(netns, relayed, self._connector))
         except BaseException:
+            for made in relays:
+                made.close()
             netns.close()
             raise
-        self._netns[metadata.instance_id] = (netns, relay)
+        self._netns[metadata.instance_id] = (netns, relays)
         try:
             listener = rootless.listen(metadata.address, self.ssh_port)
         except LocalCloudError:
@@ -225,8 +232,9 @@ class LocalCloud:
         with self._lock:
             held = self._netns.pop(instance_id, None)
         if held is not None:
-            netns, relay = held
-            relay.close()
+            netns, relays = held
+            for relay in relays:
+                relay.close()
             netns.close()
 
     def create_image(self, instance_id: str, image_id: str) -> None:

@@ -537,7 +537,8 @@ def listen(address: str, port: int) -> socket.socket:
 
 class Relay:
     """Connections to 127.0.0.1:`port` inside a sandbox's namespace, carried to the same port on
-    the host: the local cloud's own endpoint, which a Batch job's S3 calls go to."""
+    the host: the local cloud's own endpoint (a Batch job's S3 calls) and its ECR registry
+    (image pulls)."""
 
     def __init__(self, netns: Netns, port: int, connector: Connector) -> None:
         self.port = port
