@@ -22,21 +22,12 @@ def ref(cloud: Cloud, tmp_path_factory: pytest.TempPathFactory) -> container.Ima
 def test_an_instance_pulls_and_runs_both_variants_of_an_image(
     cloud: Cloud, ref: container.ImageRef
 ) -> None:
-    image = container.lookup(cloud, ref)
-    where = container.login(cloud, ref)
     instance_id, remote = launch_and_reach(cloud)
     try:
-        remote.run(
-            f"sudo -n docker login --username {where.username} --password-stdin "
-            f"{'http' if where.insecure else 'https'}://{where.host}",
-            stdin=where.password.encode(),
-            stream=False,
-        )
-        pull = where.pull_name(ref, image.digest)
         host = test_image.host_architecture()
         other = "arm64" if host == "amd64" else "amd64"
-        for arch in (host, other):
-            remote.run(f"sudo -n docker pull --platform linux/{arch} {pull}", stream=False)
+        pull = test_image.login_and_pull(cloud, remote, ref, host)
+        test_image.login_and_pull(cloud, remote, ref, other)
         remote.run("mkdir -p /tmp/run", stream=False)
         native = container.run_line(
             pull, container.EC2_ARCHITECTURE[host], "work --n 1000 && echo shell-ran", True, 0

@@ -105,6 +105,24 @@ def push_to_ecr(cloud: Any, directory: Path, repository: str, tag: str = "v1") -
     return ref
 
 
+def login_and_pull(cloud: Any, remote: Any, ref: Any, architecture: str) -> str:
+    """On an instance (`remote`): docker login to the cloud's ECR as the product does, pull the
+    image's `architecture` variant (amd64 | arm64) by digest; returns the name pulled."""
+    from fleet import container
+
+    image = container.lookup(cloud, ref)
+    where = container.login(cloud, ref)
+    remote.run(
+        f"sudo -n docker login --username {where.username} --password-stdin "
+        f"{'http' if where.insecure else 'https'}://{where.host}",
+        stdin=where.password.encode(),
+        stream=False,
+    )
+    pull: str = where.pull_name(ref, image.digest)
+    remote.run(f"sudo -n docker pull --platform linux/{architecture} {pull}", stream=False)
+    return pull
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tests.container.image REPOSITORY[:TAG]``: build the image and push it to the
     configured cloud's ECR (make demo: the local cloud's)."""

@@ -220,19 +220,10 @@ def pull_and_run() -> dict[str, Any]:
     cloud = connect(config.load())
     with tempfile.TemporaryDirectory() as scratch:
         ref = test_image.push_to_ecr(cloud, Path(scratch), "rootless/app")
-    image = container.lookup(cloud, ref)
-    where = container.login(cloud, ref)
     instance_id, remote = launch_and_reach(cloud)
     try:
-        remote.run(
-            f"sudo -n docker login --username {where.username} --password-stdin "
-            f"{'http' if where.insecure else 'https'}://{where.host}",
-            stdin=where.password.encode(),
-            stream=False,
-        )
-        pull = where.pull_name(ref, image.digest)
         host = test_image.host_architecture()
-        remote.run(f"sudo -n docker pull --platform linux/{host} {pull}", stream=False)
+        pull = test_image.login_and_pull(cloud, remote, ref, host)
         line = container.run_line(pull, container.EC2_ARCHITECTURE[host], "work --n 1000", True, 0)
         ran = remote.run(f"mkdir -p /tmp/run && cd /tmp/run && bash -c {shlex.quote(line)}",
                          stream=False).stdout  # fmt: skip
