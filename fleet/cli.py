@@ -507,7 +507,7 @@ def _tune_compare(args: argparse.Namespace) -> int:
     else:
         column = args.objective_column or "metric"
         spec = tune.from_dict(replay.space_from_table(table, column), str(table))
-    algorithms = _list(args.algorithms) or ["tpe", "random", "grid"]
+    algorithms = _list(args.algorithms) or ["auto", "tpe", "random", "grid"]
     _check_compare(args, algorithms, spec)
     evaluator = replay.ReplayEvaluator(table, spec)
     if args.startup_trials is not None:
@@ -548,7 +548,7 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
     else:
         raw = replay.space_from_table(table, column, exclude=noisy_replay.RUN_COLUMNS)
         spec = tune.from_dict(raw, str(table))
-    algorithms = _list(args.algorithms) or ["gp", "forest", "tpe", "random"]
+    algorithms = _list(args.algorithms) or ["auto", "gp", "forest", "tpe", "random"]
     _check_compare(args, algorithms, spec)
     startup = spec.startup if args.startup_trials is None else args.startup_trials
     rows = noisy_replay.compare_noisy(
@@ -596,7 +596,7 @@ TUNE_FILE = """a tune file (see examples/kernels.tune.toml and the README):
   recipe = "kernels"            # or replay = "table.csv": trials looked up, not run
   types = ["c7i.large"]         # or make instance_type a parameter
   objective = "metric"          # runtime | metric | cost
-  algorithm = "tpe"             # tpe | random | grid; seed, startup_trials
+  algorithm = "auto"            # or gp, forest, blend, tpe, random, grid; seed
   trials = 40                   # budget; also max_usd, max_hours; parallel = 2
   [constraints]                 # max_seconds, max_usd_per_unit, max_rss_mb, min_rate
   [params.opt]                  # kind: categorical | int (low, high, step) | uniform | loguniform
@@ -711,7 +711,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", metavar="RUN", help="continue a search (with --trials N: a new budget)"
     )
     tune.add_argument("--trials", type=int, help="budget in trials")
-    tune.add_argument("--algorithm", help="tpe (default), random or grid")
+    tune.add_argument(
+        "--algorithm",
+        help="auto (default: the blend for instance types, else gp), gp, forest, blend, tpe, "
+        "random or grid",
+    )
     tune.add_argument("--seed", type=int, help="the search's seed (0): same seed, same trials")
     tune.add_argument("--parallel", type=int, help="trials in flight")
     tune.add_argument("--startup-trials", type=int, help="random trials before TPE models")
@@ -723,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--space", help="compare: a tune file for the space (default: the table's)")
     tune.add_argument("--objective-column", help="compare: the column to minimise (default metric)")
-    tune.add_argument("--algorithms", help="compare: e.g. tpe,random,grid")
+    tune.add_argument("--algorithms", help="compare: e.g. auto,tpe,random")
     tune.add_argument("--seeds", type=int, default=30, help="compare: seeds per algorithm")
     tune.add_argument(
         "--budget",

@@ -36,7 +36,7 @@ CONSTRAINT_MEASURE = {
 # column, time and price per unit, and what the constraints read (rss_mb, rate).
 MEASURES = ("metric", "seconds", "price_per_hour", "rss_mb", "rate")
 # The engines that read configurations as features (fleet/search/model.py).
-MODEL_ALGORITHMS = ("gp", "forest", "blend")
+MODEL_ALGORITHMS = ("auto", "gp", "forest", "blend")
 # A search's budget and its shape, and why no more: past these a number is a typo, and recorded
 # it made a run whose budget was never spent (`compare --budget 100000000` ran without end).
 MAX_TRIALS = 10000

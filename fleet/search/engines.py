@@ -19,6 +19,7 @@ from fleet.space import Space
 # name -> "module:factory"; a factory takes (space, seed, startup, budget). The default is the
 # one that measured best on both of issue 22's goals (benchmarks/bench_search.py).
 ALGORITHMS: dict[str, str] = {
+    "auto": "fleet.search.model:auto",
     "forest": "fleet.search.model:forest",
     "gp": "fleet.search.model:gaussian_process",
     "blend": "fleet.search.model:blend",
@@ -26,7 +27,7 @@ ALGORITHMS: dict[str, str] = {
     "random": "fleet.search.hyperopt_engine:random",
     "grid": "fleet.search.grid:grid",
 }
-DEFAULT = "gp"
+DEFAULT = "auto"
 
 
 class Engine(Protocol):

@@ -85,7 +85,7 @@ def test_a_model_finds_a_bowl_s_bottom_sooner_than_chance(algorithm: str) -> Non
     assert hits[algorithm] >= 5 and hits[algorithm] > hits["random"], hits
 
 
-@pytest.mark.parametrize("algorithm", ["gp", "forest", "blend", "tpe", "random", "grid"])
+@pytest.mark.parametrize("algorithm", ["auto", "gp", "forest", "blend", "tpe", "random", "grid"])
 def test_every_engine_suggests_the_same_given_the_same_seed(algorithm: str) -> None:
     first = run(algorithm, bowl, 8, seed=3)
     assert run(algorithm, bowl, 8, seed=3) == first

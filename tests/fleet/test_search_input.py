@@ -19,7 +19,7 @@ from amibake.errors import UserError
 from fleet.cli import main as fleet
 from fleet.results import Results
 from fleet.search import engines
-from fleet.search.features import Encoder, facts
+from fleet.search.features import TYPE_FEATURES, Encoder, facts
 from fleet.search.recommend import recommend
 from fleet.space import Param, Space, parse
 
@@ -107,11 +107,12 @@ def test_an_instance_type_neither_name_nor_catalog_explains_is_refused_where_wri
         origins={"instance_type": "tune.toml:7"},
     )  # fmt: skip
     assert facts("u-zz9.weird") is None
-    with pytest.raises(UserError) as caught:
-        engines.make("gp", space, 0, 3, 9)
-    message = str(caught.value)
-    assert message.startswith("tune.toml:7: params.instance_type: 'u-zz9.weird' is neither")
-    assert "\n" not in message
+    for algorithm in ("gp", engines.DEFAULT):
+        with pytest.raises(UserError) as caught:
+            engines.make(algorithm, space, 0, 3, 9)
+        message = str(caught.value)
+        assert message.startswith("tune.toml:7: params.instance_type: 'u-zz9.weird' is neither")
+        assert "\n" not in message
     # hyperopt's engines need no features: the same space searches with them.
     assert engines.make("random", space, 0, 3, 9).ask() is not None
 
@@ -164,6 +165,31 @@ def test_a_cluster_s_totals_are_features() -> None:
                                    {"instance_type": "c7a.4xlarge", "nodes": 1}])  # fmt: skip
     assert list(split[-3:]) == pytest.approx(list(whole[-3:]))
     assert rows.shape[1] == len(encoder.sized)
+
+
+def test_a_node_s_memory_is_a_feature_of_its_own() -> None:
+    # What decides whether a node's share fits: c7g.2xlarge and r7g.large both hold 16 GiB, one
+    # with four times the other's vCPUs; a tree splits on memory in one column, not a sum of two.
+    space = parse(CLUSTER, "t", "", [])
+    encoder = Encoder(space)
+    encoder.fit(list(space.grid()))
+    column = TYPE_FEATURES.index("log2_gib")
+    rows = encoder.encode([{"instance_type": t, "nodes": 1}
+                           for t in ("c7g.2xlarge", "r7g.large", "c7g.large")])  # fmt: skip
+    assert rows[0][column] == pytest.approx(rows[1][column])
+    assert rows[2][column] < rows[1][column]
+    assert encoder.sized[column]  # ordered: a start design stays mid-size on it
+
+
+def test_the_default_searches_types_with_the_blend_and_numbers_with_the_gaussian_process() -> None:
+    typed = engines.make(engines.DEFAULT, parse(CLUSTER, "t", "", []), 0, 3, 9)
+    numeric = engines.make(
+        engines.DEFAULT,
+        parse({"threads": {"kind": "categorical", "values": [1, 2, 4]},
+               "block": {"kind": "int", "low": 8, "high": 256}}, "t", "", []),
+        0, 3, 9,
+    )  # fmt: skip
+    assert (typed.model, numeric.model) == ("blend", "gp")  # type: ignore[attr-defined]
 
 
 def test_the_start_is_mid_size_and_spreads_over_processors_and_classes() -> None:
