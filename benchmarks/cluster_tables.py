@@ -142,11 +142,44 @@ def table(w: Workload) -> pd.DataFrame:
     )
 
 
-def write(directory: Path) -> list[Path]:
+def generated(count: int, seed: int) -> list[Workload]:
+    """`count` workloads drawn from the model's ranges (the six above sit inside them), over the
+    three layouts in turn: many tables, so that a choice made for the search is judged on more
+    than six paths (a search of 9 steps is nearly deterministic on one table)."""
+    rng = random.Random(seed)
+    layouts = (WIDE, SMALL_MANY, BIG_FEW)
+    out = []
+    for k in range(count):
+        out.append(
+            Workload(
+                f"g{seed}-{k}",
+                work=rng.uniform(10e3, 100e3),
+                serial=rng.uniform(5, 400),
+                comm=rng.uniform(2, 80),
+                startup=rng.uniform(1, 10),
+                memory=rng.uniform(4, 60),
+                overhead=rng.uniform(0.5, 2),
+                contention=rng.uniform(0.02, 0.12),
+                vector_gain=rng.uniform(1.0, 1.4),
+                bandwidth_gain=rng.uniform(0, 0.2),
+                cliff=rng.uniform(1.5, 3),
+                layout=layouts[k % len(layouts)],
+                arm_speed=rng.choice((1.0, 1.0, 0.7)),
+            )
+        )
+    return out
+
+
+def write(
+    directory: Path, workloads: tuple[Workload, ...] | list[Workload] = WORKLOADS
+) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for w in WORKLOADS:
+    for w in workloads:
+        frame = table(w)
+        if frame["usd"].isna().all():
+            continue  # every configuration out of memory: nothing to search for
         path = directory / f"cluster_{w.name}.csv"
-        table(w).to_csv(path, index=False)
+        frame.to_csv(path, index=False)
         paths.append(path)
     return paths
