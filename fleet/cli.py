@@ -496,6 +496,7 @@ def _gain(results: Any, run_id: str, spec: Any, evaluate: Any, outcome: Any) -> 
 def _tune_compare(args: argparse.Namespace) -> int:
     from fleet import replay, tune, tune_report
 
+    logs.to_terminal()  # what the table's columns were read as
     if args.replay_runs:
         return _tune_compare_runs(args)
     if not args.replay:

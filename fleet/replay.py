@@ -6,6 +6,7 @@ algorithms see the same table, so their difference is the search's, not the mach
 from __future__ import annotations
 
 import io
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,9 @@ from fleet.tune_spec import (
     broken_constraint,
 )
 
+log = logging.getLogger("amibake")
+# Below this many rows a table's columns are all taken for parameters (fleet.replay.measured).
+MEASURED_FROM = 8
 # The columns a replay table needs for each constraint to be checked on its rows.
 CONSTRAINT_COLUMNS = {
     "max_seconds": ("seconds",),
@@ -196,19 +200,56 @@ class Comparison:
     curves: list[list[float]] = field(default_factory=list)
 
 
+def measured(table: pd.DataFrame, names: list[str]) -> list[str]:
+    """The columns among `names` that hold measurements, not parameters: a public table of
+    cluster runs keeps its runtime and price per hour beside the cost, under names of its own
+    (`runtime`, `hourly`), and read as parameters they made a space of every runtime times
+    every configuration, whose trials were nearly all missing from the table.
+
+    A column is a measurement when it is numbers, the other columns still tell every row apart
+    without it (a parameter of a grid is needed to: its rows differ in it alone), and its
+    values are either nearly all different (half or more: a measurement of each run) or
+    fractions (a price; a searched number in a table is a count or a size). Most different
+    first, as long as one column is left."""
+    if len(table) < MEASURED_FROM:
+        return []
+    left = list(names)
+    out: list[str] = []
+    numeric = [n for n in names if pd.api.types.is_numeric_dtype(table[n].dtype)]
+    for name in sorted(numeric, key=lambda n: -table[n].nunique()):
+        rest = [n for n in left if n != name]
+        if not rest or table[rest].isna().any().any() or table.duplicated(rest).any():
+            continue
+        values = table[name].dropna()
+        spread = values.nunique() >= len(values) / 2
+        fractions = bool((values % 1 != 0).any())
+        if spread or fractions:
+            out.append(name)
+            left = rest
+    return out
+
+
 def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """With no tune file, `compare` searches the table's own configurations: every column but
-    the objective and the other measurements a replay table may hold (MEASURES) is a
-    categorical parameter of its distinct values."""
+    the objective and the other measurements a replay table may hold (MEASURES, and those
+    `measured` finds by their values) is a categorical parameter of its distinct values."""
     table = read_table(path)
     if column not in table.columns:
         raise UserError(
             f"{path}:1: the replay table has no column {column} (columns: "
             f"{', '.join(table.columns)}); name it with --objective-column"
         )
+    names = [n for n in table.columns if n != column and n not in MEASURES and n not in exclude]
+    skipped = measured(table, names)
+    if skipped:
+        log.info(
+            "%s: %s read as measured, not searched (name the space with --space to search it)",
+            path,
+            ", ".join(skipped),
+        )
     params = {}
-    for name in table.columns:
-        if name == column or name in MEASURES or name in exclude:
+    for name in names:
+        if name in skipped:
             continue
         if table[name].isna().any():
             line = int(table[name].isna().to_numpy().nonzero()[0][0]) + 2  # 1: the header
