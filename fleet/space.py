@@ -63,8 +63,9 @@ class Param:
     when_param: str = ""
     when_in: tuple[Any, ...] = ()
     # A node count or other scale-out factor: more of it, less time, more price per hour (the
-    # search may model time as a + b/n + c log n, as Ernest, NSDI'16)
-    scale: bool = False
+    # search may model time as a + b/n + c log n, as Ernest, NSDI'16). None: not said, and the
+    # search may take it for one by its values (fleet/search/features.py: node_count)
+    scale: bool | None = None
 
     def options(self) -> list[Any]:
         """Every value of a discrete parameter (categorical, or int with its step)."""
@@ -400,10 +401,10 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
                 when_in = tuple(when.get("in", ()))
                 if not when_param or not when_in:
                     raise fail(name, "when needs param and a non-empty in = [...]")
-        scale = spec.get("scale", name == SCALE and kind != "categorical")
+        scale = spec.get("scale", True if name == SCALE and kind != "categorical" else None)
         if name == SCALE and kind == "categorical" and "scale" not in spec:
             scale = all(_numeric(v) and v > 0 for v in values)
-        if not isinstance(scale, bool):
+        if scale is not None and not isinstance(scale, bool):
             raise fail(name, f"scale must be true or false, not {scale!r}")
         if scale and not (
             (kind == "categorical" and all(_numeric(v) and v > 0 for v in values))

@@ -17,7 +17,7 @@ from amibake.errors import UserError
 from fleet.noisy_replay import RunsReplay, compare_noisy
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
-from fleet.search.features import Encoder, facts
+from fleet.search.features import Encoder, estimated_usd_per_vcpu_hour, facts
 from fleet.search.recommend import recommend
 from fleet.space import parse
 
@@ -55,9 +55,10 @@ def test_an_instance_type_reads_as_aws_names_it() -> None:
     assert graviton is not None and (graviton.processor, graviton.gib_per_vcpu) == ("graviton", 8)
     family = facts("c6i")
     assert family is not None and (family.vcpus, family.processor) == (None, "intel")
-    # Not in the catalog, named by the convention: still read.
+    # Not in the catalog, named by the convention: still read, its price estimated.
     unknown = facts("m9z.12xlarge")
-    assert unknown is not None and (unknown.vcpus, unknown.usd_per_vcpu_hour) == (48, None)
+    assert unknown is not None and unknown.vcpus == 48
+    assert unknown.usd_per_vcpu_hour == estimated_usd_per_vcpu_hour(4.0, "intel", 9)
     assert facts("not-a-type") is None and facts("c7a.huge") is None
 
 
