@@ -216,16 +216,22 @@ def measured(table: pd.DataFrame, names: list[str]) -> list[str]:
     left = list(names)
     out: list[str] = []
     numeric = [n for n in names if pd.api.types.is_numeric_dtype(table[n].dtype)]
-    for name in sorted(numeric, key=lambda n: -table[n].nunique()):
-        rest = [n for n in left if n != name]
-        if not rest or table[rest].isna().any().any() or table.duplicated(rest).any():
-            continue
-        values = table[name].dropna()
-        spread = values.nunique() >= len(values) / 2
-        fractions = bool((values % 1 != 0).any())
-        if spread or fractions:
-            out.append(name)
-            left = rest
+    found = True
+    while found:  # again after each one set aside: a runtime empty on failed runs kept a
+        found = False  # price from being told apart without it
+        for name in sorted(numeric, key=lambda n: -table[n].nunique()):
+            rest = [n for n in left if n != name]
+            if name in out or not rest:
+                continue
+            if table[rest].isna().any().any() or table.duplicated(rest).any():
+                continue
+            values = table[name].dropna()
+            spread = values.nunique() >= len(values) / 2
+            fractions = bool((values % 1 != 0).any())
+            if spread or fractions:
+                out.append(name)
+                left, found = rest, True
+                break
     return out
 
 
