@@ -171,7 +171,9 @@ def generated(count: int, seed: int) -> list[Workload]:
 
 
 def write(
-    directory: Path, workloads: tuple[Workload, ...] | list[Workload] = WORKLOADS
+    directory: Path,
+    workloads: tuple[Workload, ...] | list[Workload] = WORKLOADS,
+    as_published: bool = False,
 ) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -180,6 +182,27 @@ def write(
         if frame["usd"].isna().all():
             continue  # every configuration out of memory: nothing to search for
         path = directory / f"cluster_{w.name}.csv"
-        frame.to_csv(path, index=False)
+        (published(frame) if as_published else frame).to_csv(path, index=False)
         paths.append(path)
     return paths
+
+
+# A published table's own names for the columns, and families the price catalog does not hold
+# (older ones, or variants with local disks or more network), each of the same class and
+# processor: the search then reads the types' prices as estimated, and the node count and the
+# measurements by their values, as it must on a public table of runs.
+PUBLISHED_COLUMNS = {"nodes": "workers", "seconds": "runtime", "price_per_hour": "hourly",
+                     "usd": "cost"}  # fmt: skip
+UNPRICED = {
+    "c5": "c4", "c6i": "c5d", "c7i": "c6in", "c6a": "c5ad", "c7a": "c8a", "c6g": "c6gd",
+    "c7g": "c7gd", "c8g": "c8gd", "m5": "m4", "m6i": "m6id", "m7i": "m8i", "m7g": "m7gd",
+    "r6i": "r6id", "r7g": "r7gd",
+}  # fmt: skip
+
+
+def published(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table as a public dataset would give it (PUBLISHED_COLUMNS, UNPRICED families)."""
+    out = frame.rename(columns=PUBLISHED_COLUMNS)
+    parts = out["instance_type"].str.split(".", n=1, expand=True)
+    out["instance_type"] = parts[0].map(UNPRICED) + "." + parts[1]
+    return out
