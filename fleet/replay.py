@@ -6,6 +6,7 @@ algorithms see the same table, so their difference is the search's, not the mach
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -25,8 +26,10 @@ from fleet.tune_spec import (
 )
 
 log = logging.getLogger("amibake")
-# Below this many rows a table's columns are all taken for parameters (fleet.replay.measured).
+# Below this many rows, or with more columns than this, a table's columns are all taken for
+# parameters (fleet.replay.configuration_columns: it tries every subset of the columns).
 MEASURED_FROM = 8
+MAX_KEY_COLUMNS = 12
 # The columns a replay table needs for each constraint to be checked on its rows.
 CONSTRAINT_COLUMNS = {
     "max_seconds": ("seconds",),
@@ -200,45 +203,39 @@ class Comparison:
     curves: list[list[float]] = field(default_factory=list)
 
 
-def measured(table: pd.DataFrame, names: list[str]) -> list[str]:
-    """The columns among `names` that hold measurements, not parameters: a public table of
-    cluster runs keeps its runtime and price per hour beside the cost, under names of its own
-    (`runtime`, `hourly`), and read as parameters they made a space of every runtime times
-    every configuration, whose trials were nearly all missing from the table.
-
-    A column is a measurement when it is numbers, the other columns still tell every row apart
-    without it (a parameter of a grid is needed to: its rows differ in it alone), and its
-    values are either nearly all different (half or more: a measurement of each run) or
-    fractions (a price; a searched number in a table is a count or a size). Most different
-    first, as long as one column is left."""
-    if len(table) < MEASURED_FROM:
-        return []
-    left = list(names)
-    out: list[str] = []
-    numeric = [n for n in names if pd.api.types.is_numeric_dtype(table[n].dtype)]
-    found = True
-    while found:  # again after each one set aside: a runtime empty on failed runs kept a
-        found = False  # price from being told apart without it
-        for name in sorted(numeric, key=lambda n: -table[n].nunique()):
-            rest = [n for n in left if n != name]
-            if name in out or not rest:
-                continue
-            if table[rest].isna().any().any() or table.duplicated(rest).any():
-                continue
-            values = table[name].dropna()
-            spread = values.nunique() >= len(values) / 2
-            fractions = bool((values % 1 != 0).any())
-            if spread or fractions:
-                out.append(name)
-                left, found = rest, True
-                break
-    return out
+def configuration_columns(table: pd.DataFrame, names: list[str]) -> list[str]:
+    """The columns among `names` that make a row's configuration: the fewest that tell every row
+    apart and whose combinations the table mostly holds (half or more), fewest values first.
+    The others were measured (a runtime, a price per hour) or describe them (a type's vCPUs,
+    a cluster's total): a public table of cluster runs keeps them under names of its own, and
+    searched as parameters they made a space of every runtime times every configuration, nearly
+    none of it in the table. A column with a value per row is no parameter beside others (a
+    grid's parameter repeats); one with an empty cell is none either (a failed run's runtime).
+    Where no columns qualify (a small table, a sample of a space rather than its grid), all are
+    parameters, as written."""
+    if len(table) < MEASURED_FROM or len(names) > MAX_KEY_COLUMNS:
+        return list(names)
+    usable = [
+        n
+        for n in names
+        if not table[n].isna().any() and (len(names) == 1 or table[n].nunique() < len(table))
+    ]
+    for size in range(1, len(usable) + 1):
+        fits = []
+        for subset in itertools.combinations(usable, size):
+            grid = math.prod(int(table[n].nunique()) for n in subset)
+            if 2 * len(table) >= grid and not table.duplicated(list(subset)).any():
+                fits.append((grid, list(subset)))
+        if fits:
+            return min(fits)[1]
+    return list(names)
 
 
 def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """With no tune file, `compare` searches the table's own configurations: every column but
     the objective and the other measurements a replay table may hold (MEASURES, and those
-    `measured` finds by their values) is a categorical parameter of its distinct values."""
+    `configuration_columns` sets aside by their values) is a categorical parameter of its
+    distinct values."""
     table = read_table(path)
     if column not in table.columns:
         raise UserError(
@@ -246,11 +243,14 @@ def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> 
             f"{', '.join(table.columns)}); name it with --objective-column"
         )
     names = [n for n in table.columns if n != column and n not in MEASURES and n not in exclude]
-    skipped = measured(table, names)
+    chosen = configuration_columns(table, names)
+    skipped = [n for n in names if n not in chosen]
     if skipped:
         log.info(
-            "%s: %s read as measured, not searched (name the space with --space to search it)",
+            "%s: searching %s (the fewest columns that tell the rows apart); %s read as measured "
+            "or describing them, not searched (give the space with --space to search one)",
             path,
+            ", ".join(chosen),
             ", ".join(skipped),
         )
     params = {}

@@ -17,7 +17,7 @@ from scipy import stats
 
 from amibake.errors import UserError
 from fleet.cli import main as fleet
-from fleet.replay import measured, space_from_table
+from fleet.replay import configuration_columns, space_from_table
 from fleet.results import Results
 from fleet.search import engines
 from fleet.search.features import (
@@ -237,15 +237,15 @@ def test_a_type_the_catalog_lacks_is_priced_by_its_class_and_processor() -> None
 
 
 def _cluster_table(path: Path) -> Path:
-    # three runs out of memory: no runtime and no cost there, so the runtime has fewer values
-    # than the price per hour, and is set aside second
-    rows = ["instance_type,nodes,runtime,hourly,cost"]
+    # three runs out of memory (no runtime, no cost), and each type's vCPUs and the cluster's
+    rows = ["instance_type,nodes,runtime,hourly,cost,vcpus,total_vcpus"]  # total beside them
     for i, (t, n) in enumerate(
         (t, n) for t in ("c7a.large", "c7g.large", "r7g.xlarge") for n in (1, 2, 4)
     ):
         seconds = 1000.0 / n + 17.3 * i
-        measured = ("", "") if i in (0, 3, 6) else (f"{seconds:.2f}", f"{seconds * n / 3600:.5f}")
-        rows.append(f"{t},{n},{measured[0]},{0.1 * n + 0.01 * i:.3f},{measured[1]}")
+        ran = ("", "") if i in (0, 3, 6) else (f"{seconds:.2f}", f"{seconds * n / 3600:.5f}")
+        vcpus = 2 * (1 + (t == "r7g.xlarge"))
+        rows.append(f"{t},{n},{ran[0]},{0.1 * n + 0.01 * i:.3f},{ran[1]},{vcpus},{vcpus * n}")
     path.write_text("\n".join(rows) + "\n")
     return path
 
@@ -253,7 +253,8 @@ def _cluster_table(path: Path) -> Path:
 def test_a_table_s_measurements_are_not_searched(
     tmp_path: Path, sandbox: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # runtime (a value per run) and hourly (prices, fractions) beside the cost: measured, and
+    # runtime, hourly (measured) and vcpus, total_vcpus (describing the configuration) beside
+    # the cost: set aside, and
     # the space is the table's nine configurations, not nine times every runtime
     path = _cluster_table(tmp_path / "runs.csv")
     raw = space_from_table(path, "cost")
@@ -261,7 +262,8 @@ def test_a_table_s_measurements_are_not_searched(
     assert fleet(["tune", "compare", "--replay", str(path), "--objective-column", "cost",
                   "--algorithms", "random", "--seeds", "2", "--budget", "3"]) == 0  # fmt: skip
     err = capsys.readouterr().err
-    assert "runtime, hourly read as measured, not searched" in err  # both, in that order
+    assert "searching instance_type, nodes" in err
+    assert "runtime, hourly, vcpus, total_vcpus read as measured or describing them" in err
 
 
 def test_a_grid_s_parameters_are_never_taken_for_measurements() -> None:
@@ -271,12 +273,19 @@ def test_a_grid_s_parameters_are_never_taken_for_measurements() -> None:
         [(t, n, f) for t in ("a", "b", "c") for n in (1, 2, 4) for f in (0.5, 1.5)],
         columns=["kind", "nodes", "fraction"],
     )
+    names = ["kind", "nodes", "fraction"]
     # every column is needed to tell the rows apart: all parameters, fractions or not
-    assert measured(grid, ["kind", "nodes", "fraction"]) == []
+    assert configuration_columns(grid, names) == names
     # a table too small to tell, and a column left empty, keep every column a parameter
-    assert measured(grid.head(4), ["kind", "nodes", "fraction"]) == []
-    gappy = grid.assign(kind=grid["kind"].where(grid.index != 3))
-    assert measured(gappy.assign(run=range(len(grid))), ["kind", "nodes", "fraction", "run"]) == []
+    assert configuration_columns(grid.head(4), names) == names
+    gappy = grid.assign(kind=grid["kind"].where(grid.index != 3), run=range(len(grid)))
+    assert configuration_columns(gappy, [*names, "run"]) == [*names, "run"]
+    # twelve configurations sampled from a space of 6 x 6 x 6: two columns tell the rows apart,
+    # but a table holding a third of their grid is a sample, not a grid with a measurement
+    sample = pd.DataFrame({"a": [i % 6 for i in range(12)], "b": [i // 2 for i in range(12)],
+                           "c": [(5 * i + i // 6) % 6 for i in range(12)]})  # fmt: skip
+    assert not sample.duplicated(["a", "b"]).any()
+    assert configuration_columns(sample, ["a", "b", "c"]) == ["a", "b", "c"]
 
 
 def test_a_node_s_memory_is_a_feature_of_its_own() -> None:
