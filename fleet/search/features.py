@@ -193,7 +193,7 @@ TYPE_SIZE_COLUMNS = (TYPE_FEATURES.index("log2_vcpus"), TYPE_FEATURES.index("log
 TOTALS = ("log2_total_vcpus", "log2_total_gib", "log_total_usd_per_hour")
 
 
-# Names a table's node-count column goes by, for a space with more than one count beside the type.
+# Names a table's node-count column goes by (fleet.search.features.node_count).
 COUNT_NAME = re.compile(
     r"node|worker|instance|machine|host|vm|executor|replica|count|cluster|scale"
 )
@@ -212,16 +212,19 @@ def _counts(param: Param) -> bool:
 def node_count(space: Space, types: list[str]) -> str | None:
     """The parameter that counts the nodes an instance type is run on: the one marked scale (or
     named `nodes`); where none is and the space has an instance type, the one parameter of
-    whole numbers above 0 not marked otherwise, or the one of them named as a count (workers,
-    num_instances, cluster_size). A table of measured runs names its node column as its authors
-    chose, and without it the search lost the cluster's totals: on bench_search's 72 generated
-    tables with the column named `workers`, issue 22's second goal was met on 31, against 55."""
+    whole numbers above 0 named as a count (workers, num_instances, cluster_size, vms). A table
+    of measured runs names its node column as its authors chose, and without it the search
+    lost the cluster's totals: on bench_search's 72 generated tables with the column named
+    `workers`, issue 22's second goal was met on 31, against 55. Named, not merely whole
+    numbers: a tune file's `threads` beside its instance type is no node count."""
     said = [name for name, param in space.params.items() if param.scale]
     if said or not types:
         return said[0] if said else None
-    counts = [name for name, param in space.params.items() if name not in types and _counts(param)]
-    if len(counts) > 1:
-        counts = [name for name in counts if COUNT_NAME.search(name.lower())]
+    counts = [
+        name
+        for name, param in space.params.items()
+        if name not in types and _counts(param) and COUNT_NAME.search(name.lower())
+    ]
     # one marked scale = false is said not to be the count, and leaves no other in its place
     return counts[0] if len(counts) == 1 and space.params[counts[0]].scale is None else None
 

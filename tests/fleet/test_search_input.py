@@ -177,9 +177,11 @@ def test_a_cluster_s_totals_are_features() -> None:
 @pytest.mark.parametrize(
     ("extra", "counted"),
     [
-        ({"workers": [2, 4, 6]}, "workers"),  # the one count beside the type, by any name
-        ({"vms": [2, 4], "threads": [1, 2]}, "vms"),  # two counts: the one named as one
+        ({"workers": [2, 4, 6]}, "workers"),  # the one count beside the type, named as one
+        ({"vms": [2, 4], "threads": [1, 2]}, "vms"),  # and beside other numbers
         ({"threads": [1, 2], "block": [8, 16]}, None),  # two counts, neither named: none
+        ({"threads": [1, 2, 4]}, None),  # a tune file's threads beside its type: no node count
+        ({"vms": [2, 4], "workers": [1, 2]}, None),  # two named as counts: which is unsaid
         ({"workers": [0.5, 1.0]}, None),  # not whole numbers above 0
     ],
 )
