@@ -28,7 +28,7 @@ from fleet.tune_spec import (
 log = logging.getLogger("amibake")
 # Below this many rows, or with more columns than this, a table's columns are all taken for
 # parameters (fleet.replay.configuration_columns: it tries every subset of the columns).
-MEASURED_FROM = 8
+KEYED_FROM = 8
 MAX_KEY_COLUMNS = 12
 # The columns a replay table needs for each constraint to be checked on its rows.
 CONSTRAINT_COLUMNS = {
@@ -213,7 +213,7 @@ def configuration_columns(table: pd.DataFrame, names: list[str]) -> list[str]:
     grid's parameter repeats); one with an empty cell is none either (a failed run's runtime).
     Where no columns qualify (a small table, a sample of a space rather than its grid), all are
     parameters, as written."""
-    if len(table) < MEASURED_FROM or len(names) > MAX_KEY_COLUMNS:
+    if len(table) < KEYED_FROM or len(names) > MAX_KEY_COLUMNS:
         return list(names)
     usable = [
         n
