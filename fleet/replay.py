@@ -215,15 +215,16 @@ def configuration_columns(table: pd.DataFrame, names: list[str]) -> list[str]:
     parameters, as written."""
     if len(table) < KEYED_FROM or len(names) > MAX_KEY_COLUMNS:
         return list(names)
+    values = {n: int(table[n].nunique()) for n in names}
     usable = [
         n
         for n in names
-        if not table[n].isna().any() and (len(names) == 1 or table[n].nunique() < len(table))
+        if not table[n].isna().any() and (len(names) == 1 or values[n] < len(table))
     ]
     for size in range(1, len(usable) + 1):
         fits = []
         for subset in itertools.combinations(usable, size):
-            grid = math.prod(int(table[n].nunique()) for n in subset)
+            grid = math.prod(values[n] for n in subset)
             if 2 * len(table) >= grid and not table.duplicated(list(subset)).any():
                 fits.append((grid, list(subset)))
         if fits:
@@ -254,9 +255,7 @@ def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> 
             ", ".join(skipped),
         )
     params = {}
-    for name in names:
-        if name in skipped:
-            continue
+    for name in chosen:
         if table[name].isna().any():
             line = int(table[name].isna().to_numpy().nonzero()[0][0]) + 2  # 1: the header
             raise UserError(

@@ -64,7 +64,7 @@ class Param:
     when_in: tuple[Any, ...] = ()
     # A node count or other scale-out factor: more of it, less time, more price per hour (the
     # search may model time as a + b/n + c log n, as Ernest, NSDI'16). None: not said, and the
-    # search may take it for one by its values (fleet/search/features.py: node_count)
+    # search may take it for one by its name and values (fleet/search/features.py: node_count)
     scale: bool | None = None
 
     def options(self) -> list[Any]:

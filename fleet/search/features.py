@@ -96,12 +96,7 @@ def _price_model() -> tuple[float, float, dict[tuple[str, bool], float]]:
     ratios: dict[tuple[str, bool], list[float]] = {}
     for era, g, u in rows:
         ratios.setdefault(era, []).append(u / (base + per_gib * g))
-        ratios.setdefault((era[0], not era[1]), [])
-    factors = {era: float(np.median(r)) for era, r in ratios.items() if r}
-    for era in ratios:  # an era the catalog lacks: the processor's other era
-        if era not in factors and (era[0], not era[1]) in factors:
-            factors[era] = factors[(era[0], not era[1])]
-    return float(base), float(per_gib), factors
+    return float(base), float(per_gib), {era: float(np.median(r)) for era, r in ratios.items()}
 
 
 def estimated_usd_per_vcpu_hour(gib_per_vcpu: float, processor: str, generation: int) -> float:
@@ -111,7 +106,9 @@ def estimated_usd_per_vcpu_hour(gib_per_vcpu: float, processor: str, generation:
     than random search with twice the runs (bench_search: goal 2 met on 26 of 72 tables,
     against 55 with prices)."""
     base, per_gib, factors = _price_model()
-    factor = factors.get((processor, generation >= MODERN), 1.0)
+    modern = generation >= MODERN
+    # an era the catalog lacks: the processor's other era
+    factor = factors.get((processor, modern), factors.get((processor, not modern), 1.0))
     return max(base + per_gib * gib_per_vcpu, 1e-4) * factor
 
 
