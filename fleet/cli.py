@@ -509,13 +509,14 @@ def _tune_compare(args: argparse.Namespace) -> int:
         column = args.objective_column or "metric"
         spec = tune.from_dict(replay.space_from_table(table, column), str(table))
     algorithms = _list(args.algorithms) or ["auto", "tpe", "random", "grid"]
-    _check_compare(args, algorithms, spec)
     evaluator = replay.ReplayEvaluator(table, spec)
+    searched = len(evaluator.configurations())  # what the table holds of the space
+    _check_compare(args, algorithms, spec, searched)
     if args.startup_trials is not None:
         spec.startup_trials = args.startup_trials
     rows = replay.compare(spec, evaluator, algorithms, args.seeds, args.budget)
     near = {t: evaluator.near_optimum(t) for t in (0.02, 0.05)}
-    text = replay.compare_text(rows, args.budget, spec.space.size(), near, len(evaluator.table))
+    text = replay.compare_text(rows, args.budget, searched, near, spec.space.size())
     # One page per table and budget: comparing again with the same ones replaces it.
     out = config_from(args).results_dir / "reports" / f"compare-{table.stem}-{args.budget}"
     files = tune_report.make_compare(rows, text, out)
@@ -565,15 +566,20 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_compare(args: argparse.Namespace, algorithms: list[str], spec: TuneSpec) -> None:
+def _check_compare(
+    args: argparse.Namespace, algorithms: list[str], spec: TuneSpec, held: int | None = None
+) -> None:
     """`compare`'s algorithms and counts, before any search: --budget 100000000 on a table of
-    four configurations ran without end."""
+    four configurations ran without end. `held`: the configurations a table holds of the space,
+    where the search runs those alone."""
     from fleet import tune
 
     for name in algorithms:
         if name not in tune.ALGORITHMS:
             raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
-    size = None if spec.space.continuous else spec.space.size()
+    size = held
+    if size is None and not spec.space.continuous:
+        size = spec.space.size()
     if args.budget is None:
         args.budget = DEFAULT_BUDGET if size is None else min(DEFAULT_BUDGET, size)
     limits = {
@@ -587,7 +593,8 @@ def _check_compare(args: argparse.Namespace, algorithms: list[str], spec: TuneSp
             raise UserError(f"{flag} {problem}")
     if size is not None and args.budget > size:
         raise UserError(
-            f"--budget {args.budget} is more than the {size} configurations of the space: a "
+            f"--budget {args.budget} is more than the {size} configurations "
+            f"{'of the space' if held is None else 'the table holds'}: a "
             f"search that has tried them all has nothing left to ask (use --budget {size} or less)"
         )
 

@@ -16,7 +16,10 @@ def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
     if spec.replay is not None:
         from fleet.replay import ReplayEvaluator
 
-        return ReplayEvaluator(spec.replay, spec)
+        table = ReplayEvaluator(spec.replay, spec)
+        # The search runs what the table holds: a configuration it lacks cannot be looked up
+        spec.space = spec.space.holding(table.configurations())
+        return table
     from fleet.trial import CloudEvaluator
 
     # What the workload takes, before anything else is asked of the cloud or the prices (an

@@ -61,12 +61,16 @@ class RunsReplay:
         self.path = path
         self.params = list(space.params)
         self.rng = np.random.default_rng(seed)
+        self.space = space
         self.runs: dict[str, list[float | None]] = {}
+        self.rows: dict[str, dict[str, Any]] = {}  # each configuration's parameters
         first_line: dict[str, int] = {}
         for line, (row, value) in enumerate(
             zip(table[self.params].to_dict(orient="records"), values, strict=True), start=2
         ):
-            name = engines.key(self._clean(row))
+            clean = self._clean(row)
+            name = engines.key(clean)
+            self.rows.setdefault(name, clean)
             first_line.setdefault(name, line)
             self.runs.setdefault(name, []).append(None if math.isnan(value) else float(value))
         for name, runs in self.runs.items():
@@ -80,6 +84,16 @@ class RunsReplay:
             for name, runs in self.runs.items()
         }
         self.best = min(self.means.values())
+
+    def configurations(self) -> list[dict[str, Any]]:
+        """The table's configurations the space can name: what a search over it can run."""
+        params = self.space.params
+        return [
+            row
+            for row in self.rows.values()
+            if all(v in params[n].options() for n, v in row.items())
+            and self.space.active(row) == row
+        ]
 
     def _clean(self, row: dict[str, Any]) -> dict[str, Any]:
         """A row's parameters as the space gives them (pandas reads 8 as 8.0 beside a gap)."""
@@ -140,6 +154,7 @@ def compare_noisy(
     path: Path, space: Space, column: str, algorithms: list[str],
     seeds: int, budget: int, startup: int,
 ) -> list[NoisyScore]:  # fmt: skip
+    space = space.holding(RunsReplay(path, space, column).configurations())
     out = []
     for algorithm in algorithms:
         score = NoisyScore(algorithm)

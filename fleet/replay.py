@@ -133,6 +133,20 @@ class ReplayEvaluator:
             for p in self.params
         )
 
+    def configurations(self) -> list[dict[str, Any]]:
+        """The table's configurations in the space's own values: what a search over the table
+        can run (Space.holding). A row the space cannot name (a value it does not list) is
+        none of them."""
+        space = self.spec.space
+        named = {name: {str(v): v for v in space.params[name].options()} for name in self.params}
+        out = []
+        for key in self.table:
+            texts = zip(self.params, key, strict=True)
+            chosen = {name: named[name].get(text) for name, text in texts if text != ""}
+            if all(v is not None for v in chosen.values()) and space.active(chosen) == chosen:
+                out.append(chosen)
+        return out
+
     def objective_of(self, row: dict[str, Any]) -> float:
         value = float(row[self.column])
         if self.spec.objective == "cost":
@@ -277,11 +291,12 @@ def compare(
     (what matters here is the sequence of suggestions, not wall time)."""
     optimum = evaluator.optimum()
     scale = abs(optimum) or 1.0
+    space = spec.space.holding(evaluator.configurations())
     out = []
     for algorithm in algorithms:
         comparison = Comparison(algorithm, [], [], [])
         for seed in range(seeds):
-            engine = engines.make(algorithm, spec.space, seed, spec.startup, budget)
+            engine = engines.make(algorithm, space, seed, spec.startup, budget)
             best_so_far = math.inf
             curve: list[float] = []
             reached: dict[float, int | None] = {0.02: None, 0.05: None}
@@ -321,8 +336,10 @@ def blind_chance(configurations: int, near: int, budget: int) -> float:
 
 
 def compare_text(
-    rows: list[Comparison], budget: int, grid_size: int, near: dict[float, int], held: int = 0
+    rows: list[Comparison], budget: int, searched: int, near: dict[float, int], grid_size: int
 ) -> str:
+    """The comparison's table, with what a blind search would find: `searched` configurations
+    of the table, of a grid of `grid_size` that its parameters' values make."""
     from tabulate import tabulate
 
     def median_trials(values: list[int | None]) -> str:
@@ -345,16 +362,14 @@ def compare_text(
     # the machine's noise) is a needle no algorithm finds quickly: say how big the target is.
     targets = "; ".join(
         f"{near[t]} within {t:.0%} (a blind draw of {budget} hits one "
-        f"{blind_chance(grid_size, near[t], budget):.0%} of the time)"
+        f"{blind_chance(searched, near[t], budget):.0%} of the time)"
         for t in sorted(near)
     )
-    # A space larger than the table (a partial grid, or a measurement column taken for a
-    # parameter) spends trials on configurations the table does not hold: say so.
-    missing = (
-        f" ({grid_size - held} not in the table: trials there fail)" if 0 < held < grid_size else ""
-    )
+    # A table that holds part of its grid (node counts set per size, a configuration never
+    # run) is searched over what it holds: say so, a search on the cloud would have the grid.
+    part = f" (of a grid of {grid_size}: the rest are not in it)" if searched < grid_size else ""
     return (
-        f"{budget} trials per seed; the grid has {grid_size} configurations{missing}; "
+        f"{budget} trials per seed over the table's {searched} configurations{part}; "
         "best/optimum 1.0000 is the table's optimum\n"
-        f"of the {grid_size}: {targets}\n" + tabulate(table, headers="keys")
+        f"of the {searched}: {targets}\n" + tabulate(table, headers="keys")
     )

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from amibake import checks
@@ -97,6 +97,16 @@ class Space:
     # Where each parameter is written ("tune.toml:7"), for an error the search meets later (an
     # instance type whose features neither its name nor the catalog gives).
     origins: dict[str, str] = field(default_factory=dict)
+    # The configurations that can run, where not every combination of the values can: a replay
+    # table's rows. A published table of cluster runs sets its node counts per size (the
+    # cluster's total vCPUs take a few values), so the grid of its columns is twice its rows,
+    # and a search over the grid spent half its trials on configurations nobody ran. None:
+    # every combination.
+    only: list[dict[str, Any]] | None = None
+
+    def holding(self, configurations: list[dict[str, Any]]) -> Space:
+        """This space narrowed to `configurations` (each a combination of its values)."""
+        return replace(self, only=[dict(c) for c in configurations])
 
     def origin(self, name: str) -> str:
         return self.origins.get(name, "the search space")
@@ -150,6 +160,33 @@ class Space:
             space[param.name] = hp.choice(param.name, branches)
         return space
 
+    def hyperopt_values(self, chosen: dict[str, Any]) -> dict[str, list[Any]]:
+        """A configuration as hyperopt records a draw of `hyperopt()` (a label's index into its
+        choice, or its value): the inverse of `from_sample`, for a configuration the search
+        picks itself and hyperopt must learn from as its own."""
+
+        def value(param: Param, given: Any) -> Any:
+            if param.ordinal:
+                return float(param.options().index(given))  # a position (quniform)
+            if param.kind == "categorical":
+                return param.options().index(given)  # the choice's index
+            return given
+
+        vals: dict[str, list[Any]] = {}
+        for param in self.params.values():
+            if param.when_param:
+                continue
+            given = chosen[param.name]
+            vals[param.name] = [value(param, given)]
+            for child in self.params.values():
+                if child.when_param != param.name:
+                    continue
+                for option in (o for o in param.options() if o in child.when_in):
+                    label = f"{child.name}|{param.name}={option}"
+                    held = option == given and child.name in chosen and option in child.when_in
+                    vals[label] = [value(child, chosen[child.name])] if held else []
+        return vals
+
     def from_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
         """hyperopt's sample -> {name: value}: nesting undone, positions turned into values."""
         flat = self.flatten(sample)
@@ -187,6 +224,9 @@ class Space:
     def grid(self) -> Iterator[dict[str, Any]]:
         """Every valid combination of a discrete space, each once."""
         self._require_discrete()
+        if self.only is not None:
+            yield from (dict(c) for c in self.only)
+            return
         roots = [p for p in self.params.values() if not p.when_param]
         for combination in itertools.product(*(p.options() for p in roots)):
             chosen = dict(zip((p.name for p in roots), combination, strict=True))
@@ -200,6 +240,8 @@ class Space:
         """How many combinations grid() yields, counted without enumerating them (a space of
         ten parameters of ten values has 10^10)."""
         self._require_discrete()
+        if self.only is not None:
+            return len(self.only)
         total = 1
         for root in (p for p in self.params.values() if not p.when_param):
             children = [p for p in self.params.values() if p.when_param == root.name]

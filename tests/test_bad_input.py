@@ -851,7 +851,7 @@ COMPARE = [
     case("fleet tune compare --replay {tmp}/t.csv --budget 100000000", "--budget must be an "
          "integer from 1 to 10000, not 100000000: every trial", files=TABLE),
     case("fleet tune compare --replay {tmp}/t.csv --budget 4", "--budget 4 is more than the 3 "
-         "configurations of the space", files=TABLE),
+         "configurations the table holds", files=TABLE),
     case("fleet tune compare --replay {tmp}/t.csv --budget 0", "--budget must be an integer from "
          "1 to 10000, not 0", files=TABLE),
     case("fleet tune compare --replay {tmp}/t.csv --seeds 0", "--seeds must be an integer from 1"

@@ -34,14 +34,17 @@ class Hyperopt:
         self._random = rand.suggest
         self._asked: set[str] = set()  # every configuration handed out
         self._distinct: float = math.inf if space.continuous else space.size()
+        # A space narrowed to the configurations that can run (a replay table's rows): a draw
+        # outside them is dropped as a repeat is, not run to fail
+        self._runnable = None if space.only is None else {key(c) for c in space.only}
 
     def ask(self) -> tuple[int, dict[str, Any]] | None:
         import hyperopt
         from hyperopt import JOB_STATE_ERROR
 
-        # Once every configuration has run, a repeat is all there is: no redraws.
-        redraws = REDRAWS if len(self._asked) < self._distinct else 1
-        for attempt in range(redraws):
+        # Once every configuration has run, a repeat is all there is: the first runnable draw.
+        fresh = len(self._asked) < self._distinct
+        for attempt in range(REDRAWS):
             # TPE's next pick after a seen one is mostly that one again (it takes the best of 24
             # candidates from the same density): then hyperopt's random suggestion instead.
             suggest = self.suggest if attempt < TPE_REDRAWS else self._random
@@ -55,7 +58,8 @@ class Hyperopt:
                 self.space.from_sample(hyperopt.space_eval(self.hp_space, values))
             )
             seen = key(chosen)
-            if seen not in self._asked or attempt == redraws - 1:
+            runs = self._runnable is None or seen in self._runnable
+            if (runs and (seen not in self._asked or not fresh)) or attempt == REDRAWS - 1:
                 break  # new, or the last try: nearly every configuration seen, run it again
             # A configuration already run (or running): a trial spent on it would only measure
             # it again (TPE re-proposes its best point often: 2 of 22 trials on a 220-point
@@ -64,11 +68,30 @@ class Hyperopt:
             # measure a point again.
             doc["state"] = JOB_STATE_ERROR
             self.trials.refresh()
+        missed = self._runnable is not None and (
+            seen not in self._runnable or (fresh and seen in self._asked)
+        )
+        if missed:
+            # A narrowed space whose untried configurations the draws keep missing (52 of 400,
+            # 30 of them asked: a draw is new and runnable 1 time in 18): one of them at
+            # random, recorded as hyperopt's own draw so that TPE learns from it.
+            chosen = self._untried()
+            seen = key(chosen)
+            vals = self.space.hyperopt_values(chosen)
+            doc["misc"]["vals"] = vals
+            doc["misc"]["idxs"] = {label: [doc["tid"]] if v else [] for label, v in vals.items()}
+            self.trials.refresh()
         self._asked.add(seen)
         trial = self._count
         self._count += 1
         self._docs[trial] = doc
         return trial, chosen
+
+    def _untried(self) -> dict[str, Any]:
+        """A runnable configuration not yet asked (any runnable one once all were)."""
+        assert self.space.only is not None
+        fresh = [c for c in self.space.only if key(c) not in self._asked] or self.space.only
+        return dict(fresh[int(self.rng.integers(len(fresh)))])
 
     def tell(self, trial: int, loss: float | None) -> None:
         from hyperopt import JOB_STATE_DONE, STATUS_OK

@@ -76,6 +76,9 @@ def candidates(space: Space, rng: np.random.Generator) -> list[dict[str, Any]]:
     """Every configuration of a small discrete space; a seeded sample of a larger one."""
     if not space.continuous and space.size() <= MAX_CANDIDATES:
         return list(space.grid())
+    if space.only is not None:  # the configurations that can run: a sample of them
+        picked = rng.choice(len(space.only), MAX_CANDIDATES, replace=False)
+        return [dict(space.only[int(i)]) for i in sorted(picked)]
     seen: dict[str, dict[str, Any]] = {}
     for _ in range(MAX_CANDIDATES * 3):
         chosen: dict[str, Any] = {}

@@ -160,6 +160,51 @@ def test_noisy_replay_draws_runs_and_scores_the_recommendation(tmp_path: Path) -
     assert score.intervals == 4
 
 
+def test_a_configuration_reads_back_from_hyperopt_s_own_record_of_it() -> None:
+    # what the hyperopt engine records for a configuration it picks itself (a narrowed space's
+    # draws kept missing): a conditional child, an ordinal, a categorical of strings
+    import hyperopt
+
+    raw = {
+        "opt": {"kind": "categorical", "values": ["-O2", "-O3"]},
+        "width": {"kind": "categorical", "values": [128, 256, 512],
+                  "when": {"param": "opt", "in": ["-O3"]}},
+        "threads": {"kind": "int", "low": 1, "high": 4},
+    }  # fmt: skip
+    space = parse(raw, "t", "", [])
+    configurations = list(space.grid())
+    assert len(configurations) == 4 * (1 + 3)
+    for chosen in configurations:
+        vals = space.hyperopt_values(chosen)
+        values = {label: v[0] for label, v in vals.items() if v}
+        sample = hyperopt.space_eval(space.hyperopt(), values)
+        assert space.active(space.from_sample(sample)) == chosen, (chosen, vals)
+
+
+@pytest.mark.parametrize("algorithm", ["random", "tpe", "auto"])
+def test_noisy_replay_of_a_partial_table_runs_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str
+) -> None:
+    # 20 x 20 in the space; the table holds the 40 configurations with x + y < 8 or x = y
+    held = [(x, y) for x, y in itertools.product(range(20), range(20)) if x + y < 8 or x == y]
+    rows = [{"run": r, "x": x, "y": y, "metric": bowl({"x": x, "y": y}) + r} for x, y in held
+            for r in range(2)]  # fmt: skip
+    path = _runs_table(tmp_path, rows)
+    space = parse(GRID, "t", "", [])
+    assert len(RunsReplay(path, space, "metric").configurations()) == len(held) == 52
+    reasons = []
+    draw = RunsReplay.__call__
+
+    def recorded(self: RunsReplay, trial: int, params: dict[str, Any]) -> Evaluation:
+        evaluation = draw(self, trial, params)
+        reasons.append(evaluation.reason)
+        return evaluation
+
+    monkeypatch.setattr(RunsReplay, "__call__", recorded)
+    compare_noisy(path, space, "metric", [algorithm], 3, 30, 3)
+    assert len(reasons) == 90 and set(reasons) == {""}, set(reasons)
+
+
 @pytest.mark.parametrize(
     ("rows", "message"),
     [

@@ -268,6 +268,44 @@ def test_a_table_s_measurements_are_not_searched(
     assert "runtime, hourly, vcpus, total_vcpus read as measured or describing them" in err
 
 
+@pytest.mark.parametrize("algorithm", sorted(engines.ALGORITHMS))
+def test_a_table_that_holds_part_of_its_grid_is_searched_over_what_it_holds(
+    tmp_path: Path, algorithm: str
+) -> None:
+    # Node counts set per size, as a published table lays them out (the cluster's total vCPUs
+    # 8 or 16): 8 configurations of a grid of 4 types x 3 node counts
+    from fleet import tune
+    from fleet.replay import ReplayEvaluator
+
+    rows = ["instance_type,nodes,cost"]
+    for i, (t, vcpus) in enumerate(
+        (("c7g.large", 2), ("c7g.xlarge", 4), ("m7i.large", 2), ("m7i.xlarge", 4))
+    ):
+        rows += [f"{t},{total // vcpus},{1 + 0.1 * i + total / 100}" for total in (8, 16)]
+    path = tmp_path / "totals.csv"
+    path.write_text("\n".join(rows) + "\n")
+    spec = tune.from_dict(space_from_table(path, "cost"), str(path))
+    evaluator = ReplayEvaluator(path, spec)
+    assert spec.space.size() == 12 and len(evaluator.configurations()) == 8
+    space = spec.space.holding(evaluator.configurations())
+    engine = engines.make(algorithm, space, 3, 2, 8)
+    ran = [(params, e) for params, e in engines.one_at_a_time(engine, evaluator, 8)]
+    assert [e.reason for _, e in ran if e.state != "ok"] == []  # none "not in the replay table"
+    if algorithm in ("grid", "auto", "gp", "forest", "blend"):  # each once: all eight
+        assert len({engines.key(p) for p, _ in ran}) == 8
+
+
+def test_a_narrowed_space_larger_than_the_candidates_is_sampled_within_itself() -> None:
+    from fleet.search.model import MAX_CANDIDATES, candidates
+
+    params = {n: Param(n, "categorical", "run", tuple(range(100))) for n in ("a", "b")}
+    even = [{"a": a, "b": b} for a in range(100) for b in range(100) if (a + b) % 2 == 0]
+    space = Space(params).holding(even)
+    assert space.size() == 5000 and len(list(space.grid())) == 5000
+    drawn = candidates(space, np.random.default_rng(1))
+    assert len(drawn) == MAX_CANDIDATES and all((c["a"] + c["b"]) % 2 == 0 for c in drawn)
+
+
 def test_a_grid_s_parameters_are_never_taken_for_measurements() -> None:
     import pandas as pd
 

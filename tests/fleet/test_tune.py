@@ -128,6 +128,31 @@ def test_no_configuration_runs_twice_until_the_space_is_spent(
     assert len(asked) == 63 and len(set(asked)) == 60
 
 
+def test_a_tune_file_s_search_of_a_partial_table_runs_what_the_table_holds(
+    tmp_path: Path,
+) -> None:
+    """The tune file's space is 60 configurations; the table holds 50 (b = z only up to 10):
+    the search's 50 trials are those 50, none failed as not in the table."""
+    from fleet import evaluators
+
+    rows = [
+        {"a": a, "b": b, "metric": (a - 7) ** 2 + o + 1}
+        for a in range(1, 21)
+        for b, o in {"x": 0, "y": 1, "z": 3}.items()
+        if b != "z" or a <= 10
+    ]
+    replay = table(tmp_path / "partial.csv", rows)
+    spec = tune.load(tune_file(tmp_path, replay, algorithm="random", trials=50, seed=1))
+    evaluate = evaluators.evaluator(spec, None)
+    assert spec.space.size() == 50
+    results = Results(tmp_path / "fleet.sqlite")
+    run_id = tune.start(results, spec, "local", "us-east-1")
+    tune.search(spec, evaluate, results, run_id)
+    trials = results.trials(run_id)
+    assert len(set(sequence(results, run_id))) == 50
+    assert "failed" not in set(trials.state), trials[trials.state == "failed"]
+
+
 def test_infeasible_and_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
     rows = [
         # a = 7 breaks the memory limit; a = 3's memory was not measured (an empty cell).
@@ -408,9 +433,13 @@ def test_compare_infers_the_parameters_and_says_what_the_table_lacks(
     ]
     replay = table(tmp_path / "partial.csv", rows)
     argv = ["tune", "compare", "--replay", str(replay), "--algorithms", "grid", "--seeds", "1"]
-    assert main([*argv, "--budget", "10"]) == 0
+    assert main([*argv, "--budget", "10"]) == 2  # the search runs what the table holds
+    assert (
+        "--budget 10 is more than the 9 configurations the table holds" in capsys.readouterr().err
+    )
+    assert main([*argv, "--budget", "9"]) == 0
     out = capsys.readouterr().out
-    assert "the grid has 10 configurations (1 not in the table: trials there fail)" in out, out
+    assert "over the table's 9 configurations (of a grid of 10: the rest are not in it)" in out, out
     assert main([*argv, "--startup-trials", "-1"]) == 2
     assert "--startup-trials must be an integer from 0 to 10000, not -1" in capsys.readouterr().err
 
