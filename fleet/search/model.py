@@ -148,9 +148,13 @@ class ModelSearch:
     def _choose(self) -> int | None:
         busy = set(self.pending.values())
         untried = [i for i in range(len(self.candidates)) if i not in self.runs and i not in busy]
+        ok = self._results()
+        if not ok and self.runs and untried:
+            # Every run so far failed: a cluster runs out of memory below some size, so the
+            # next is spread among the candidates larger than every failure
+            return self._spread(self._larger(untried))
         if self.count < self.startup and untried:
             return self._spread(untried)
-        ok = self._results()
         if self.race_at is not None and self.count >= self.race_at and ok:
             if self.noisy is None and self.check is None:
                 self.check = self.count
@@ -204,6 +208,13 @@ class ModelSearch:
         score = fresh * COVER + distances
         best = np.flatnonzero(score >= score.max() - 1e-12)
         return untried[int(pool[best[int(self.rng.integers(len(best)))]])]
+
+    def _larger(self, untried: list[int]) -> list[int]:
+        """The untried candidates larger on the ordered axes (their mean) than every failure;
+        all of them where none is."""
+        size = self.X[:, self.encoder.sized].mean(axis=1)
+        failed = max(size[i] for i in self.runs)
+        return [i for i in untried if size[i] > failed + 1e-9] or untried
 
     def _training(self) -> tuple[np.ndarray, np.ndarray, float]:
         """Features and mean losses (in their own terms) of the configurations with a result,

@@ -122,6 +122,34 @@ def test_failures_are_a_wall_the_search_learns() -> None:
     assert sum(loss is None for loss in later) <= 3, seen
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_search_whose_runs_all_fail_moves_to_larger_clusters(seed: int) -> None:
+    # out of memory below 512 GiB in all: 4 of 48 configurations run; a start design that
+    # stays mid-size after failures spent all nine trials failing
+    raw = {
+        "instance_type": {"kind": "categorical", "values": [
+            f"{f}.{s}" for f in ("c7g", "m7i", "r7g") for s in ("large", "xlarge", "2xlarge",
+                                                                 "4xlarge")]},
+        "nodes": {"kind": "categorical", "values": [1, 2, 4, 8]},
+    }  # fmt: skip
+    space = parse(raw, "t", "", [])
+    gib = {"c7g": 2, "m7i": 4, "r7g": 8}
+    vcpus = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16}
+
+    def memory(params: dict[str, Any]) -> float:
+        family, size = params["instance_type"].split(".")
+        return float(params["nodes"] * vcpus[size] * gib[family])
+
+    engine = engines.make("auto", space, seed, 4, 9)
+    losses = []
+    for _ in range(9):
+        trial, params = engine.ask()  # type: ignore[misc]
+        total = memory(params)
+        losses.append(None if total < 512 else total * (1 + 0.1 * params["nodes"]))
+        engine.tell(trial, losses[-1])
+    assert any(loss is not None for loss in losses), losses
+
+
 def test_the_recommendation_does_not_trust_one_lucky_run() -> None:
     steady = {"c": "steady"}
     lucky = {"c": "lucky"}
