@@ -219,14 +219,15 @@ class Comparison:
 
 def configuration_columns(table: pd.DataFrame, names: list[str]) -> list[str]:
     """The columns among `names` that make a row's configuration: the fewest that tell every row
-    apart and whose combinations the table mostly holds (half or more), fewest values first.
-    The others were measured (a runtime, a price per hour) or describe them (a type's vCPUs,
-    a cluster's total): a public table of cluster runs keeps them under names of its own, and
-    searched as parameters they made a space of every runtime times every configuration, nearly
-    none of it in the table. A column with a value per row is no parameter beside others (a
-    grid's parameter repeats); one with an empty cell is none either (a failed run's runtime).
-    Where no columns qualify (a small table, a sample of a space rather than its grid), all are
-    parameters, as written."""
+    apart and either hold half or more of their combinations (a grid) or leave aside only
+    columns that look measured (`_measured`: a table laid out by total vCPUs), whole numbers
+    and words before fractions, fewest values first. The others were measured (a runtime, a
+    price per hour) or describe them (a type's vCPUs, a cluster's total): a public table of
+    cluster runs keeps them under names of its own, and searched as parameters they made a
+    space of every runtime times every configuration, nearly none of it in the table. A column
+    with a value per row is no parameter beside others (a grid's parameter repeats); one with an
+    empty cell is none either (a failed run's runtime). Where no columns qualify (a small table,
+    a sample of a space rather than its grid), all are parameters, as written."""
     if len(table) < KEYED_FROM or len(names) > MAX_KEY_COLUMNS:
         return list(names)
     values = {n: int(table[n].nunique()) for n in names}
@@ -235,15 +236,38 @@ def configuration_columns(table: pd.DataFrame, names: list[str]) -> list[str]:
         for n in names
         if not table[n].isna().any() and (len(names) == 1 or values[n] < len(table))
     ]
-    for size in range(1, len(usable) + 1):
-        fits = []
-        for subset in itertools.combinations(usable, size):
-            grid = math.prod(values[n] for n in subset)
-            if 2 * len(table) >= grid and not table.duplicated(list(subset)).any():
-                fits.append((grid, list(subset)))
-        if fits:
-            return min(fits)[1]
+    # Whole numbers and words first: an hourly price tells the rows of a table laid out by
+    # total apart as well as its node count does, and a fraction is seldom a chosen value
+    chosen = [n for n in usable if not _fractional(table[n])]
+    for pool in (chosen, usable):
+        for size in range(1, len(pool) + 1):
+            fits = []
+            for subset in itertools.combinations(pool, size):
+                if table.duplicated(list(subset)).any():
+                    continue
+                grid = math.prod(values[n] for n in subset)
+                # A table laid out by the cluster's total (node counts set per size: 16-112
+                # vCPUs makes 15 node counts for 84 rows) holds less than half its grid, yet is
+                # no sample of a space: the columns it sets aside are measured by their values.
+                rest = [n for n in names if n not in subset]
+                if 2 * len(table) >= grid or all(_measured(table[n]) for n in rest):
+                    fits.append((grid, list(subset)))
+            if fits:
+                return min(fits)[1]
     return list(names)
+
+
+def _fractional(column: pd.Series) -> bool:
+    numbers = pd.to_numeric(column, errors="coerce")
+    return bool(numbers.notna().all() and (numbers % 1 != 0).any())
+
+
+def _measured(column: pd.Series) -> bool:
+    """Whether a column's values look measured rather than chosen: a gap (a failed run's
+    runtime), fractions (seconds, dollars), or a value of its own on most rows."""
+    if column.isna().any():
+        return True
+    return _fractional(column) or column.nunique() > len(column) / 2
 
 
 def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:

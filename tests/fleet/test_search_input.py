@@ -306,6 +306,28 @@ def test_a_narrowed_space_larger_than_the_candidates_is_sampled_within_itself() 
     assert len(drawn) == MAX_CANDIDATES and all((c["a"] + c["b"]) % 2 == 0 for c in drawn)
 
 
+def test_a_table_laid_out_by_total_vcpus_is_searched_over_its_configurations() -> None:
+    import pandas as pd
+
+    # 2 families x 3 sizes x 7 totals of 16-112 vCPUs: 42 rows, 15 node counts, a grid of 90
+    rows = []
+    for family, usd in (("c4", 0.05), ("m4", 0.06)):
+        for size, vcpus in (("large", 2), ("xlarge", 4), ("2xlarge", 8)):
+            for total in range(16, 113, 16):
+                workers = total // vcpus
+                runtime = None if total == 16 and family == "c4" else 5000 / total + workers
+                rows.append((f"{family}.{size}", workers, runtime, round(usd * total, 2)))
+    table = pd.DataFrame(rows, columns=["instance_type", "workers", "runtime", "hourly"])
+    assert table["workers"].nunique() == 15
+    names = list(table.columns)
+    assert configuration_columns(table, names) == ["instance_type", "workers"]
+    # whole numbers that repeat (threads chosen per run) are a parameter, not a measurement
+    threads = table.assign(threads=[1 + i % 4 for i in range(len(table))])
+    assert configuration_columns(threads, [*names, "threads"]) == [
+        "instance_type", "workers", "threads"
+    ]  # fmt: skip
+
+
 def test_a_grid_s_parameters_are_never_taken_for_measurements() -> None:
     import pandas as pd
 
