@@ -166,8 +166,8 @@ def drawn_layout(rng: random.Random) -> Layout:
     families = tuple(sorted(rng.sample(sorted(BASE_SPEED), rng.randint(4, 6))))
     first = rng.randint(0, len(SIZES) - 3)
     sizes = SIZES[first : first + rng.randint(3, min(4, len(SIZES) - first))]
-    if "8xlarge" in sizes:
-        families = tuple(f for f in families if f != "c5") or ("c6i",)  # no c5.8xlarge
+    if "8xlarge" in sizes:  # no c5.8xlarge, nor c5d or m4 (as published) in that size
+        families = tuple(f for f in families if f not in ("c5", "c6i", "m5")) or ("c7i",)
     if rng.random() < 0.5:
         nodes = tuple(sorted(rng.sample((1, 2, 3, 4, 6, 8, 12, 16), rng.randint(4, 6))))
         return Layout(families, sizes, nodes)
