@@ -361,8 +361,10 @@ def auto(space: Space, seed: int, startup: int, budget: int) -> ModelSearch:
       (a node out of memory, slow near the wall, a processor the code was not written for),
       which trees model and a smooth kernel does not, while the Gaussian process carries the
       smooth trends the trees cannot extrapolate. On 72 tables generated from
-      benchmarks/cluster_tables.py's model it met issue 22's second goal on 55, against 46 for
-      the forest, 47 for the Gaussian process and 14 for random search at twice the budget.
+      benchmarks/cluster_tables.py's model on four shared layouts it met issue 22's second goal
+      on 55, against 46 for the forest, 47 for the Gaussian process and 14 for random search at
+      twice the budget; with a layout per table (2026-11-27) on 48, the Gaussian process 49
+      (a tie: counts move by a few tables with the start design), the forest 38, random 23.
     - Any other space (threads, block sizes, flags: numbers that perform alike when near, and
       noisy) searches with the Gaussian process: on the kernels suite's recorded runs it is the
       one within 5% in 28/30 seeds (the blend 26, the forest 21)."""
