@@ -87,13 +87,7 @@ class RunsReplay:
 
     def configurations(self) -> list[dict[str, Any]]:
         """The table's configurations the space can name: what a search over it can run."""
-        params = self.space.params
-        return [
-            row
-            for row in self.rows.values()
-            if all(v in params[n].options() for n, v in row.items())
-            and self.space.active(row) == row
-        ]
+        return [row for row in self.rows.values() if self.space.names(row)]
 
     def _clean(self, row: dict[str, Any]) -> dict[str, Any]:
         """A row's parameters as the space gives them (pandas reads 8 as 8.0 beside a gap)."""

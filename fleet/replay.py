@@ -143,7 +143,7 @@ class ReplayEvaluator:
         for key in self.table:
             texts = zip(self.params, key, strict=True)
             chosen = {name: named[name].get(text) for name, text in texts if text != ""}
-            if all(v is not None for v in chosen.values()) and space.active(chosen) == chosen:
+            if None not in chosen.values() and space.names(chosen):
                 out.append(chosen)
         return out
 

@@ -108,6 +108,17 @@ class Space:
         """This space narrowed to `configurations` (each a combination of its values)."""
         return replace(self, only=[dict(c) for c in configurations])
 
+    def names(self, chosen: dict[str, Any]) -> bool:
+        """Whether `chosen` is one of this space's configurations: each value one its parameter
+        lists, and each parameter one that applies (a replay table's row the search can run)."""
+        return (
+            all(
+                name in self.params and value in self.params[name].options()
+                for name, value in chosen.items()
+            )
+            and self.active(chosen) == chosen
+        )
+
     def origin(self, name: str) -> str:
         return self.origins.get(name, "the search space")
 
