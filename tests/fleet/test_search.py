@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -18,6 +19,7 @@ from fleet.noisy_replay import RunsReplay, compare_noisy
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.search.features import Encoder, estimated_usd_per_vcpu_hour, facts
+from fleet.search.model import ModelSearch
 from fleet.search.recommend import recommend
 from fleet.space import parse
 
@@ -148,6 +150,42 @@ def test_a_search_whose_runs_all_fail_moves_to_larger_clusters(seed: int) -> Non
         losses.append(None if total < 512 else total * (1 + 0.1 * params["nodes"]))
         engine.tell(trial, losses[-1])
     assert any(loss is not None for loss in losses), losses
+
+
+@pytest.mark.parametrize("model", ["gp", "blend"])
+def test_one_run_of_a_family_says_how_it_does_at_every_size(model: str) -> None:
+    # cost = the family's price of speed x a bowl on the cluster's total vCPUs (best at 32): the
+    # bowl learnt on m7i and one run each of c7g and r7g place the cheapest untried
+    # configuration at c7g on 32 vCPUs; a kernel over all columns at once predicted an m7i
+    raw = {
+        "instance_type": {"kind": "categorical", "values": [
+            f"{f}.{s}" for f in ("c7g", "m7i", "r7g") for s in ("large", "xlarge", "2xlarge",
+                                                                 "4xlarge")]},
+        "nodes": {"kind": "categorical", "values": [1, 2, 4, 8]},
+    }  # fmt: skip
+    family = {"c7g": 1.0, "m7i": 1.6, "r7g": 2.2}
+    vcpus = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16}
+
+    def total(params: dict[str, Any]) -> int:
+        return vcpus[params["instance_type"].split(".")[1]] * int(params["nodes"])
+
+    def cost(params: dict[str, Any]) -> float:
+        return family[params["instance_type"].split(".")[0]] * (
+            total(params) / 32 + 32 / total(params)
+        )
+
+    search = ModelSearch(parse(raw, "t", "", []), 0, 4, 9, model)
+    for i, params in enumerate(search.candidates):
+        kind = params["instance_type"]
+        if (kind.startswith("m7i") and params["nodes"] in (1, 8)) or (
+            kind in ("c7g.large", "r7g.4xlarge") and params["nodes"] == 1
+        ):
+            search.runs[i] = [cost(params)]
+    X, y, _ = search._training()
+    untried = [i for i in range(len(search.candidates)) if i not in search.runs]
+    mean, _ = search._predict(X, y, search.X[untried])
+    best = search.candidates[untried[int(np.argmin(mean))]]
+    assert best["instance_type"].startswith("c7g") and total(best) == 32, best
 
 
 def test_the_recommendation_does_not_trust_one_lucky_run() -> None:
