@@ -28,6 +28,16 @@ GRID = {
     "y": {"kind": "int", "low": 0, "high": 19},
 }
 
+# Three families x four sizes x four node counts, as data
+VCPUS = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16}
+CLUSTER = {
+    "instance_type": {
+        "kind": "categorical",
+        "values": [f"{f}.{s}" for f in ("c7g", "m7i", "r7g") for s in VCPUS],
+    },
+    "nodes": {"kind": "categorical", "values": [1, 2, 4, 8]},
+}
+
 
 def bowl(params: dict[str, Any]) -> float:
     return float((params["x"] - 13) ** 2 + 2 * (params["y"] - 4) ** 2 + 10.0)
@@ -128,19 +138,12 @@ def test_failures_are_a_wall_the_search_learns() -> None:
 def test_a_search_whose_runs_all_fail_moves_to_larger_clusters(seed: int) -> None:
     # out of memory below 512 GiB in all: 4 of 48 configurations run; a start design that
     # stays mid-size after failures spent all nine trials failing
-    raw = {
-        "instance_type": {"kind": "categorical", "values": [
-            f"{f}.{s}" for f in ("c7g", "m7i", "r7g") for s in ("large", "xlarge", "2xlarge",
-                                                                 "4xlarge")]},
-        "nodes": {"kind": "categorical", "values": [1, 2, 4, 8]},
-    }  # fmt: skip
-    space = parse(raw, "t", "", [])
+    space = parse(CLUSTER, "t", "", [])
     gib = {"c7g": 2, "m7i": 4, "r7g": 8}
-    vcpus = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16}
 
     def memory(params: dict[str, Any]) -> float:
         family, size = params["instance_type"].split(".")
-        return float(params["nodes"] * vcpus[size] * gib[family])
+        return float(params["nodes"] * VCPUS[size] * gib[family])
 
     engine = engines.make("auto", space, seed, 4, 9)
     losses = []
@@ -157,24 +160,17 @@ def test_one_run_of_a_family_says_how_it_does_at_every_size(model: str) -> None:
     # cost = the family's price of speed x a bowl on the cluster's total vCPUs (best at 32): the
     # bowl learnt on m7i and one run each of c7g and r7g place the cheapest untried
     # configuration at c7g on 32 vCPUs; a kernel over all columns at once predicted an m7i
-    raw = {
-        "instance_type": {"kind": "categorical", "values": [
-            f"{f}.{s}" for f in ("c7g", "m7i", "r7g") for s in ("large", "xlarge", "2xlarge",
-                                                                 "4xlarge")]},
-        "nodes": {"kind": "categorical", "values": [1, 2, 4, 8]},
-    }  # fmt: skip
     family = {"c7g": 1.0, "m7i": 1.6, "r7g": 2.2}
-    vcpus = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16}
 
     def total(params: dict[str, Any]) -> int:
-        return vcpus[params["instance_type"].split(".")[1]] * int(params["nodes"])
+        return VCPUS[params["instance_type"].split(".")[1]] * int(params["nodes"])
 
     def cost(params: dict[str, Any]) -> float:
         return family[params["instance_type"].split(".")[0]] * (
             total(params) / 32 + 32 / total(params)
         )
 
-    search = ModelSearch(parse(raw, "t", "", []), 0, 4, 9, model)
+    search = ModelSearch(parse(CLUSTER, "t", "", []), 0, 4, 9, model)
     for i, params in enumerate(search.candidates):
         kind = params["instance_type"]
         if (kind.startswith("m7i") and params["nodes"] in (1, 8)) or (
