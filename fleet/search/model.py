@@ -119,8 +119,7 @@ class ModelSearch:
         self.candidates = candidates(space, self.rng)
         self.encoder = Encoder(space)
         self.X = self.encoder.fit(self.candidates)
-        sized = self.encoder.sized
-        self.additive = has_types(space) and bool(sized.any()) and bool((~sized).any())
+        self.additive = has_types(space)  # a type's columns say both what it is and how big
         self.index = {key(c): i for i, c in enumerate(self.candidates)}
         self.budget = budget
         self.startup = max(2, min(startup, (budget + 3) // 3)) if budget >= 6 else max(1, startup)
