@@ -394,6 +394,22 @@ def test_the_start_is_mid_size_and_spreads_over_processors_and_classes() -> None
         assert all(2 < total < 256 for total in totals), started
 
 
+def test_a_cluster_search_starts_on_the_smaller_side_and_a_number_search_mid_way() -> None:
+    """A cluster's cost grows with its size once the work fits, so its search starts below the
+    middle of the sizes (model.TYPED_CENTRE); a number (threads) has no such side."""
+    space = parse(CLUSTER, "t", "", [])
+    totals = [p["nodes"] * (facts(p["instance_type"]).vcpus or 0) for p in space.grid()]
+    numbers = parse({"threads": {"kind": "categorical", "values": [1, 2, 4, 8, 16, 32, 64]}},
+                    "t", "", [])  # fmt: skip
+    for seed in range(3):
+        asked = engines.make("gp", space, seed, 4, 9).ask()
+        assert asked is not None
+        first = asked[1]["nodes"] * (facts(asked[1]["instance_type"]).vcpus or 0)
+        assert min(totals) < first < float(np.median(totals)), asked
+        on_numbers = engines.make("gp", numbers, seed, 4, 9).ask()
+        assert on_numbers is not None and on_numbers[1] == {"threads": 8}
+
+
 @pytest.mark.parametrize("rivals", [1, 4])
 def test_the_interval_allows_for_picking_the_best_of_several(rivals: int) -> None:
     """Winner's curse: the recommendation is the best of every configuration measured twice or
