@@ -404,7 +404,9 @@ def auto(space: Space, seed: int, startup: int, budget: int) -> ModelSearch:
       on 55, against 46 for the forest, 47 for the Gaussian process and 14 for random search at
       twice the budget; with a layout per table (2026-11-27) on 48, the Gaussian process 49
       (a tie: counts move by a few tables with the start design), the forest 38, random 23;
-      with the additive kernel (ADDITIVE_SHARE) on 48 too, and on all seven named tables.
+      with the additive kernel (ADDITIVE_SHARE) on 48 too, and on all seven named tables;
+      with the start below the middle (TYPED_CENTRE) on 56, the Gaussian process 54, the
+      forest 44, and on three of the seven named tables.
     - Any other space (threads, block sizes, flags: numbers that perform alike when near, and
       noisy) searches with the Gaussian process: on the kernels suite's recorded runs it is the
       one within 5% in 28/30 seeds (the blend 26, the forest 21)."""
