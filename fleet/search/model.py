@@ -130,8 +130,10 @@ class ModelSearch:
         self.candidates = candidates(space, self.rng)
         self.encoder = Encoder(space)
         self.X = self.encoder.fit(self.candidates)
-        self.additive = has_types(space)  # a type's columns say both what it is and how big
-        self.centre, self.pool = (TYPED_CENTRE, TYPED_POOL) if self.additive else (CENTRE, POOL)
+        # Instance types: a kernel in two parts (a type's columns say both what it is and how
+        # big) and a start below the middle (a cluster's cost grows with its size)
+        self.typed = has_types(space)
+        self.centre, self.pool = (TYPED_CENTRE, TYPED_POOL) if self.typed else (CENTRE, POOL)
         self.index = {key(c): i for i, c in enumerate(self.candidates)}
         self.budget = budget
         self.startup = max(2, min(startup, (budget + 3) // 3)) if budget >= 6 else max(1, startup)
@@ -346,7 +348,7 @@ class ModelSearch:
         """The kernel while too few results are in to learn one (FIXED_UNTIL)."""
         from sklearn.gaussian_process.kernels import ConstantKernel, Matern
 
-        if not self.additive:
+        if not self.typed:
             return ConstantKernel(1.0, "fixed") * Matern(FIXED_LENGTH, "fixed", nu=2.5)
         sized = self.encoder.sized
         parts = [
