@@ -256,7 +256,9 @@ class Encoder:
     real value.
 
     `sized` marks the ordered columns (numbers, sizes, node counts, totals): a start design
-    takes the middle of them and spreads over the rest."""
+    takes the middle of them and spreads over the rest. `memory` lists the columns a
+    configuration's memory grows along (a node's memory; the node count, where there is one): a
+    run out of memory fits on a configuration at least as large on all of them."""
 
     def __init__(self, space: Space) -> None:
         refused = unexplained(space)
@@ -279,12 +281,17 @@ class Encoder:
         scale = node_count(space, types)
         self.totals = (types[0], scale) if len(types) == 1 and scale else None
         sized: list[bool] = []
+        self.memory: list[int] = []
         for name, kind in self.kinds.items():
             if kind == "type":
+                if len(types) == 1:
+                    self.memory.append(len(sized) + TYPE_FEATURES.index("log2_gib"))
                 sized += [i in TYPE_SIZE_COLUMNS for i in range(len(TYPE_FEATURES))]
             elif kind == "onehot":
                 sized += [False] * len(self.levels[name])
             else:
+                if self.totals and name == scale:
+                    self.memory.append(len(sized))
                 sized.append(True)
         if self.totals:
             sized += [True] * len(TOTALS)

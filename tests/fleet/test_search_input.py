@@ -10,6 +10,7 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -408,6 +409,45 @@ def test_a_cluster_search_starts_on_the_smaller_side_and_a_number_search_mid_way
         assert min(totals) < first < float(np.median(totals)), asked
         on_numbers = engines.make("gp", numbers, seed, 4, 9).ask()
         assert on_numbers is not None and on_numbers[1] == {"threads": 8}
+
+
+def test_a_family_whose_run_ran_out_of_memory_runs_again_at_a_shape_that_fits() -> None:
+    """One run past the memory wall says the shape had too little memory, not that the family
+    is slow: the next run is that family again, with at least the memory (per node, and nodes)
+    of a configuration that ran (once a search: model.RETRIES)."""
+    space = parse(CLUSTER, "t", "", [])
+
+    def family(p: dict[str, Any]) -> str:
+        return str(p["instance_type"]).split(".")[0]
+
+    def memory(p: dict[str, Any]) -> tuple[float, int]:
+        known = facts(str(p["instance_type"]))
+        assert known is not None and known.vcpus is not None
+        return known.vcpus * known.gib_per_vcpu, int(p["nodes"])
+
+    retried = 0
+    for seed in range(6):
+        engine = engines.make(engines.DEFAULT, space, seed, 3, 9)
+        ran: list[tuple[dict[str, Any], float | None]] = []
+        checked = False
+        for _ in range(9):
+            asked = engine.ask()
+            assert asked is not None
+            trial, params = asked
+            fine = [memory(p) for p, loss in ran if loss is not None]
+            if ran and ran[-1][1] is None and fine and not checked:
+                failed = family(ran[-1][0])
+                if all(family(p) != failed for p, _ in ran[:-1]):  # the family's first run
+                    assert family(params) == failed, (ran, params)
+                    node, nodes = memory(params)
+                    assert any(node >= m and nodes >= n for m, n in fine), (ran, params)
+                    retried, checked = retried + 1, True
+            gib, nodes = memory(params)
+            # out of memory below 48 GiB in all; above it, a cluster costs more the larger it is
+            loss = None if gib * nodes < 48 else gib * nodes
+            engine.tell(trial, loss)
+            ran.append((params, loss))
+    assert retried >= 3  # the case arose: the test saw what it checks
 
 
 @pytest.mark.parametrize("rivals", [1, 4])
