@@ -9,7 +9,8 @@ Three phases over a budget of N trials:
    numbers; on instance types a little below the middle) and spread over the rest (a new
    processor, class or generation each where it can);
 2. expected improvement over the configurations not yet run, every other step among the
-   incumbent's nearest neighbours only (a trust region);
+   incumbent's nearest neighbours only (a trust region); on instance types, a family whose only
+   run failed runs once more, at a shape with at least the memory of one that ran (RETRIES);
 3. with N >= RACE_FROM, one replicate of the incumbent at the start of the last 40% tells
    whether the measurements are noisy. If they are, the rest of the budget races the finalists
    (the configuration whose optimistic bound is lowest runs again), so that the recommendation
@@ -457,7 +458,8 @@ def auto(space: Space, seed: int, startup: int, budget: int) -> ModelSearch:
       (a tie: counts move by a few tables with the start design), the forest 38, random 23;
       with the additive kernel (ADDITIVE_SHARE) on 48 too, and on all seven named tables;
       with the start below the middle (TYPED_CENTRE) on 56, the Gaussian process 54, the
-      forest 44, and on three of the seven named tables.
+      forest 44, and on three of the seven named tables; with a failed family run again
+      (RETRIES) on 55, the Gaussian process 52, the forest 44, and on all seven named tables.
     - Any other space (threads, block sizes, flags: numbers that perform alike when near, and
       noisy) searches with the Gaussian process: on the kernels suite's recorded runs it is the
       one within 5% in 28/30 seeds (the blend 26, the forest 21)."""
