@@ -263,13 +263,13 @@ class ModelSearch:
             return None
         kinds = ~self.encoder.sized
         X = self.X[untried]
-        for failed, runs in self.runs.items():
+        # the families with a result, once a step: this runs at every step of a long search
+        ran = {self.X[i, kinds].tobytes() for i in ok}
+        for failed in self.runs:  # a failure: a candidate run without a result
             if len(self.retried) >= RETRIES:
                 return None
-            if failed in self.retried or any(r is not None for r in runs):
-                continue
             family = self.X[failed, kinds]
-            if any(np.allclose(self.X[i, kinds], family, atol=1e-9) for i in ok):
+            if failed in self.retried or failed in ok or family.tobytes() in ran:
                 continue
             self.retried.add(failed)
             same = np.all(np.abs(X[:, kinds] - family) < 1e-9, axis=1)
