@@ -278,12 +278,9 @@ class ModelSearch:
         # the families with a result, once a step: this runs at every step of a long search
         ran = {self.X[i, kinds].tobytes() for i in ok}
         for failed in self.runs:  # a failure: a candidate run without a result
-            if len(self.retried) >= RETRIES:
-                return None
             family = self.X[failed, kinds]
-            if failed in self.retried or failed in ok or family.tobytes() in ran:
+            if failed in self.retried or family.tobytes() in ran:
                 continue
-            self.retried.add(failed)
             same = np.all(np.abs(X[:, kinds] - family) < 1e-9, axis=1)
             fits = np.any(
                 np.all(X[:, None, axes] >= self.X[list(ok)][None, :, axes] - 1e-9, axis=2), axis=1
@@ -293,7 +290,8 @@ class ModelSearch:
             if not len(pick):
                 pick = np.flatnonzero(same & above)
             if not len(pick):
-                continue
+                continue  # no shape of it left to run: the retry goes to the next family
+            self.retried.add(failed)
             best = min(ok, key=lambda i: ok[i])
             sized = self.encoder.sized
             gaps = np.linalg.norm(X[pick][:, sized] - self.X[best, sized], axis=1)
