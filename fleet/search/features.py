@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -162,7 +162,7 @@ def _type_row(name: str) -> list[float]:
     ]
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -327,18 +327,38 @@ class Encoder:
         value = str(params.get(name))
         return f"{value}.{params[size]}" if size and params.get(size) is not None else value
 
-    def _totals(self, params: dict[str, Any]) -> list[float]:
+    def _cluster(self, params: dict[str, Any]) -> tuple[float, float, float, float] | None:
+        """A configuration's cluster: nodes, vCPUs and GiB in all, and price per hour (the
+        catalog's or estimated; NaN where neither knows it). None where the type or the count
+        is unknown."""
         assert self.totals is not None
         kind, scale = self.totals
         known = facts(self._type_name(params, kind))
         count = params.get(scale)
-        if known is None or known.vcpus is None or not isinstance(count, int | float):
+        nodes = float(count) if _is_number(count) else math.nan
+        if known is None or known.vcpus is None or not nodes > 0:
+            return None
+        vcpus = nodes * known.vcpus
+        usd = vcpus * known.usd_per_vcpu_hour if known.usd_per_vcpu_hour else math.nan
+        return nodes, vcpus, vcpus * known.gib_per_vcpu, usd
+
+    def _totals(self, params: dict[str, Any]) -> list[float]:
+        cluster = self._cluster(params)
+        if cluster is None:
             return [math.nan] * len(TOTALS)
-        vcpus = float(count) * known.vcpus
-        if vcpus <= 0:
-            return [math.nan] * len(TOTALS)
-        usd = math.log(vcpus * known.usd_per_vcpu_hour) if known.usd_per_vcpu_hour else math.nan
-        return [math.log2(vcpus), math.log2(vcpus * known.gib_per_vcpu), usd]
+        _, vcpus, gib, usd = cluster
+        return [math.log2(vcpus), math.log2(gib), math.log(usd)]
+
+    def clusters(self, configurations: list[dict[str, Any]]) -> np.ndarray | None:
+        """Each configuration's cluster as (total vCPUs, nodes, price per hour: the catalog's or
+        estimated), NaN where a part is unknown; None on a space without a node count."""
+        if self.totals is None:
+            return None
+        out = []
+        for params in configurations:
+            cluster = self._cluster(params)
+            out.append((math.nan,) * 3 if cluster is None else (cluster[1], cluster[0], cluster[3]))
+        return np.array(out, dtype=float)
 
     def fit(self, candidates: list[dict[str, Any]]) -> np.ndarray:
         raw = np.array([self._raw(c) for c in candidates], dtype=float)
