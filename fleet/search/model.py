@@ -85,10 +85,8 @@ FIXED_NOISE = 1e-3
 # tables on average against 47.7 and 48.7, mean medians 1.051 and 1.047 against 1.064 and
 # 1.060; genomics' worst tenth 1.105 against 1.182. Not on other spaces: on the kernels runs
 # table its median went from 1.0174 to 1.0241 (goal 1.02).
-# A prior mean of Ernest's shape (NSDI'16: time = a + b / total vCPUs + c log nodes, fitted by
-# non-negative least squares once six runs have a result, the kernel learning what it leaves)
-# solved render (1.001 against 1.044) but met goal 2 on 161 of the 216 catalog-form tables
-# against 167: memory walls and the families' speeds bend the curve it fits. Not kept.
+# A prior mean of Ernest's shape fitted by least squares: see CURVE_FROM, fitted now to the
+# runs' lower envelope.
 ADDITIVE_SHARE = 0.5
 IGNORED_LENGTH = 1e5  # a part's length scale on the other part's columns: it does not see them
 # A failure is explained first by size (a cluster runs out of memory below some total; a
