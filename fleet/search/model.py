@@ -332,7 +332,7 @@ class ModelSearch:
         best = min(targets, default=math.inf)
         prior = None
         if self.curve is not None and len(rows) >= CURVE_FROM and pooled.scale.sign > 0:
-            prior = self.curve.expected(list(rows), np.exp(targets))  # the losses, back
+            prior = self.curve.expected(rows, np.exp(targets))  # the losses, back
         if IMPUTE and targets:
             worst = max(targets)
             for i, runs in self.runs.items():
@@ -363,12 +363,10 @@ class ModelSearch:
         rows, y, best, prior = self._training()
         if len(y) < 2 or not math.isfinite(best) or np.ptp(y) == 0:
             return None
-        if prior is None:
-            mean, sd = self._predict(self.X[rows], y, self.X[untried])
-            return mean, sd, best, float(np.ptp(y))
         # the surrogate learns what the curve leaves: its spread is the doubt around the curve
-        mean, sd = self._predict(self.X[rows], y - prior[rows], self.X[untried])
-        return mean + prior[untried], sd, best, float(np.ptp(y))
+        offset = np.zeros(len(self.candidates)) if prior is None else prior
+        mean, sd = self._predict(self.X[rows], y - offset[rows], self.X[untried])
+        return mean + offset[untried], sd, best, float(np.ptp(y))
 
     def _improvement(self, untried: list[int]) -> int:
         posterior = self._posterior(untried)

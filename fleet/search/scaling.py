@@ -73,15 +73,16 @@ class Curve:
     def __init__(self, vcpus: np.ndarray, nodes: np.ndarray, usd_per_hour: np.ndarray) -> None:
         self.terms = basis(vcpus, nodes)
         self.usd = usd_per_hour
-        self.known = np.all(np.isfinite(self.terms), axis=1) & np.isfinite(usd_per_hour)
+        # a curve for every candidate or for none: a conditional node count leaves some unknown
+        self.complete = bool(np.all(np.isfinite(self.terms)) and np.all(np.isfinite(self.usd)))
 
     def expected(self, ran: list[int], losses: np.ndarray) -> np.ndarray | None:
         """Each candidate's expected log loss, from candidates `ran` and their (positive) losses:
         as a cost (hours at the cluster's price) or as a time, whichever form fits the runs
         better (TIME_BETTER). None where the runs do not fit a curve, or a candidate's cluster
         is unknown (a conditional node count: a curve then for none, not for some)."""
-        if not np.all(self.known) or not np.all(losses > 0):
-            return None  # for every candidate or none: a loss learnt around it, or not
+        if not self.complete or not np.all(losses > 0):
+            return None
         best: tuple[float, str, np.ndarray] | None = None
         for form in FORMS:
             hours = losses / self.usd[ran] if form == "cost" else losses
