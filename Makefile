@@ -19,6 +19,9 @@ STAMP := $(VENV)/.installed
 # busybox-static is the POSIX shell inside that image.
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
 CROSS_PACKAGES := $(if $(filter arm64,$(DEB_ARCH)),gcc-x86-64-linux-gnu libc6-dev-amd64-cross,gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+# apt-get waits for another apt-get (unattended upgrades on a fresh machine, a second checkout's
+# make) to let go of dpkg's lock instead of failing at once (CI failed so, 2026-11-28)
+APT := apt-get -o DPkg::Lock::Timeout=600
 APT_PACKAGES := openssh-server sudo passwd curl shellcheck xz-utils util-linux uidmap python3-psutil \
 	chromium qemu-user-static cmake docker-registry skopeo umoci busybox-static $(CROSS_PACKAGES)
 
@@ -41,7 +44,7 @@ system-packages:
 	  echo "make: missing Debian packages:$$missing; install them, then run make again: sudo apt-get install$$missing" >&2; \
 	  exit 2; fi; \
 	echo "installing Debian packages:$$missing"; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+	$(APT) update -qq && DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq --no-install-recommends $$missing >/dev/null
 
 # zstd's source without internet: Debian's orig tarball of the release the recipe accepts, by
 # package name, checked against the recipe's sha256 by `amibake source add`. Best effort: the
@@ -56,11 +59,11 @@ deb-src:
 	  elif [ -f /etc/apt/sources.list ]; then \
 	    sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > /etc/apt/sources.list.d/amibake-src.list; \
 	  fi; \
-	  apt-get update -qq; fi
+	  $(APT) update -qq; fi
 
 zstd-source: install deb-src
 	@if $(BIN)/amibake source has zstd >/dev/null 2>&1; then exit 0; fi; \
-	dir=$$(mktemp -d) && (cd $$dir && apt-get source --download-only -qq zstd >/dev/null 2>&1); \
+	dir=$$(mktemp -d) && (cd $$dir && $(APT) source --download-only -qq zstd >/dev/null 2>&1); \
 	$(BIN)/amibake source add $$dir/libzstd_1.5.4+dfsg2.orig.tar.xz; rm -rf $$dir; \
 	$(BIN)/amibake source has zstd || echo "zstd source not available: the zstd build test will say so"
 
@@ -73,7 +76,7 @@ LZ4_SHA256 := 0b0e3aa07c8c063ddf40b082bdf7e37a1562bda40a0ff5272957f3e987e0e54b
 lz4-source: install deb-src
 	@cache=$$($(BIN)/python -c 'from amibake.sources import cache_dir; print(cache_dir())'); \
 	if [ -f "$$cache/$(LZ4_SHA256)" ]; then exit 0; fi; \
-	dir=$$(mktemp -d) && (cd $$dir && apt-get source --download-only -qq lz4 >/dev/null 2>&1); \
+	dir=$$(mktemp -d) && (cd $$dir && $(APT) source --download-only -qq lz4 >/dev/null 2>&1); \
 	if [ "$$(sha256sum < $$dir/$(LZ4_ORIG) 2>/dev/null | cut -d' ' -f1)" = $(LZ4_SHA256) ]; then \
 	  cp $$dir/$(LZ4_ORIG) "$$cache/$(LZ4_SHA256)"; \
 	else echo "lz4 source not available: the lz4 test of recipe new will say so"; fi; rm -rf $$dir
@@ -86,7 +89,7 @@ lz4-source: install deb-src
 define debian_orig
 	@cache=$$($(BIN)/python -c 'from amibake.sources import cache_dir; print(cache_dir())'); \
 	if [ -f "$$cache/$(3)" ]; then exit 0; fi; \
-	dir=$$(mktemp -d) && (cd $$dir && apt-get source --download-only -qq $(1) >/dev/null 2>&1); \
+	dir=$$(mktemp -d) && (cd $$dir && $(APT) source --download-only -qq $(1) >/dev/null 2>&1); \
 	if [ "$$(sha256sum < $$dir/$(2) 2>/dev/null | cut -d' ' -f1)" = $(3) ]; then \
 	  mkdir -p "$$cache" && cp $$dir/$(2) "$$cache/$(3)"; \
 	else echo "$(1) source not available: its test in tests/test_real_trees.py will say so"; fi; \
