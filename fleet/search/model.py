@@ -119,6 +119,14 @@ IMPUTE = True
 # but sort 1.322 and genomics 1.105/1.177); a retry too for a family whose one run was slower
 # than the incumbent with less memory (53/72; training 1.130 again: it took the one retry).
 RETRIES = 1
+# Not better either (2026-11-28; auto, 9 evaluations; the seven named tables at 30 seeds in both
+# forms, and table seeds 1-3's 72 at 10 seeds in both forms: goal 2 met on 7+6+59+53 = 125):
+# a start point never on a shape a failure dominates on every memory axis (7+6+58+54 = 125;
+# the start rarely lands there), nor, cruder, at or below a failure's memory in all (genomics
+# 1.150, 57 of the 72: its optimum, r7g.large x 4, holds the same 32 GiB as the failed
+# m7i.xlarge x 2 on fewer GiB a node); and a scaling curve (CURVE_FROM) that expects a type
+# 5-20% faster a generation (AWS says its generations gain as much): published sort 1.047/1.184
+# at 10%, but 59+52 and 57+52 of the 144 at 10% and 5%.
 # From CURVE_FROM configurations with a result on, on instance types with a node count, the
 # surrogate learns what a cluster's scaling curve leaves (fleet/search/scaling.py: Ernest's,
 # fitted to the runs' lower envelope), which a kernel learns poorly from a handful of points.
