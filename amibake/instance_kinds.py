@@ -23,7 +23,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from amibake import catalog
+from amibake import catalog, service_models
 from amibake.catalog import Family
 from amibake.catalog import prices as price_table
 from amibake.errors import UserError
@@ -64,9 +64,7 @@ Kind = Family | InstanceKind
 def ec2_names() -> frozenset[str]:
     """Every instance type name EC2's API knows (any region), from botocore's EC2 model, and the
     price table's: offline, so a typo is refused before a cloud is asked."""
-    import botocore.session
-
-    model = botocore.session.get_session().get_service_model("ec2")
+    model = service_models.service_model("ec2")
     names = set(model.shape_for("InstanceType").enum)
     return frozenset(names | set(price_table.snapshot()["prices"]))
 

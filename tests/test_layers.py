@@ -18,6 +18,7 @@ LEAVES = {
     "amibake.cloud.tags",
     "amibake.checks",
     "amibake.tomlfile",
+    "amibake.service_models",
 }
 
 

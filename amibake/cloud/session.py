@@ -14,7 +14,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from amibake import iam_policy
+from amibake import iam_policy, service_models
 from amibake.cloud.tags import LOCAL_SSH_TAG
 from amibake.config import Config
 from amibake.cpu import Cpu, this_machine
@@ -158,11 +158,16 @@ def open_cloud(config: Config, local_endpoint: str | None = None) -> Cloud:
         # real keys out of local traffic.
         key, _, secret = (config.local_credentials or "testing:testing").partition(":")
         session = boto3.session.Session(
-            aws_access_key_id=key, aws_secret_access_key=secret, region_name=config.region
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            region_name=config.region,
+            botocore_session=service_models.session(),
         )
     else:
         try:
-            session = boto3.session.Session(profile_name=config.profile, region_name=config.region)
+            session = boto3.session.Session(
+                region_name=config.region, botocore_session=service_models.session(config.profile)
+            )
         except botocore.exceptions.ProfileNotFound as exc:
             raise UserError(f"{exc}; pick one from ~/.aws/config or unset --profile") from None
         # Asked now, not at the first call: by then a run may be recorded (a fleet bench run

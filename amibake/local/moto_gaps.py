@@ -8,6 +8,8 @@ import copy
 import threading
 from typing import Any
 
+from amibake.service_models import service_model
+
 # moto's backends are not thread-safe, and the daemon serves requests on threads: a subnet
 # hands out addresses from one generator, and two CreateFleet calls at once failed one of them
 # with "generator already executing" (a 500, seen once in a clean-clone test run). Every use of
@@ -255,13 +257,12 @@ def _batch_action_names() -> None:
     The action being authorized gets the operation's own name (from botocore's model), so a
     policy matches as on AWS and a denial names the action as AWS would.
     """
-    import botocore.session
     from moto.iam.access_control import IAMRequest
 
     original = IAMRequest.__init__
     if getattr(original, "_amibake", False):
         return
-    model = botocore.session.get_session().get_service_model("batch")
+    model = service_model("batch")
     names = {name.lower(): name for name in model.operation_names}
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:

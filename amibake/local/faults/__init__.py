@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amibake.errors import UserError
+from amibake.service_models import service_model
 
 
 @dataclass
@@ -215,9 +216,7 @@ _REST_PATHS: dict[str, dict[str, str]] = {}
 def _rest_operation(service: str, path: str) -> str:
     """A REST-JSON operation by its request path (Batch: POST /v1/describejobs)."""
     if service not in _REST_PATHS:
-        import botocore.session
-
-        model = botocore.session.get_session().get_service_model(service)
+        model = service_model(service)
         _REST_PATHS[service] = {
             model.operation_model(name).http["requestUri"].lower(): name
             for name in model.operation_names

@@ -33,6 +33,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from amibake.local.faults import Behaviour, Faults, Reply, Request, json_error, query_error
+from amibake.service_models import paginators, service_model
 
 NAME = "pagination"
 PAGE = (1, 5)  # items a page, drawn per operation (AWS: 100 or 1,000; shrunk so tests page)
@@ -60,17 +61,8 @@ class Paged:
     names: tuple[str, ...]  # request parameters that name the resources described
 
 
-@functools.cache
 def _model(service: str) -> tuple[Any, dict[str, Any]]:
-    import botocore.session
-
-    session = botocore.session.get_session()
-    model = session.get_service_model(service)
-    try:
-        pages = session.get_paginator_model(service)._paginator_config
-    except Exception:  # a service without paginators
-        pages = {}
-    return model, pages
+    return service_model(service), paginators(service)
 
 
 def wire_name(protocol: str, name: str, shape: Any) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from amibake.local.faults import Behaviour, Faults, Reply, Request, json_error, query_error
 from amibake.local.faults.pagination import wire_name
+from amibake.service_models import service_model
 
 NAME = "request-limits"
 _UP_TO = re.compile(r"\b[Aa] (?:space-separated )?list of up to (\d+)\b")
@@ -31,12 +32,10 @@ _UP_TO = re.compile(r"\b[Aa] (?:space-separated )?list of up to (\d+)\b")
 def limits(service: str, action: str) -> tuple[str, tuple[tuple[str, str, int], ...]]:
     """The service's protocol, and (member, its name on the wire, the most items it takes) for
     the operation's top-level list members that have a limit."""
-    import botocore.session
-
     if not action:
         return "", ()
     try:
-        model = botocore.session.get_session().get_service_model(service)
+        model = service_model(service)
         operation = model.operation_model(action)
     except Exception:  # not a service or operation botocore knows
         return "", ()
