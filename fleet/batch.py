@@ -75,6 +75,11 @@ LOG_DEADLINE_S = 120.0
 # before the replicate is taken to have died without one (the local cloud's logs-pages
 # behaviour holds events back 1-4 s; a test run lost two replicates' results that way).
 LOG_LATE_S = 30.0
+# A job whose host went away (a spot reclaim) printed its result line only if it finished just
+# before: its agent went with the host, and what it had not shipped never comes. A short wait
+# covers events still being ingested (the local cloud holds them back 1-4 s); the full one held
+# every other job's results back 30 s per lost replicate.
+LOG_LATE_HOST_GONE_S = 5.0
 # The job's own side: fetch the payload, unpack it, hand over to job.py (standard library only).
 # What replicate.sh runs that the amazonlinux:2023 container image lacks (it has bash,
 # coreutils, curl and python3, and not util-linux's setsid). The local cloud runs jobs on the
@@ -494,7 +499,9 @@ class Jobs:
         return interrupted
 
     def _row(self, state: JobsState, replicate: Replicate, job: dict[str, Any]) -> ReplicateRow:
-        output = self._output(job)
+        reason = str(job.get("statusReason", ""))
+        gone = job["status"] == "FAILED" and reason.startswith(HOST_GONE)
+        output = self._output(job, LOG_LATE_HOST_GONE_S if gone else LOG_LATE_S)
         started = job.get("startedAt", time.time() * 1000) / 1000
         host = next(
             (
@@ -508,8 +515,7 @@ class Jobs:
             host = self._image_host(state, job)
         if host is not None:
             self._host(state, host)
-        reason = str(job.get("statusReason", ""))
-        if job["status"] == "FAILED" and reason.startswith(HOST_GONE):
+        if gone:
             base = result_row_or_none(state, replicate, output, started)
             return replace(
                 base or failed_row(state, replicate, started),
@@ -542,7 +548,7 @@ class Jobs:
             log.info("terminating %s: it has a spot interruption notice", instance_id)
             self.context.cloud.ec2.terminate_instances(InstanceIds=[instance_id])
 
-    def _output(self, job: dict[str, Any]) -> str:
+    def _output(self, job: dict[str, Any], late_s: float) -> str:
         stream = (job.get("container") or {}).get("logStreamName")
         if not stream:
             return ""
@@ -550,7 +556,7 @@ class Jobs:
         lines: list[str] = []
         token = None
         deadline = time.monotonic() + LOG_DEADLINE_S
-        late_until = time.monotonic() + LOG_LATE_S
+        late_until = time.monotonic() + late_s
         # An empty page is not the end: only the token sent coming back is (GetLogEvents:
         # "If you have reached the end of the stream, it returns the same token you passed in").
         for _ in range(LOG_PAGES):
