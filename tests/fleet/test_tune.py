@@ -543,6 +543,9 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
     cfg = config.load()
     spec = tune.load(EXAMPLES / "kernels.tune.toml")
     assert (spec.trials, spec.parallel) == (12, 2)
+    # Half its trials: as many in flight, past its 4 start-up trials into the model's steps,
+    # in half the time (72 s on a 2.5 GHz Xeon for all 12)
+    spec.trials = 6
     results = bench.results_db(cfg.results_dir)
     run_id = tune.start(results, spec, cfg.cloud, cfg.region)
     evaluator = evaluators.evaluator(spec, cfg)
@@ -551,9 +554,9 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
     final = trials[trials.state != "asked"]
     # Every trial ran; one may fall under the example's min_rate floor when the machine is busy
     # (the throughput is this machine's, shared with whatever else runs): infeasible, not failed.
-    assert len(final) == 12 and set(final.state) <= {"ok", "infeasible"}, final.reason.tolist()
+    assert len(final) == 6 and set(final.state) <= {"ok", "infeasible"}, final.reason.tolist()
     assert all("min_rate" in r for r in final[final.state == "infeasible"].reason), final.reason
-    assert (final.state == "ok").sum() >= 6, final.reason.tolist()
+    assert (final.state == "ok").sum() >= 3, final.reason.tolist()
     # Its report opens by saying the trials shared this machine (2 in flight on its cores).
     record = results.run(run_id)
     assert record is not None and record["note"].startswith("Local cloud: every instance type")
@@ -562,11 +565,11 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
         assert manifest["app"] == "kernels" and manifest["cflags"].startswith("-O3")
         assert manifest["files"]["bin/kernels"]  # the build's own record, per trial
     replicates = results.replicates(run_id)
-    assert sorted(set(replicates.trial)) == list(range(12))
+    assert sorted(set(replicates.trial)) == list(range(6))
     # Each trial's cost, counted against max_usd: its instance's whole time at its price, which
     # covers at least its replicates' run time.
     spent = tune.trial_costs(results, run_id)
-    assert sorted(spent) == list(range(12))
+    assert sorted(spent) == list(range(6))
     for trial, rows in replicates.groupby("trial"):
         assert spent[trial] >= (rows.seconds * rows.price_usd_hour).sum() / 3600 > 0
     assert outcome.best is not None
