@@ -1,4 +1,6 @@
-"""Issue 2's figures: how fast a sandbox is reachable, and what the remote layer costs."""
+"""Issue 2's figures: how fast a sandbox is reachable, and what the remote layer costs; and what
+a new connection to the cloud costs with botocore's data files read once a process
+(amibake/service_models.py) against botocore's own loader, which reads them per session."""
 
 from __future__ import annotations
 
@@ -6,12 +8,35 @@ import statistics
 import time
 from typing import Any
 
+import boto3
+
 from amibake.cloud import Cloud
 from amibake.cloud.reach import reach
+from amibake.cloud.session import open_cloud
 from tests.helpers import base_ami
 
 LAUNCHES = 20
 COMMANDS = 100
+CONNECTS = 10
+SERVICES = ("ec2", "ssm", "sts", "batch", "s3")  # what a bake and a batch run talk to
+
+
+def _connect_ms(cloud: Cloud, shared: bool) -> float:
+    """A new connection and a client of each of SERVICES: through open_cloud (the shared
+    loader), or a session with botocore's own."""
+    started = time.perf_counter()
+    if shared:
+        fresh = open_cloud(cloud.config, cloud.endpoint_url)
+    else:
+        session = boto3.session.Session(
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name=cloud.config.region,
+        )
+        fresh = Cloud(config=cloud.config, session=session, endpoint_url=cloud.endpoint_url)
+    for service in SERVICES:
+        fresh.client(service)
+    return (time.perf_counter() - started) * 1000
 
 
 def _launch_to_first_command(cloud: Cloud, image_id: str, key_name: str, pem: str) -> float:
@@ -29,6 +54,11 @@ def _launch_to_first_command(cloud: Cloud, image_id: str, key_name: str, pem: st
 
 
 def run(cloud: Cloud) -> dict[str, Any]:
+    shared: list[float] = []
+    own: list[float] = []
+    for _ in range(CONNECTS):  # alternated, as below; the first of each warms what it can
+        shared.append(_connect_ms(cloud, True))
+        own.append(_connect_ms(cloud, False))
     image_id = base_ami(cloud)
     key = cloud.ec2.create_key_pair(KeyName="bench", KeyType="ed25519")
     try:
@@ -69,4 +99,9 @@ def run(cloud: Cloud) -> dict[str, Any]:
         "remote_over_raw_ratio": round(ratio, 3),
         "remote_ratio_goal": 1.1,
         "remote_ratio_goal_met": ratio <= 1.1,
+        "connect_five_clients_median_ms": round(statistics.median(shared[1:]), 1),
+        "connect_with_botocores_own_loader_median_ms": round(statistics.median(own[1:]), 1),
+        "connect_own_loader_over_shared_ratio": round(
+            statistics.median(own[1:]) / statistics.median(shared[1:]), 2
+        ),
     }
