@@ -115,6 +115,9 @@ def add(file: Path) -> tuple[Source, list[str]]:
         )
     target = cache_dir() / digest
     if not target.exists():
-        shutil.copyfile(file, target.with_suffix(".part"))
-        target.with_suffix(".part").replace(target)
+        # A part of this process's own: two processes adding one archive at once (parallel
+        # test workers, two shells) must not write into one file, one renaming it half done.
+        part = target.with_suffix(f".{os.getpid()}.part")
+        shutil.copyfile(file, part)
+        part.replace(target)
     return Source(target, digest, matches[0][1].filename), [name for name, _ in matches]
