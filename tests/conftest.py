@@ -4,7 +4,6 @@ loopback range), so they never touch a developer's running local cloud."""
 from __future__ import annotations
 
 import signal
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from amibake import config, cpu
 from amibake.cloud import Cloud
 from amibake.connect import connect
 from amibake.local import control
-from tests.helpers import leftovers, pick_family
+from tests.helpers import free_port_and_range, leftovers, pick_family
 
 # The Ctrl-C tests send this process SIGINT, as a terminal would. A shell starts a background
 # job (`make test &`, nohup in a script) with SIGINT ignored, and Python then installs no
@@ -23,17 +22,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 # The session's own daemon port and loopback range, not fixed ones: a fixed port made a suite
 # fail every local-cloud test (89 errors, "port 5178 is already in use") while a suite in
-# another checkout was running. The range follows the port, away from the default 127.77.
-TEST_PORT = free_port()
-TEST_SUBNET = f"127.{80 + TEST_PORT % 100}.0.0/16"
+# another checkout was running. Each pytest-xdist worker is a session of its own.
+TEST_PORT, TEST_SUBNET = free_port_and_range()
 
 
 @pytest.fixture(scope="session")

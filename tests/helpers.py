@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -230,21 +231,32 @@ def ctrl_c_when(
         signal.signal(signal.SIGINT, previous)
 
 
+def free_port_and_range() -> tuple[int, str]:
+    """A free port for a local cloud of a test's own, and the loopback range its sandboxes take,
+    made from the port (127.<high byte>.<low byte>.0/24): two clouds running at once hold two
+    ports, so never one range, whether in this process, another pytest-xdist worker or a suite
+    in another checkout. A range taken from the port modulo 50 let two of them meet once they
+    ran side by side. Never a port whose range is the default 127.77 (a developer's own cloud).
+    """
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port >> 8 != 77:
+            return port, f"127.{port >> 8}.{port & 255}.0/24"
+
+
 def own_local_cloud(
     directory: Path, monkeypatch: pytest.MonkeyPatch, faults: str = "none", seed: int = 0
 ) -> config.Config:
     """The config of a local cloud of the test's own (its directory, a free port, its own
     loopback range, its results), for tests that change the account (delete its default VPC,
     turn AWS behaviours on). The caller connects, and takes it down with control.down."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port, subnet = free_port_and_range()
     monkeypatch.setenv("AMIBAKE_CLOUD", "local")
     monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(directory / "cloud"))
     monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{200 + port % 50}.0.0/16")
+    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", subnet)
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(directory / "results"))
     monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS", faults)
     monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS_SEED", str(seed))

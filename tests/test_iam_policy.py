@@ -23,8 +23,8 @@ from amibake.cloud.session import name_denied_action
 from amibake.connect import connect
 from amibake.journal import Journal
 from amibake.local import control
-from tests.conftest import free_port
 from tests.container import image as container_image
+from tests.helpers import free_port_and_range
 from tests.test_build import FIXTURES
 
 SERVICES = ("ec2", "ssm", "sts", "iam", "batch", "s3", "logs", "ecr", "ecs")
@@ -121,9 +121,9 @@ def enforcing_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     monkeypatch.setenv("AMIBAKE_CLOUD", "local")  # never AWS, whatever else is set
     monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(tmp_path / "cloud"))
     # A free port, not a fixed one: a suite running in another checkout holds a fixed one.
-    port = free_port()
+    port, subnet = free_port_and_range()
     monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{180 + port % 50}.0.0/16")
+    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", subnet)
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
     admin = connect(config.load())
     iam = admin.client("iam")

@@ -19,8 +19,7 @@ from amibake.cloud import Cloud
 from amibake.connect import connect
 from amibake.journal import Journal
 from amibake.local import control
-from tests.conftest import free_port
-from tests.helpers import wait_until_clean
+from tests.helpers import free_port_and_range, wait_until_clean
 from tests.test_build import request
 
 CATALOG = Path(__file__).resolve().parent.parent / "amibake" / "catalog"
@@ -34,12 +33,12 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     hello needs nothing beyond x86-64's baseline: any machine runs it, an arm64 one under QEMU,
     so the family is data here, as in test_bake)."""
     root = tmp_path_factory.mktemp("inventory")
-    port = free_port()
+    port, subnet = free_port_and_range()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AMIBAKE_CLOUD", "local")
         patch.setenv("AMIBAKE_LOCAL_DIR", str(root / "cloud"))
         patch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-        patch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{150 + port % 50}.0.0/16")
+        patch.setenv("AMIBAKE_LOCAL_SUBNET", subnet)
         patch.setenv("AMIBAKE_RESULTS_DIR", str(root / "results"))
         cfg = config.load()
         cloud = connect(cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -16,8 +17,7 @@ from amibake import config
 from amibake.cli import main
 from amibake.connect import connect
 from amibake.local import control, sandbox
-from tests.conftest import free_port
-from tests.helpers import launch_and_reach, leftovers
+from tests.helpers import free_port_and_range, launch_and_reach, leftovers
 
 
 @pytest.fixture
@@ -26,9 +26,9 @@ def own_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     directory = tmp_path / "cloud"
     monkeypatch.setenv("AMIBAKE_CLOUD", "local")
     monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(directory))
-    port = free_port()  # not a fixed one: a suite in another checkout may hold it
+    port, subnet = free_port_and_range()  # not fixed: a suite in another checkout may hold it
     monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", f"127.{230 + port % 25}.0.0/16")
+    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", subnet)
     yield directory
     control.down(config.load())
 
@@ -115,7 +115,8 @@ def test_control_port_in_use_is_a_one_line_error(
 def test_sandbox_ssh_port_in_use_is_a_one_line_error(
     own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    first = os.environ["AMIBAKE_LOCAL_SUBNET"].replace("0.0/16", "0.1")  # the first sandbox's
+    network = ipaddress.ip_network(os.environ["AMIBAKE_LOCAL_SUBNET"])
+    first = str(next(network.hosts()))  # the first sandbox's
     with socket.socket() as squatter:
         squatter.bind((first, 0))
         squatter.listen()
@@ -143,12 +144,13 @@ def test_without_root_local_up_says_what_is_missing() -> None:
     # pytest's own temporary tree is root's alone; nobody needs a directory it can write.
     tmp_path = Path(tempfile.mkdtemp(prefix="amibake-rootless-"))
     tmp_path.chmod(0o777)
+    port, subnet = free_port_and_range()
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": str(tmp_path),
         "AMIBAKE_LOCAL_DIR": str(tmp_path / "cloud"),
-        "AMIBAKE_LOCAL_PORT": "5181",
-        "AMIBAKE_LOCAL_SUBNET": "127.81.0.0/16",
+        "AMIBAKE_LOCAL_PORT": str(port),
+        "AMIBAKE_LOCAL_SUBNET": subnet,
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
     }
 

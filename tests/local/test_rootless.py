@@ -27,8 +27,7 @@ import pytest
 
 from amibake.errors import EnvironmentProblem
 from amibake.local import rootless
-from tests.conftest import TEST_SUBNET, free_port
-from tests.helpers import leftovers
+from tests.helpers import free_port_and_range, leftovers
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN_USER = "tester"
@@ -114,9 +113,7 @@ def make_plain_user(top: Path) -> tuple[PlainUser, list[list[str]]]:
         switch = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups"]
     else:
         name, home, prepare, switch = pwd.getpwuid(os.getuid()).pw_name, Path.home(), "", []
-    port = free_port()
-    subnet = f"127.{180 + port % 70}.0.0/16"
-    assert subnet != TEST_SUBNET
+    port, subnet = free_port_and_range()
     local_dir = top / "cloud"
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
