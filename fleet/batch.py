@@ -362,6 +362,17 @@ class Payload:
             amibake_batch.delete_prefix(self.context.cloud, state.bucket, state.prefix)
 
 
+def host_gone(job: dict[str, Any]) -> bool:
+    """A job that failed because its instance went away (a spot reclaim, a terminated host):
+    its replicate is interrupted, not failed, and its late log lines will not come."""
+    return job["status"] == "FAILED" and str(job.get("statusReason", "")).startswith(HOST_GONE)
+
+
+def log_late_s(job: dict[str, Any]) -> float:
+    """How long an ended job's log is read again for a result line not yet in it."""
+    return LOG_LATE_HOST_GONE_S if host_gone(job) else LOG_LATE_S
+
+
 class Jobs:
     """Submit the pending replicates as an array job; record each child as it ends; resubmit
     the interrupted ones."""
@@ -500,8 +511,8 @@ class Jobs:
 
     def _row(self, state: JobsState, replicate: Replicate, job: dict[str, Any]) -> ReplicateRow:
         reason = str(job.get("statusReason", ""))
-        gone = job["status"] == "FAILED" and reason.startswith(HOST_GONE)
-        output = self._output(job, LOG_LATE_HOST_GONE_S if gone else LOG_LATE_S)
+        gone = host_gone(job)
+        output = self._output(job, log_late_s(job))
         started = job.get("startedAt", time.time() * 1000) / 1000
         host = next(
             (
