@@ -24,7 +24,7 @@ from amibake.connect import connect
 from amibake.journal import Journal
 from amibake.local import control
 from tests.container import image as container_image
-from tests.helpers import free_port_and_range
+from tests.helpers import own_local_cloud
 from tests.test_build import FIXTURES
 
 SERVICES = ("ec2", "ssm", "sts", "iam", "batch", "s3", "logs", "ecr", "ecs")
@@ -118,14 +118,7 @@ def test_every_call_each_command_makes_is_in_its_statement(cloud: Cloud) -> None
 @pytest.fixture
 def enforcing_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A local cloud of its own, with an IAM user holding exactly the build+bake policy."""
-    monkeypatch.setenv("AMIBAKE_CLOUD", "local")  # never AWS, whatever else is set
-    monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(tmp_path / "cloud"))
-    # A free port, not a fixed one: a suite running in another checkout holds a fixed one.
-    port, subnet = free_port_and_range()
-    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", subnet)
-    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
-    admin = connect(config.load())
+    admin = connect(own_local_cloud(tmp_path, monkeypatch))  # never AWS, whatever else is set
     iam = admin.client("iam")
     iam.create_user(UserName="amibake")
     key = iam.create_access_key(UserName="amibake")["AccessKey"]

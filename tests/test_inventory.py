@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from amibake import config, pipelines
+from amibake import pipelines
 from amibake.cli import main
 from amibake.cloud import Cloud
 from amibake.connect import connect
 from amibake.journal import Journal
 from amibake.local import control
-from tests.helpers import free_port_and_range, wait_until_clean
+from tests.helpers import own_local_cloud, wait_until_clean
 from tests.test_build import request
 
 CATALOG = Path(__file__).resolve().parent.parent / "amibake" / "catalog"
@@ -33,14 +33,8 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     hello needs nothing beyond x86-64's baseline: any machine runs it, an arm64 one under QEMU,
     so the family is data here, as in test_bake)."""
     root = tmp_path_factory.mktemp("inventory")
-    port, subnet = free_port_and_range()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AMIBAKE_CLOUD", "local")
-        patch.setenv("AMIBAKE_LOCAL_DIR", str(root / "cloud"))
-        patch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-        patch.setenv("AMIBAKE_LOCAL_SUBNET", subnet)
-        patch.setenv("AMIBAKE_RESULTS_DIR", str(root / "results"))
-        cfg = config.load()
+        cfg = own_local_cloud(root, patch)
         cloud = connect(cfg)
         try:
             assert pipelines.build(cloud, request())[0].ok

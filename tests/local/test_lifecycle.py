@@ -17,20 +17,14 @@ from amibake import config
 from amibake.cli import main
 from amibake.connect import connect
 from amibake.local import control, sandbox
-from tests.helpers import free_port_and_range, launch_and_reach, leftovers
+from tests.helpers import free_port_and_range, launch_and_reach, leftovers, own_local_cloud
 
 
 @pytest.fixture
 def own_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A second, throw-away local cloud, for tests that stop or crash it."""
-    directory = tmp_path / "cloud"
-    monkeypatch.setenv("AMIBAKE_CLOUD", "local")
-    monkeypatch.setenv("AMIBAKE_LOCAL_DIR", str(directory))
-    port, subnet = free_port_and_range()  # not fixed: a suite in another checkout may hold it
-    monkeypatch.setenv("AMIBAKE_LOCAL_PORT", str(port))
-    monkeypatch.setenv("AMIBAKE_LOCAL_SUBNET", subnet)
-    yield directory
-    control.down(config.load())
+    yield own_local_cloud(tmp_path, monkeypatch).local_dir
+    control.down(config.load())  # as the test left the settings (a port it moved)
 
 
 def test_up_status_down(own_cloud: Path, capsys: pytest.CaptureFixture[str]) -> None:
