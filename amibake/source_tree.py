@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pathspec
 
-from amibake.errors import UserError
+from amibake.archive import unpack
+from amibake.errors import RemoteError, UserError
 
 FULL_COMMIT = re.compile(r"[0-9a-f]{40}")
 # What git takes as a remote: a URL of its transports, or scp-like user@host:path.
@@ -158,7 +159,9 @@ def export_commit(url: str, commit: str, into: Path) -> None:
             raise UserError(f"git archive {commit} of {url} failed: {_said(exported)}")
         into.mkdir(parents=True, exist_ok=True)
         with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(into, filter="data")
-            else:  # git archive writes regular files, directories and symlinks only
-                tar.extractall(into)
+            try:
+                unpack(tar, into)
+            except (RemoteError, tarfile.TarError) as error:  # a symlink out of the tree
+                raise UserError(
+                    f"{url} at {commit}: {error}; a build source's links must stay in its tree"
+                ) from None

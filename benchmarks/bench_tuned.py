@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from amibake import recipes
+from amibake.archive import unpack
 from amibake.cloud import Cloud
 from benchmarks import host_family
 from fleet import bench, evaluators, tune
@@ -69,7 +70,7 @@ def run(cloud: Cloud) -> dict[str, Any]:
         )
         artifact = sidecar.with_name(sidecar.name.replace(".manifest.json", ".tar.xz"))
         with tarfile.open(artifact) as archive:
-            archive.extractall(folder / "tuned", filter="data")
+            unpack(archive, folder / "tuned")
         binaries = {"tuned": folder / "tuned" / "bin" / "kernels"}
         source = recipes.load("kernels").source_path
         assert source is not None

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from amibake import catalog, flags, pipelines, recipes, sources
+from amibake.archive import unpack
 from amibake.cli import main as amibake
 from amibake.cloud import Cloud
 
@@ -31,7 +32,7 @@ def unpacked(tmp_path: Path, orig: tuple[str, str], target: str) -> Path:
         pytest.skip(f"{top}'s Debian orig tarball is not in the source cache: make {target}")
     assert sources.sha256_of(cached) == sha256
     with tarfile.open(cached) as tar:
-        tar.extractall(tmp_path / "unpacked", filter="data")
+        unpack(tar, tmp_path / "unpacked")
     return tmp_path / "unpacked" / top
 
 
@@ -61,7 +62,7 @@ def build(cloud: Cloud, tmp_path: Path, name: str, family: str) -> tuple[str, li
     lines = [line for p in sorted(logs.glob("*.log")) for line in p.read_text().splitlines()]
     out = tmp_path / f"{name}-artifact"
     with tarfile.open(state.artifact) as tar:
-        tar.extractall(out, filter="data")
+        unpack(tar, out)
     return tuned, lines, out
 
 

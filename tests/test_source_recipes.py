@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from amibake import catalog, flags, new_recipe, pipelines, recipes, source_tree, sources
+from amibake.archive import unpack
 from amibake.cli import main as amibake
 from amibake.cloud import Cloud
 from amibake.errors import UserError
@@ -186,6 +187,26 @@ def test_a_git_url_is_built_at_its_pinned_commit_only(tmp_path: Path, cache: Pat
         assert member is not None and b"commit one" in member.read()
 
 
+@pytest.mark.parametrize("filters", [True, False], ids=["python-filters", "python-3.11.2"])
+def test_a_git_commit_linking_out_of_its_tree_is_refused_in_one_line(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, filters: bool
+) -> None:
+    if not filters:  # Debian 12's python3 (a plain user's venv) has no extraction filters
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python has no extraction filters: the python-3.11.2 case covers it")
+    work = project(tmp_path / "work", "make")
+    (work / "secrets").symlink_to("/etc/passwd")
+    git(work, "init", "-q")
+    git(work, "add", ".")
+    git(work, "commit", "-qm", "a link out")
+    root = tmp_path / "recipes"
+    commit = git(work, "rev-parse", "HEAD")
+    with pytest.raises(UserError, match=r"'secrets'.*a build source's links must stay in its tree"):
+        new_recipe.write("hello", f"file://{work}", root=root, commit=commit)
+    assert not root.exists() or not any(root.iterdir())
+
+
 def test_refusals_name_the_fix_and_write_nothing(tmp_path: Path) -> None:
     root = tmp_path / "recipes"
     bare = tmp_path / "bare"
@@ -251,7 +272,7 @@ def build_and_check(
     # The artifact runs (this machine is of the family's kind) and is the program built.
     out = tmp_path / f"{recipe_name}-artifact"
     with tarfile.open(state.artifact) as tar:
-        tar.extractall(out, filter="data")
+        unpack(tar, out)
     ran = subprocess.run([out / "bin" / "hello"], capture_output=True, text=True, check=True)
     assert ran.stdout.strip() == f"hello from {greeting}"
     return manifest
@@ -306,7 +327,7 @@ def test_a_real_project_lz4_builds_from_its_tree_with_the_family_flags(
         pytest.skip("lz4's Debian orig tarball is not in the source cache: make lz4-source")
     assert sources.sha256_of(orig) == LZ4_SHA256
     with tarfile.open(orig) as tar:
-        tar.extractall(tmp_path / "unpacked", filter="data")
+        unpack(tar, tmp_path / "unpacked")
     tree = tmp_path / "unpacked" / "lz4-1.9.4"  # as a user's checkout of it would be
     written = new_recipe.write("lz4", str(tree), root=tmp_path / "recipes", artifacts=["bin/lz4"])
     # Make detected; gcc-c++ too, for the C++ of its fuzzers and contrib (a guess on the safe side).
@@ -329,7 +350,7 @@ def test_a_real_project_lz4_builds_from_its_tree_with_the_family_flags(
     assert compiled and all(tuned in line for line in compiled), compiled
     out = tmp_path / "artifact"
     with tarfile.open(state.artifact) as tar:
-        tar.extractall(out, filter="data")
+        unpack(tar, out)
     data = b"family-tuned lz4 " * 4096
     packed = subprocess.run([out / "bin/lz4", "-c"], input=data, capture_output=True, check=True)
     assert len(packed.stdout) < len(data) / 10

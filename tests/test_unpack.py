@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from amibake.archive import unpack
 from amibake.errors import RemoteError
-from amibake.steps.remote_build import _extract
 from fleet.agent.s3 import extract
 
 Unpack = Callable[[tarfile.TarFile, Path], None]
 UNPACKERS: dict[str, Unpack] = {
-    "amibake": _extract,
+    "amibake": unpack,
     "agent": lambda tar, directory: extract(tar, str(directory)),
 }
 

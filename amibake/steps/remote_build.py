@@ -3,23 +3,20 @@ and fetch it with its manifest. Each sends one script per round trip."""
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-import os
 import shlex
 import shutil
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import archspec.cpu
 
 from amibake import cpu as cpu_module
 from amibake import flags as flags_module
 from amibake import isa, packages
+from amibake.archive import unpack
 from amibake.cloud.reach import reach
 from amibake.errors import RemoteError, UserError
 from amibake.remote import Remote
@@ -212,7 +209,7 @@ class Verify:
         fetched = state.local_out.with_suffix(".tar")
         remote.get(f"{state.work_dir}/out.tar", fetched)
         with tarfile.open(fetched) as tar:
-            _extract(tar, state.local_out)
+            unpack(tar, state.local_out)
         fetched.unlink()
         self._scan(state)
         self._smoke(state, remote, out)
@@ -352,41 +349,3 @@ def _as_root(member: tarfile.TarInfo) -> tarfile.TarInfo:
     member.uid = member.gid = 0
     member.uname = member.gname = "root"
     return member
-
-
-def _extract(tar: tarfile.TarFile, directory: Path) -> None:
-    """Unpack what the instance sent as Python's "data" extraction filter does, also under a
-    Python without filters (Debian 12's python3 is 3.11.2; 3.11.4 added them): nothing outside
-    `directory`, no link out of it, no device or FIFO, no setuid bit, files owned by the
-    controller's user. The agent's own copy (fleet/agent/s3.py) runs where only the standard
-    library is."""
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(directory, filter="data")
-        return
-    root = os.path.realpath(directory)
-
-    def inside(path: str) -> bool:
-        real = os.path.realpath(os.path.join(root, path))
-        return real == root or real.startswith(root + os.sep)
-
-    def checked() -> Iterator[tarfile.TarInfo]:
-        # One member at a time, as extraction reaches it: a path through a link that an
-        # earlier member made resolves to where that link really points.
-        for member in tar:
-            name = member.name
-            if os.path.isabs(name) or not inside(name):
-                raise RemoteError(f"the build's output: {name!r} lies outside {directory}")
-            if member.issym() or member.islnk():
-                base = os.path.dirname(name) if member.issym() else ""
-                if os.path.isabs(member.linkname) or not inside(
-                    os.path.join(base, member.linkname)
-                ):
-                    raise RemoteError(f"the build's output: {name!r} links outside {directory}")
-            elif not (member.isfile() or member.isdir()):
-                raise RemoteError(f"the build's output: {name!r} is a device or FIFO")
-            member = copy.copy(member)
-            member.mode &= 0o755  # no setuid, setgid or sticky bit, no group or other write
-            member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
-            yield member
-
-    tar.extractall(directory, members=checked())
