@@ -75,6 +75,8 @@ SIZED_WEIGHT = 0.5
 # also among other families at the incumbent's shape (its nearest on the ordered axes), which
 # reached published sort's m7gd sooner (1.168/1.357): 7+6+56+51 = 120; every other local step
 # at that shape alone: 6+5+55 (sort 1.152/1.842), stopped there.
+# Nor six neighbours for four: 7+6+58+53 = 124 (published sort 1.184/1.357, T1-3's mean median
+# and worst tenth 1.0331/1.0414 against 1.0327/1.0416).
 LOCAL_EVERY = 2
 LOCAL_NEIGHBOURS = 4
 # Below FIXED_UNTIL results the Gaussian process does not learn its kernel: a length scale per
