@@ -18,11 +18,14 @@ def unpack(tar: tarfile.TarFile, directory: Path) -> None:
     outside `directory`, no link out of it, no device or FIFO, no setuid bit, files owned by the
     controller's user. The one way to unpack in amibake, its tests and benchmarks; the Batch
     agent's own copy (fleet/agent/s3.py) runs where only the standard library is."""
+    label = os.fsdecode(os.path.basename(tar.name)) if tar.name else "the archive"
     if hasattr(tarfile, "data_filter"):
-        tar.extractall(directory, filter="data")
+        try:
+            tar.extractall(directory, filter="data")
+        except tarfile.FilterError as error:  # one error, whichever Python refused it
+            raise RemoteError(f"{label}: {error}") from None
         return
     root = os.path.realpath(directory)
-    label = os.fsdecode(os.path.basename(tar.name)) if tar.name else "the archive"
 
     def inside(path: str) -> bool:
         real = os.path.realpath(os.path.join(root, path))
