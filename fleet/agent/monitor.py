@@ -57,13 +57,14 @@ class Monitor:
             return 0, 0.0, 0.0
         # Keep Process objects between samples: cpu_percent() measures since the previous call.
         alive = {p.pid: self._tree.get(p.pid, p) for p in current}
+        seen = set(self._tree.values())
         self._tree = alive
         rss = cpu = 0.0
         for process in alive.values():
             try:
                 with process.oneshot():
                     rss += process.memory_info().rss
-                    cpu += process.cpu_percent(None)
+                    cpu += process.cpu_percent(None) if process in seen else _since_birth(process)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return len(alive), rss / MB, cpu
@@ -112,6 +113,20 @@ class Monitor:
                 handle.flush()
                 count += 1
         return count
+
+
+def _since_birth(process: psutil.Process) -> float:
+    """CPU % of a process seen for the first time, over its life so far. psutil's first
+    cpu_percent() of a process is always 0.0 (it only sets the baseline), so without this a
+    workload started by a shell (sudo, sh -c, docker) counted as idle in its first sample: a run
+    shorter than two samples showed no CPU at all."""
+    process.cpu_percent(None)  # the baseline for the next sample
+    times = process.cpu_times()
+    alive_s = time.time() - process.create_time()
+    if alive_s <= 0:
+        return 0.0
+    # create_time() has the kernel's clock-tick resolution: bound a just-born process's figure.
+    return min(100.0 * (times.user + times.system) / alive_s, 100.0 * (psutil.cpu_count() or 1))
 
 
 def _descendants(pid: int) -> list[int]:

@@ -113,3 +113,29 @@ def test_sigterm_stops_it_at_once_not_after_the_interval(tmp_path: Path) -> None
         watcher.kill()
         workload.kill()
         workload.wait()
+
+
+def test_a_process_born_between_samples_counts_its_cpu_in_its_first_sample() -> None:
+    # A shell starting the real work (sudo, sh -c, docker run): the busy process appears after
+    # the monitor has primed its counters. psutil's first reading of a process is 0.0, so a run
+    # shorter than two samples once showed an idle tree (CI: tree_cpu_percent [0.0]).
+    starter = (
+        "import subprocess, sys, time\n"
+        "time.sleep(0.3)\n"
+        "subprocess.run([sys.executable, '-c', "
+        "'import time\\nend = time.monotonic() + 3\\nwhile time.monotonic() < end: pass'])\n"
+    )
+    workload = subprocess.Popen([sys.executable, "-c", starter])
+    try:
+        watcher = monitor.Monitor(workload.pid, Path("unused.csv"))
+        assert watcher._tree_sample()[0] == 1  # primed: the starter alone, its child not born
+        deadline = time.monotonic() + 30
+        while len(monitor._descendants(workload.pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the child busy for most of a second
+        processes, _, cpu = watcher._tree_sample()
+    finally:
+        workload.kill()
+        workload.wait()
+    assert processes == 2
+    assert cpu > 30, cpu
