@@ -29,6 +29,7 @@ from amibake.local.sandbox import check_host, port_free, remove_tree
 from amibake.procs import process_alive
 
 START_TIMEOUT_S = 60.0
+LEFTOVER_WAIT_S = 10.0  # for killed sandbox and registry processes to be gone
 # Admin calls go straight to loopback, never through a proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -218,18 +219,27 @@ def _clean_leftovers(directory: Path) -> list[str]:
             os.kill(pid, signal.SIGKILL)
             done.append(f"killed stale daemon {pid}")
         info.unlink(missing_ok=True)
-    for pid in sandbox_processes(directory):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            done.append(f"killed leftover sandbox process {pid}")
-        except ProcessLookupError:
-            pass
-    for pid in registry_processes(directory):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            done.append(f"killed leftover registry process {pid}")
-        except ProcessLookupError:
-            pass
+    # Killed, and waited for: a SIGKILLed process lingers a moment (longer on a loaded host)
+    # while it exits and may still hold the sandbox's mounts, and `local down` says nothing is
+    # left only when nothing is (a sandbox's init may also fork while being killed).
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    killed: set[int] = set()
+    while time.monotonic() < deadline:
+        found = [
+            *((pid, "sandbox") for pid in sandbox_processes(directory)),
+            *((pid, "registry") for pid in registry_processes(directory)),
+        ]
+        if not any(process_alive(pid) for pid, _ in found):
+            break
+        for pid, what in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            if pid not in killed:
+                killed.add(pid)
+                done.append(f"killed leftover {what} process {pid}")
+        time.sleep(0.05)
     for sub in ("sandboxes", "images", REGISTRY_DIR):
         path = directory / sub
         if path.exists() and any(path.iterdir()):
