@@ -168,11 +168,11 @@ def test_the_monitor_samples_the_workload_inside_an_image_with_a_shell(
         {
             "types": [native],
             "image": str(ref),
-            # A shell line (&&): this machine's variant has busybox's sh. Long enough (2-6 s on
-            # the hosts seen; 600M iterations once fit in one second's sample) for the 1 Hz
-            # monitor to sample it at least once.
+            # A shell line (&&): this machine's variant has busybox's sh. Busy for 3 s whatever
+            # the host's speed (a count of 600M iterations once fit in one second's sample), so
+            # the 1 Hz monitor samples it more than once.
             "command": "work {args} && echo done-in-shell",
-            "args": {"n": 1_000_000_000},
+            "args": {"seconds": 3},
             "metric": {"kind": "regex", "pattern": "rate=([0-9.]+)", "meaning": "rate"},
             "replicates": 1,
             "warmups": 0,
@@ -187,12 +187,12 @@ def test_the_monitor_samples_the_workload_inside_an_image_with_a_shell(
     assert row.state == "ok" and row.metric > 0
     assert row.monitor_samples >= 1 and row.rss_max_mb > 0
     # The tree it watched is the workload's: busy (sudo and sh around it sleep at 0%; on shared
-    # two-core machines the busy loop has measured 38-99% of a core). The loop is born after the
-    # monitor's first look, so this fails if a new process's first sample reads 0.0 (it did once
-    # in CI, where the run fit in one sample).
+    # two-core machines the busy loop has measured 25-99% of a core, by the load beside it). The
+    # loop is born after the monitor's first look, so this fails if a new process's first sample
+    # reads 0.0 (it did once in CI, where the run fit in one sample).
     with open(row.monitor_csv) as handle:
         busy = [float(r["tree_cpu_percent"]) for r in csv.DictReader(handle)]
-    assert max(busy) > 20, busy
+    assert max(busy) > 5, busy
     image = results.environments(run_id)[0]["image"]
     assert image["shell"] and not image["emulated"] and image["not_measured"] == []
     assert_nothing_left(mine, results, run_id, local_dir)
