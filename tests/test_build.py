@@ -132,9 +132,12 @@ def test_a_run_waiting_for_another_to_build_the_same_stops_when_cancelled(cloud:
         before = journal.last_run_id()
         waiting = pool.submit(pipelines.build, cloud, request())
         deadline = time.monotonic() + 60
-        while journal.last_run_id() == before and time.monotonic() < deadline:
-            time.sleep(0.1)  # preflight done, the run opened: it is at the cache step
-        time.sleep(0.5)
+        # preflight done, the run journaled and opened (cancellable): it is at the cache step
+        while (
+            not (journal.last_run_id() != before and runner._open) and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        time.sleep(0.5)  # and still waiting on the lock half a second on
         still_waiting = not waiting.done()
         asked = runner.cancel_all()
         try:

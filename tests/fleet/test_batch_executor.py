@@ -243,7 +243,12 @@ def test_a_lost_host_reruns_its_replicate(
     cloud: Cloud, registered: None, local_dir: Path, how: str
 ) -> None:
     run_id = new_run(
-        cloud, executor="batch", command="sleep 2; echo value=7", metric="value=(\\d+)"
+        # 4 s: a host is killed half a second after its job is seen RUNNING, and the job must
+        # still be running then on a loaded host (2 s left about one second to spare)
+        cloud,
+        executor="batch",
+        command="sleep 4; echo value=7",
+        metric="value=(\\d+)",
     )
     results = results_of(cloud)
     killed: list[str] = []

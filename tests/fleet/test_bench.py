@@ -173,7 +173,9 @@ def test_a_spot_notice_mid_replicate_reruns_it_on_a_new_instance_after_a_warm_up
 ) -> None:
     run_id = new_run(
         cloud,
-        command="sleep 2; echo value=7",
+        # 4 s: the notice comes 0.5 s in and the agent's watcher polls at 1 Hz, so the replicate
+        # must outlive both on a loaded host (2 s left half a second to spare)
+        command="sleep 4; echo value=7",
         metric={"kind": "regex", "pattern": "value=(\\d+)"},
         warmups=1,
     )
@@ -198,7 +200,7 @@ def test_a_spot_notice_mid_replicate_reruns_it_on_a_new_instance_after_a_warm_up
     measured = rows[(rows.state == "ok") & (rows.warmup == 0)]
     assert sorted(measured.replicate) == [0, 1, 2]
     assert (measured.metric == 7).all()
-    # The monitor, ready before each 2 s workload started, sampled it (1 Hz) all along.
+    # The monitor, ready before each 4 s workload started, sampled it (1 Hz) all along.
     assert (measured.monitor_samples >= 1).all(), rows.monitor_samples
     made = report.make(results, run_id, cloud.config.results_dir / "reports", html_page=False)
     assert int(made.summary.n[0]) == 3  # the interrupted attempt and warm-ups are never scored
@@ -224,7 +226,9 @@ def wait_for(condition: Any, timeout_s: float = 60.0) -> None:
 def test_resume_after_sigkill_redoes_nothing_and_leaves_nothing(
     cloud: Cloud, local_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_id = new_run(cloud, command="sleep 0.5; echo value=1", replicates=4, metric="value=(\\d+)")
+    # 1.5 s a replicate: killed once two are done, the third must not be (0.5 s was one stalled
+    # poll away from all four done on a loaded host)
+    run_id = new_run(cloud, command="sleep 1.5; echo value=1", replicates=4, metric="value=(\\d+)")
     results = results_of(cloud)
     process = fleet_process("bench", "--resume", run_id)
     try:
