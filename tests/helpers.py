@@ -4,6 +4,7 @@ to inject on the wire."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import threading
@@ -237,13 +238,24 @@ def free_port_and_range() -> tuple[int, str]:
     ports, so never one range, whether in this process, another pytest-xdist worker or a suite
     in another checkout. A range taken from the port modulo 50 let two of them meet once they
     ran side by side. Never a port whose range is the default 127.77 (a developer's own cloud).
+
+    Outside the kernel's ephemeral range: a port picked by bind(0) comes from that range, so
+    between the pick and the daemon's bind (a session's first local-cloud test may come minutes
+    later) any outgoing connection on the machine could be given it.
     """
+    low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = range(20_000, low) if low > 21_000 else range(high + 1, 65_536)
+    chooser = random.SystemRandom()  # not the tests' seeded random: workers must differ
     while True:
+        port = chooser.choice(ports)
+        if port >> 8 == 77:
+            continue
         with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        if port >> 8 != 77:
-            return port, f"127.{port >> 8}.{port & 255}.0/24"
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken: another suite's cloud, or a service
+        return port, f"127.{port >> 8}.{port & 255}.0/24"
 
 
 def own_local_cloud(
