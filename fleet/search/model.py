@@ -77,6 +77,10 @@ SIZED_WEIGHT = 0.5
 # at that shape alone: 6+5+55 (sort 1.152/1.842), stopped there.
 # Nor six neighbours for four: 7+6+58+53 = 124 (published sort 1.184/1.357, T1-3's mean median
 # and worst tenth 1.0331/1.0414 against 1.0327/1.0416).
+# Nor a last trial that exploits (2026-11-28, the same sets): the last among the incumbent's
+# four nearest, 7+6 named (catalog sort 1.000/1.047, solver 1.038) but 56 of T1-3's 72, mean
+# median 1.0506 (stopped there); the last the lowest posterior mean of those likely to run,
+# 7+5+57 (published analytics 1.068/1.068), stopped there.
 LOCAL_EVERY = 2
 LOCAL_NEIGHBOURS = 4
 # Below FIXED_UNTIL results the Gaussian process does not learn its kernel: a length scale per
