@@ -105,7 +105,8 @@ FIXED_NOISE = 1e-3
 # runs' lower envelope.
 # The part over how big keeps FIXED_LENGTH (2026-11-28; the seven named tables at 30 seeds in
 # both forms, baseline 7+6): at 0.6 5+6 (catalog sort 1.322, solver 1.164); at 1.5 7+6 but
-# 56 of T1-3's 72 in catalog form against 59 (mean median 1.0416 against 1.0327).
+# 56 of T1-3's 72 in catalog form against 59 (mean median 1.0416 against 1.0327). The share
+# measured the same way: 0.65, 6+6 (catalog sort 1.322); 0.35, 6+6 (catalog sort 1.047/1.842).
 ADDITIVE_SHARE = 0.5
 # The part over what a configuration is has a shorter length scale (KIND_LENGTH): at 1.0, with
 # the features spanning [0, 1], every family looked alike to it, so one family's run spoke for
