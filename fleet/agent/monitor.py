@@ -57,14 +57,14 @@ class Monitor:
             return 0, 0.0, 0.0
         # Keep Process objects between samples: cpu_percent() measures since the previous call.
         alive = {p.pid: self._tree.get(p.pid, p) for p in current}
-        seen = set(self._tree.values())
-        self._tree = alive
+        seen, self._tree = self._tree, alive
         rss = cpu = 0.0
         for process in alive.values():
             try:
                 with process.oneshot():
                     rss += process.memory_info().rss
-                    cpu += process.cpu_percent(None) if process in seen else _since_birth(process)
+                    known = process.pid in seen
+                    cpu += process.cpu_percent(None) if known else _since_birth(process)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return len(alive), rss / MB, cpu
