@@ -33,6 +33,7 @@ import botocore.exceptions
 
 from amibake import instance_kinds
 from amibake.cloud import Cloud
+from amibake.cloud.media_types import INDEX_TYPES, MANIFEST_TYPES
 from amibake.errors import EnvironmentProblem, UserError
 
 # ECR's private registry host, the repository path, then a tag or a digest (none: "latest", as
@@ -43,14 +44,6 @@ REFERENCE = re.compile(
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})|@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
 EXAMPLE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/app:v1"
-INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
-MANIFEST_TYPES = (
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
 # OCI names architectures as Go does; EC2 and the AMIs as the kernel's x86_64 / arm64.
 EC2_ARCHITECTURE = {"amd64": "x86_64", "arm64": "arm64"}
 OCI_ARCHITECTURE = {v: k for k, v in EC2_ARCHITECTURE.items()}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from amibake.catalog import prices as shipped_prices
+from amibake.cloud.regions import LOCATIONS
 from amibake.saved import read_json
 
 SNAPSHOT = shipped_prices.SNAPSHOT  # the shipped table, in amibake/catalog/ (amibake ls reads it)
@@ -281,14 +282,6 @@ def _hourly_usd(product: dict[str, Any]) -> float | None:
 
 
 SPOT_NAMES = 100  # instance types named in one DescribeSpotPriceHistory request
-# The Pricing API names regions by location, not by code.
-LOCATIONS = {
-    "us-east-1": "US East (N. Virginia)",
-    "us-east-2": "US East (Ohio)",
-    "us-west-2": "US West (Oregon)",
-    "eu-west-1": "EU (Ireland)",
-    "eu-central-1": "EU (Frankfurt)",
-}
 
 
 def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dict[str, Any]:

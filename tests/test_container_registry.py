@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from amibake.cloud import Cloud
+from amibake.cloud import Cloud, media_types
 from amibake.errors import UserError
 from fleet import container
 from tests.container import image as test_image
@@ -38,7 +38,7 @@ def test_a_pushed_index_is_what_ecr_describes(cloud: Cloud, pushed: container.Im
     got = ecr.batch_get_image(
         repositoryName="bench/app",
         imageIds=[{"imageTag": "v1"}],
-        acceptedMediaTypes=list(container.INDEX_TYPES),
+        acceptedMediaTypes=list(media_types.INDEX_TYPES),
     )
     assert not got["failures"]
     manifest = got["images"][0]

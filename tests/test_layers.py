@@ -16,6 +16,8 @@ LEAVES = {
     "amibake.config",
     "amibake.procs",
     "amibake.cloud.tags",
+    "amibake.cloud.regions",
+    "amibake.cloud.media_types",
     "amibake.checks",
     "amibake.tomlfile",
     "amibake.service_models",

@@ -20,16 +20,9 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+from amibake.cloud.regions import LOCATIONS
 from amibake.local import price_list
 
-# The Price List names regions by location, not by code (its `location` attribute).
-LOCATIONS = {
-    "us-east-1": "US East (N. Virginia)",
-    "us-east-2": "US East (Ohio)",
-    "us-west-2": "US West (Oregon)",
-    "eu-west-1": "EU (Ireland)",
-    "eu-central-1": "EU (Frankfurt)",
-}
 MAX_RESULTS = 100  # GetProducts' page limit (MaxResults 1..100)
 # The term and rate codes AWS's Price List gives an on-demand term (fixed strings in its format).
 ON_DEMAND_TERM, HOURLY_RATE = "JRTCKXETXF", "6YS6EN2CT7"

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from amibake.cloud.media_types import INDEX_TYPES, MANIFEST_TYPES
 from amibake.errors import EnvironmentProblem, LocalCloudError
 from amibake.local.moto_gaps import BACKENDS
 from amibake.local.sandbox import remove_tree
@@ -46,14 +47,6 @@ log = logging.getLogger("amibake.local")
 
 TARGET_PREFIX = "AmazonEC2ContainerRegistry_V20150921."
 SERVED = {"DescribeImages", "BatchGetImage", "GetAuthorizationToken", "GetDownloadUrlForLayer"}
-INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
-MANIFEST_TYPES = (
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
 # Every kind of manifest, lists first: asked with all of them, the registry answers what was pushed.
 ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
 START_TIMEOUT_S = 20.0
