@@ -51,9 +51,10 @@ KERNELS_SPACE = {
 
 def noise(default: str) -> dict[str, Any]:
     space = parse(KERNELS_SPACE, "kernels", "", [])
-    scores = {
-        (algorithm, budget): compare_noisy(RUNS, space, "metric", [algorithm], SEEDS, budget, 5)[0]
-        for algorithm, budget in ((default, 22), (default, 9), ("random", 18), ("tpe", 22))
+    runs = ((default, 22), (default, 9), ("random", 18), ("tpe", 22))
+    scores = {  # each engine's own start for the budget (startup None), as fleet tune's
+        (algo, budget): compare_noisy(RUNS, space, "metric", [algo], SEEDS, budget, None)[0]
+        for algo, budget in runs
     }
     main = scores[(default, 22)]
     median = float(np.median(main.ratios))

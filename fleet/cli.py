@@ -726,7 +726,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--seed", type=int, help="the search's seed (0): same seed, same trials")
     tune.add_argument("--parallel", type=int, help="trials in flight")
-    tune.add_argument("--startup-trials", type=int, help="random trials before TPE models")
+    tune.add_argument(
+        "--startup-trials",
+        type=int,
+        help="trials of the start design (TPE: random) before a model guides the search; "
+        "default: the engine's own for the budget",
+    )
     tune.add_argument(
         "--gain-replicates",
         type=int,

@@ -133,7 +133,7 @@ class NoisyScore:
 
 
 def run_search(
-    algorithm: str, space: Space, evaluate: Any, seed: int, budget: int, startup: int
+    algorithm: str, space: Space, evaluate: Any, seed: int, budget: int, startup: int | None
 ) -> Recommendation | None:
     """One search, one trial at a time, to its recommendation."""
     engine = engines.make(algorithm, space, seed, startup, budget)
@@ -146,7 +146,7 @@ def run_search(
 
 def compare_noisy(
     path: Path, space: Space, column: str, algorithms: list[str],
-    seeds: int, budget: int, startup: int,
+    seeds: int, budget: int, startup: int | None,
 ) -> list[NoisyScore]:  # fmt: skip
     space = space.holding(RunsReplay(path, space, column).configurations())
     out = []

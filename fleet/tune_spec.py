@@ -94,11 +94,10 @@ class TuneSpec:
         return str(params.get(TYPE) or self.types[0])
 
     @property
-    def startup(self) -> int:
-        # hyperopt's default of 20 random trials is a third of a small budget: a quarter here.
-        if self.startup_trials is not None:
-            return self.startup_trials
-        return max(3, min(20, self.trials // 4))
+    def startup(self) -> int | None:
+        """The start's trials as the user set them; None leaves them to the engine, which sizes
+        its start to the budget it is given (a comparison's budget is not the file's trials)."""
+        return self.startup_trials
 
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
@@ -278,7 +277,7 @@ def _container(data: dict[str, Any], space: Space, fail: Any) -> dict[str, Any]:
 
 
 def new_engine(
-    space: Space, algorithm: str, seed: int, startup: int, budget: int
+    space: Space, algorithm: str, seed: int, startup: int | None, budget: int
 ) -> engines.Engine:
     """The search engine of a run (fleet/search/engines.py names them)."""
     return engines.make(algorithm, space, seed, startup, budget)

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 from fleet.search.evaluation import Evaluation, Evaluator
 from fleet.space import Space
 
-# name -> "module:factory"; a factory takes (space, seed, startup, budget). The default is the
+# name -> "module:factory"; a factory takes (space, seed, startup, budget), startup None for the
+# engine's own start for that budget (start_trials of its module). The default is the
 # one that measured best on both of issue 22's goals (benchmarks/bench_search.py).
 ALGORITHMS: dict[str, str] = {
     "auto": "fleet.search.model:auto",
@@ -38,7 +39,7 @@ class Engine(Protocol):
         """A trial's loss (lower is better); None for a trial that failed or broke a target."""
 
 
-def make(algorithm: str, space: Space, seed: int, startup: int, budget: int) -> Engine:
+def make(algorithm: str, space: Space, seed: int, startup: int | None, budget: int) -> Engine:
     module, factory = ALGORITHMS[algorithm].split(":")
     engine: Engine = getattr(importlib.import_module(module), factory)(space, seed, startup, budget)
     return engine

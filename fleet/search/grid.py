@@ -27,5 +27,5 @@ class Grid:
         pass  # a grid learns nothing
 
 
-def grid(space: Space, seed: int, startup: int, budget: int) -> Grid:
+def grid(space: Space, seed: int, startup: int | None, budget: int) -> Grid:
     return Grid(space, seed)

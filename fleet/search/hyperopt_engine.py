@@ -102,9 +102,15 @@ class Hyperopt:
         self.trials.refresh()
 
 
-def tpe(space: Space, seed: int, startup: int, budget: int) -> Hyperopt:
-    return Hyperopt(space, "tpe", seed, startup)
+def start_trials(budget: int) -> int:
+    """TPE's random start when none is set: hyperopt's default of 20 is a third of a small
+    budget, so a quarter of it here, 3 to 20."""
+    return max(3, min(20, budget // 4))
 
 
-def random(space: Space, seed: int, startup: int, budget: int) -> Hyperopt:
-    return Hyperopt(space, "random", seed, startup)
+def tpe(space: Space, seed: int, startup: int | None, budget: int) -> Hyperopt:
+    return Hyperopt(space, "tpe", seed, start_trials(budget) if startup is None else startup)
+
+
+def random(space: Space, seed: int, startup: int | None, budget: int) -> Hyperopt:
+    return Hyperopt(space, "random", seed, 0)  # no model to start: every draw is random

@@ -24,7 +24,7 @@ from amibake.journal import Journal
 from amibake.local import control as local_control
 from fleet import bench, control, evaluators, tune
 from fleet.cli import main
-from fleet.replay import ReplayEvaluator, blind_chance, space_from_table
+from fleet.replay import ReplayEvaluator, blind_chance, compare, space_from_table
 from fleet.results import Results
 from fleet.space import Space
 from tests.helpers import ctrl_c_when, tagged_alive, wait_until_clean
@@ -82,6 +82,30 @@ def run_search(tmp_path: Path, spec: tune.TuneSpec, **kw: Any) -> tuple[Results,
 def sequence(results: Results, run_id: str) -> list[str]:
     trials = results.trials(run_id)
     return list(trials[trials.state == "asked"].params)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "tpe"])
+def test_a_search_of_9_trials_starts_as_a_comparison_at_9_does(
+    tmp_path: Path, algorithm: str
+) -> None:
+    """The start's size follows the budget searched, not the file's `trials`: `fleet tune
+    compare --budget 9` (the file's default 20 trials) measured a start of 4 where a search of
+    9 trials started with 3, and so ran another search than the one measured."""
+    replay = known_optimum(tmp_path)
+    spec = tune.load(tune_file(tmp_path, replay, algorithm=algorithm, trials=9, seed=3))
+    results, run_id = run_search(tmp_path, spec)
+    compared = tune.load(tune_file(tmp_path, replay, algorithm=algorithm, seed=3))
+    asked: list[str] = []
+
+    class Recording(ReplayEvaluator):
+        def __call__(self, trial: int, params: dict[str, Any]) -> Any:
+            asked.append(json.dumps(params, sort_keys=True))
+            return super().__call__(trial, params)
+
+    seeds = spec.seed + 1  # compare runs seeds 0..n-1: the last is the search's own
+    compare(compared, Recording(replay, compared), [algorithm], seeds, 9)
+    searched = [json.dumps(json.loads(p), sort_keys=True) for p in sequence(results, run_id)]
+    assert asked[-9:] == searched
 
 
 def test_grid_finds_the_known_optimum_exactly(tmp_path: Path) -> None:
