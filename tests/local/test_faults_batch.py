@@ -9,18 +9,21 @@ bake, and a plain command's type (c5a.large) runs on any machine."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import botocore.exceptions
 import pytest
 
 from amibake import batch
 from amibake.cloud import Cloud
+from amibake.cloud.calls import error_code, retry_on
 from amibake.errors import CloudError
 from amibake.local import faults
-from amibake.local.faults import batch_environments, batch_jobs, logs
+from amibake.local.faults import batch_environments, batch_jobs, iam_principals, logs
 from fleet import bench
 from tests.fleet.test_bench import ANY_TYPE, assert_nothing_left, new_run, results_of
 from tests.helpers import base_ami
@@ -131,6 +134,52 @@ def test_down_deletes_an_invalid_environment_still_in_its_queue(
     batch.delete_environment(client, env_name)  # gc's way: the queue is still there
     assert batch.environments(client) == [] and batch.queues(client) == []
     assert met(cloud)["batch-environments"]["described invalid"] > 0
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
+# --- a new role not yet known to S3 ------------------------------------------------------
+
+
+def test_a_bucket_policy_naming_a_role_made_a_moment_ago_is_refused_then_taken(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    """The layer itself: S3 refuses the new role as a principal for a while (AWS: seconds, at
+    times a minute), then takes the same policy."""
+    cloud = faulty("iam-principals", 0)  # any seed: every new role is unknown for 0.5 s or more
+    iam, s3 = cloud.client("iam"), cloud.client("s3")
+    trust = {"Version": "2012-10-17", "Statement": []}
+    arn = iam.create_role(RoleName="fresh", AssumeRolePolicyDocument=json.dumps(trust))["Role"][
+        "Arn"
+    ]
+    s3.create_bucket(Bucket="fresh-bucket")
+    statement = {"Effect": "Allow", "Principal": {"AWS": arn}, "Action": "s3:GetObject",
+                 "Resource": "arn:aws:s3:::fresh-bucket/*"}  # fmt: skip
+    policy = json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        s3.put_bucket_policy(Bucket="fresh-bucket", Policy=policy)
+    assert error_code(refused.value) == "MalformedPolicy"
+    assert "Invalid principal in policy" in str(refused.value)
+    retry_on(
+        {"MalformedPolicy"},
+        lambda: s3.put_bucket_policy(Bucket="fresh-bucket", Policy=policy),
+        within_s=iam_principals.UNKNOWN_S[1] * 2,
+    )
+    assert json.loads(s3.get_bucket_policy(Bucket="fresh-bucket")["Policy"]) == json.loads(policy)
+    s3.delete_bucket_policy(Bucket="fresh-bucket")
+    s3.delete_bucket(Bucket="fresh-bucket")
+    iam.delete_role(RoleName="fresh")
+
+
+def test_up_waits_until_s3_knows_the_job_role_it_just_made(faulty: Faulty) -> None:  # noqa: F811
+    cloud = faulty("iam-principals", 0)
+    batch.up(cloud, [_image(cloud)])
+    assert met(cloud)["iam-principals"]["principal not known yet"] >= 1
+    bucket = batch.job_bucket(cloud)
+    assert bucket is not None
+    policy = json.loads(cloud.client("s3").get_bucket_policy(Bucket=bucket)["Policy"])
+    (statement,) = policy["Statement"]
+    assert statement["Principal"]["AWS"].endswith(f":role/amibake/{batch.JOB_ROLE}"), statement
     batch.down(cloud)
     _nothing_registered(cloud)
 

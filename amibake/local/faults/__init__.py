@@ -200,6 +200,15 @@ def query_error(code: str, message: str, status: int = 400) -> Reply:
     return Reply(status, [("Content-Type", "text/xml")], body)
 
 
+def s3_error(code: str, message: str, status: int = 400) -> Reply:
+    """An error as S3 sends it (REST-XML: the code at the document's root)."""
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    ).encode()
+    return Reply(status, [("Content-Type", "application/xml")], body)
+
+
 def json_error(code: str, message: str, status: int = 400) -> Reply:
     """An error as the JSON protocols send it (Batch's REST-JSON, Logs, SSM)."""
     body = json.dumps({"__type": code, "message": message}).encode()
@@ -238,6 +247,12 @@ def request_of(
     elif service == "batch":
         action = _rest_operation(service, environ.get("PATH_INFO", ""))
         params = json.loads(body or b"{}")
+    elif service == "s3":  # REST-XML: what it asks is in the method, path and query string
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        params = {k: v[0] for k, v in query.items()}
+        action = ""
+        if environ.get("REQUEST_METHOD") == "PUT" and "policy" in params:
+            action, params["Policy"] = "PutBucketPolicy", body.decode(errors="replace")
     else:  # query protocol (EC2, IAM, STS): a form, in the body or the query string
         text = body.decode(errors="replace") or environ.get("QUERY_STRING", "")
         params = {k: v[0] for k, v in parse_qs(text).items()}
