@@ -49,6 +49,10 @@ ACTIVE_JOBS = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
 # and made again, this many times at most, waiting a little longer each time.
 ENVIRONMENT_TRIES = 3
 REPLACE_WAIT_S = 5.0
+# S3 refuses a bucket policy naming a role IAM made seconds ago ("MalformedPolicy: Invalid
+# principal in policy") until the role has spread; Terraform retries it for a minute
+# (hashicorp/terraform#4315), which was at times just enough (opstrace/opstrace#88): two here.
+PRINCIPAL_KNOWN_S = 120.0
 # Jobs held RUNNABLE for one of these reasons are cancelled by the queue itself after
 # RUNNABLE_LIMIT_S (jobStateTimeLimitActions; "Jobs stuck in RUNNABLE" in the Batch user guide
 # lists them as the reasons that support it), so nothing waits on them for ever. AWS takes 600 s
@@ -167,12 +171,22 @@ def _ensure_iam(cloud: Cloud) -> tuple[str, str]:
     iam = cloud.client("iam")
     service_path = "/aws-service-role/batch.amazonaws.com/"
     # Looked up by its path: clouds spell its name differently (AWSServiceRoleForBatch).
-    found = iam.list_roles(PathPrefix=service_path)["Roles"]
-    service = (
-        found[0]
-        if found
-        else iam.create_service_linked_role(AWSServiceName="batch.amazonaws.com")["Role"]
-    )
+    # Every page: IAM "might return fewer results, even when there are more" (ListRoles).
+    found = list(every(iam, "list_roles", "Roles", PathPrefix=service_path))
+    if found:
+        service = found[0]
+    else:
+        try:
+            service = iam.create_service_linked_role(AWSServiceName="batch.amazonaws.com")["Role"]
+        except botocore.exceptions.ClientError as exc:
+            # Another `up` made it since the lookup: AWS says InvalidInput "has been taken in
+            # this account", moto EntityAlreadyExists.
+            if error_code(exc) not in ("InvalidInput", "EntityAlreadyExists"):
+                raise
+            found = list(every(iam, "list_roles", "Roles", PathPrefix=service_path))
+            if not found:
+                raise
+            service = found[0]
     _ensure_role(iam, INSTANCE_ROLE, "ec2.amazonaws.com")
     iam.attach_role_policy(RoleName=INSTANCE_ROLE, PolicyArn=ECS_INSTANCE_POLICY)  # idempotent
     try:
@@ -232,7 +246,12 @@ def _ensure_job_role(cloud: Cloud, bucket: str) -> str:
             }
         ],
     }
-    cloud.client("s3").put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+    s3 = cloud.client("s3")
+    retry_on(
+        {"MalformedPolicy"},
+        lambda: s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy)),
+        within_s=PRINCIPAL_KNOWN_S,
+    )
     return arn
 
 
