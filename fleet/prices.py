@@ -301,9 +301,7 @@ def refresh(cloud: Any, families: list[str], now: datetime | None = None) -> dic
     ours = base["prices"] if base else {}  # the region's own prices, kept where the cloud is mute
     notes = []
     kept = f"kept from {base['date']}" if base else "left out"
-    pricing = cloud.session.client(
-        "pricing", region_name="us-east-1", endpoint_url=cloud.endpoint_url
-    )
+    pricing = cloud.client("pricing", region="us-east-1")  # the Price List's own region
     location = LOCATIONS.get(region)
     listed: dict[str, Listed] = {}
     try:

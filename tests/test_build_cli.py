@@ -199,6 +199,17 @@ def test_a_client_first_wanted_by_many_threads_at_once_is_built_once(cloud: Clou
     assert len(built) == 1, f"{len(built)} ec2 clients built for one Cloud"
 
 
+def test_a_client_in_another_region_keeps_the_one_retry_policy(cloud: Cloud) -> None:
+    """The Price List is served from us-east-1 whatever the run's region: its client is built as
+    every other (the configured retry mode, timeouts, the denied action named), once."""
+    pricing = cloud.client("pricing", region="us-east-1")
+    assert pricing.meta.region_name == "us-east-1"
+    assert pricing.meta.config.retries["mode"] == cloud.config.retry_mode
+    assert pricing.meta.config.read_timeout == cloud.ec2.meta.config.read_timeout
+    assert cloud.client("pricing", region="us-east-1") is pricing
+    assert cloud.client("sts", region="eu-west-1") is not cloud.client("sts")
+
+
 @pytest.fixture
 def no_aws_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """AWS as the cloud, with no credentials anywhere; returns the results directory."""

@@ -47,14 +47,18 @@ class Cloud:
     _building: threading.Lock = field(default_factory=threading.Lock)
     _account: str = ""
 
-    def client(self, service: str) -> Any:
+    def client(self, service: str, region: str | None = None) -> Any:
+        """The service's client, in the cloud's region or in `region` (a service served from
+        a few regions only: the Price List's from us-east-1), with the one retry policy."""
         # Clients are thread-safe and costly to build (~50 ms), so each is built once. Building
         # one is not thread-safe (a boto3 session is not): concurrent runs build under a lock.
+        name = service if region is None else f"{service}@{region}"
         with self._building:
-            if service in self._clients:
-                return self._clients[service]
-            self._clients[service] = self.session.client(
+            if name in self._clients:
+                return self._clients[name]
+            made = self.session.client(
                 service,  # type: ignore[call-overload]
+                region_name=region,
                 endpoint_url=self.endpoint_url,
                 config=botocore.config.Config(
                     # mode is validated by config (standard or adaptive)
@@ -70,14 +74,13 @@ class Cloud:
                     signature_version="s3v4" if service == "s3" else None,
                 ),
             )
-            self._clients[service].meta.events.register("after-call.*.*", name_denied_action)
+            made.meta.events.register("after-call.*.*", name_denied_action)
             if service == "s3":
                 # Every S3 call names the account that must own the bucket: a bucket of the
                 # same name held by someone else is refused (403), never written to or read.
-                self._clients[service].meta.events.register(
-                    "provide-client-params.s3.*", self._expect_own_bucket
-                )
-            return self._clients[service]
+                made.meta.events.register("provide-client-params.s3.*", self._expect_own_bucket)
+            self._clients[name] = made
+            return made
 
     @property
     def account(self) -> str:
