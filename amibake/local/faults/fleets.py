@@ -72,7 +72,8 @@ def offers(faults: Faults, region: str, instance_type: str, zone: str) -> bool:
     return zone == zones[0] or not faults.chance(AZ_GAP, "offering", instance_type, zone)
 
 
-def _overrides(request: Request) -> list[Override]:
+def requested(request: Request) -> list[Override]:
+    """A CreateFleet request's overrides, each with its launch template and AZ."""
     fields: dict[tuple[int, int], dict[str, str]] = {}
     for key, value in request.params.items():
         found = _OVERRIDE.fullmatch(key)
@@ -155,13 +156,17 @@ MESSAGES = {
     "requested Availability Zone ({zone}).",
     "AuthFailure.ServiceLinkedRoleCreationNotPermitted": "The provided credentials do not have "
     "permission to create the service-linked role for EC2 Spot Instances.",
+    "InvalidLaunchTemplateId.NotFound": "The specified launch template, with template ID {id}, "
+    "does not exist.",
 }
 
 
 def _errors(request: Request, refused: list[tuple[Override, str]]) -> str:
     items = []
     for override, code in refused:
-        message = MESSAGES[code].format(type=override.instance_type, zone=override.zone)
+        message = MESSAGES[code].format(
+            type=override.instance_type, zone=override.zone, id=override.template_id
+        )
         overrides = "".join(
             f"<{tag}>{escape(value)}</{tag}>"
             for tag, value in (
@@ -232,13 +237,33 @@ def _refused(faults: Faults, request: Request, overrides: list[Override]) -> lis
     ]
 
 
+def refused_fleet(request: Request, refused: list[tuple[Override, str]]) -> Reply:
+    """CreateFleet's answer for an instant fleet that launched nothing: a real FleetId, and why
+    each override was refused in its Errors."""
+    fleet_id = _empty_fleet(request)
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<CreateFleetResponse xmlns="{_XMLNS}">'
+        "<requestId>00000000-0000-0000-0000-000000000000</requestId>"
+        f"<fleetId>{fleet_id}</fleetId>{_errors(request, refused)}<fleetInstanceSet/>"
+        "</CreateFleetResponse>"
+    )
+    return Reply(200, [("Content-Type", "text/xml")], body.encode())
+
+
+def instant(request: Request) -> bool:
+    return (
+        request.service == "ec2"
+        and request.action == "CreateFleet"
+        and (request.params.get("Type") == "instant")
+    )
+
+
 def _before(faults: Faults, request: Request) -> Reply | None:
-    if request.service != "ec2" or request.action != "CreateFleet":
-        return None
-    if request.params.get("Type") != "instant":
+    if not instant(request):
         return None
     name = BEHAVIOUR.name
-    overrides = _overrides(request)
+    overrides = requested(request)
     invalid = _refused(faults, request, overrides)
     for _ in invalid:
         faults.count(name, "override in an AZ without its type")
@@ -259,15 +284,7 @@ def _before(faults: Faults, request: Request) -> Reply | None:
             refused += [(valid[0], outcome)]
         else:
             refused += [(o, outcome) for o in valid]
-    fleet_id = _empty_fleet(request)
-    body = (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<CreateFleetResponse xmlns="{_XMLNS}">'
-        "<requestId>00000000-0000-0000-0000-000000000000</requestId>"
-        f"<fleetId>{fleet_id}</fleetId>{_errors(request, refused)}<fleetInstanceSet/>"
-        "</CreateFleetResponse>"
-    )
-    return Reply(200, [("Content-Type", "text/xml")], body.encode())
+    return refused_fleet(request, refused)
 
 
 def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
@@ -290,7 +307,7 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
 def _with_errors(faults: Faults, request: Request, reply: Reply) -> Reply:
     """A fleet that launched: the refused overrides in its Errors, and for a partial one the
     other pools said to lack capacity."""
-    overrides = _overrides(request)
+    overrides = requested(request)
     invalid = _refused(faults, request, overrides)
     refused = [(o, "InvalidFleetConfiguration") for o in invalid]
     if _outcome(faults, request) == "partial":
