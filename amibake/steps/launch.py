@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from amibake.cloud import tags
-from amibake.cloud.calls import every, ignore_missing
+from amibake.cloud.calls import every, ignore_missing, retry_on
 from amibake.cloud.ec2 import (
     NEW_INSTANCE_VISIBLE_S,
     delete_fleet,
@@ -39,6 +39,17 @@ CAPACITY_ERRORS = {
 THROTTLING_ERRORS = {"RequestLimitExceeded", "Throttling", "ThrottlingException"}
 # EC2's request-rate buckets refill within seconds, a busy account's within minutes.
 THROTTLED_WITHIN_S = 180.0
+# The launch template (or its key pair or group) made a moment ago and not yet known to EC2 Fleet
+# (eventual consistency: tibanna#383 retries it): reported in Errors by an instant fleet, or
+# raised. Retried for NOT_YET_VISIBLE_S, then named as what it is, not as "no capacity".
+NOT_YET_VISIBLE = {
+    "InvalidLaunchTemplateId.NotFound",
+    "InvalidLaunchTemplateId.VersionNotFound",
+    "InvalidLaunchTemplateName.NotFoundException",
+    "InvalidKeyPair.NotFound",
+    "InvalidGroup.NotFound",
+}
+NOT_YET_VISIBLE_S = 60.0
 # The account's quotas, not the pools' capacity: retrying or another size will not help, and the
 # user's fix is elsewhere (Service Quotas), so the error must not say "no capacity".
 QUOTA_ERRORS = {"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"}
@@ -178,7 +189,12 @@ class LaunchFleet:
     def _launch(self, state: InstanceState, market: str, attempt: int) -> list[dict[str, str]]:
         """One CreateFleet: its fleet and instances journaled before anything can fail; its
         Errors returned."""
-        response = self.context.cloud.ec2.create_fleet(**self._request(state, market, attempt))
+        request = self._request(state, market, attempt)
+        response = retry_on(
+            NOT_YET_VISIBLE,
+            lambda: self.context.cloud.ec2.create_fleet(**request),
+            within_s=NOT_YET_VISIBLE_S,
+        )
         fleet_id = response.get("FleetId", "")
         if fleet_id:
             self.fleets.append((fleet_id, time.monotonic()))
@@ -211,8 +227,8 @@ class LaunchFleet:
         started = time.monotonic()
         attempt = 0
         for market in markets:
-            capacity_tries = throttled = 0
-            throttled_since = 0.0
+            capacity_tries = throttled = unseen = 0
+            throttled_since = unseen_since = 0.0
             while True:
                 self.context.check_cancel()
                 refused = self._launch(state, market, attempt)
@@ -228,6 +244,14 @@ class LaunchFleet:
                 errors += [f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}" for e in refused]
                 if codes & SPOT_ROLE_ERRORS:
                     raise spot_role_missing()
+                if codes & NOT_YET_VISIBLE:
+                    unseen_since = unseen_since or time.monotonic()
+                    if time.monotonic() - unseen_since < NOT_YET_VISIBLE_S:
+                        log.info("EC2 Fleet does not know the new launch template yet; retrying")
+                        self._pause(min(CAPACITY_BACKOFF_S * 2**unseen, 5.0))
+                        unseen += 1
+                        continue
+                    break
                 if codes & THROTTLING_ERRORS and not codes & QUOTA_ERRORS:
                     throttled_since = throttled_since or time.monotonic()
                     if time.monotonic() - throttled_since < THROTTLED_WITHIN_S:
@@ -253,6 +277,12 @@ class LaunchFleet:
                 f"{state.family.name}: the account's EC2 quota refused the launch "
                 f"({refused_all}): raise the vCPU quota for {' and '.join(markets)} instances in "
                 f"Service Quotas (EC2), or end instances that hold it{hint}"
+            )
+        if codes_seen & NOT_YET_VISIBLE and not codes_seen & CAPACITY_ERRORS:
+            raise CloudError(
+                f"{state.family.name}: EC2 Fleet did not find the run's launch template "
+                f"{state.launch_template_id} for {NOT_YET_VISIBLE_S:.0f}s ({refused_all}): "
+                "if it was deleted meanwhile (amibake gc?), run again"
             )
         if codes_seen and codes_seen <= THROTTLING_ERRORS:
             raise CloudError(

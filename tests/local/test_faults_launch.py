@@ -23,7 +23,7 @@ from amibake import gc, pipelines
 from amibake.cloud import Cloud
 from amibake.errors import UserError
 from amibake.journal import Journal
-from amibake.local.faults import Faults, fleets, instances
+from amibake.local.faults import Faults, fleets, instances, launch_templates
 from amibake.runner import Interrupted
 from amibake.steps import launch
 from tests.helpers import tagged_alive, wait_until_clean
@@ -151,6 +151,48 @@ def test_no_spot_capacity_and_throttling_in_errors_are_retried_and_every_fleet_d
     assert outcome.state is not None
     assert not any("us-east-1e" in pool for pool in outcome.state.pools_tried)
     assert len(fleet_ids) == 3
+    nothing_left(cloud, first_run(cloud), fleet_ids, tmp_path)
+
+
+def _unseen_template_seed(longer_than_s: float) -> int:
+    """A seed whose first launch template CreateFleet does not know for over `longer_than_s`."""
+    return seed_where(
+        lambda f: (
+            launch_templates.unseen(f, 1)
+            and f.between(*launch_templates.UNSEEN_S, "launch-template", 1) > longer_than_s
+        )
+    )
+
+
+def test_a_launch_template_ec2_fleet_does_not_know_yet_is_waited_for_not_called_no_capacity(
+    faulty: Callable[[str, int], Cloud],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # InvalidLaunchTemplateId.NotFound in an instant fleet's Errors, a second after the
+    # template was made: the launch stopped at once and said "no capacity".
+    cloud = with_spot_role(faulty("launch-templates", _unseen_template_seed(1.0)))
+    with fleets_created(cloud) as fleet_ids:
+        outcome = pipelines.build(cloud, build_request())[0]
+    assert outcome.ok, outcome.error
+    assert met(cloud)["launch-templates"]["launch template not found yet"] >= 1
+    assert len(fleet_ids) >= 2  # the refused attempts' fleets too, each deleted
+    nothing_left(cloud, first_run(cloud), fleet_ids, tmp_path)
+
+
+def test_a_launch_template_never_found_is_named_in_one_line_and_nothing_is_left(
+    faulty: Callable[[str, int], Cloud],  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(launch, "NOT_YET_VISIBLE_S", 0.5)  # shorter than the template's window
+    cloud = with_spot_role(faulty("launch-templates", _unseen_template_seed(2.0)))
+    with fleets_created(cloud) as fleet_ids:
+        outcome = pipelines.build(cloud, build_request())[0]
+    assert not outcome.ok and outcome.error is not None
+    assert "EC2 Fleet did not find the run's launch template lt-" in outcome.error, outcome.error
+    assert "InvalidLaunchTemplateId.NotFound" in outcome.error and "\n" not in outcome.error
+    assert "no capacity" not in outcome.error
+    time.sleep(launch_templates.UNSEEN_S[1])
     nothing_left(cloud, first_run(cloud), fleet_ids, tmp_path)
 
 
