@@ -24,10 +24,10 @@ from amibake.cloud.calls import (
     describe_image,
     error_code,
     every,
-    ignore_missing,
     retry_on,
     wait_until,
 )
+from amibake.cloud.ec2 import delete_security_group
 from amibake.cloud.network import find as find_network
 from amibake.errors import CloudError, UserError
 
@@ -769,11 +769,6 @@ def down(cloud: Cloud) -> list[str]:
     return done + _delete_security_groups(cloud) + _delete_bucket(cloud)
 
 
-# A terminated host's network interface holds its group for a while after the environment is
-# gone (DependencyViolation): minutes on AWS.
-GROUP_RELEASED_S = 300.0
-
-
 def _delete_security_groups(cloud: Cloud) -> list[str]:
     """The hosts' group up made (no inbound rule), in whichever VPC it was made: free, but
     something `amibake ls` would list for ever after a `down`."""
@@ -785,10 +780,6 @@ def _delete_security_groups(cloud: Cloud) -> list[str]:
     ]
     for group in every(ec2, "describe_security_groups", "SecurityGroups", Filters=named):
         group_id = str(group["GroupId"])
-
-        def delete(group_id: str = group_id) -> bool:
-            return ignore_missing(lambda: ec2.delete_security_group(GroupId=group_id))
-
-        retry_on({"DependencyViolation"}, delete, within_s=GROUP_RELEASED_S)
+        delete_security_group(ec2, group_id)
         done.append(f"deleted security group {group['GroupId']}")
     return done

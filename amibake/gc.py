@@ -16,7 +16,13 @@ import botocore.exceptions
 from amibake import batch, inventory
 from amibake.cloud import Cloud
 from amibake.cloud.calls import ignore_missing, retry_on
-from amibake.cloud.ec2 import SNAPSHOT_RELEASED_S, delete_fleet, delete_image, terminate_instances
+from amibake.cloud.ec2 import (
+    SNAPSHOT_RELEASED_S,
+    delete_fleet,
+    delete_image,
+    delete_security_group,
+    terminate_instances,
+)
 from amibake.errors import CloudError
 from amibake.inventory import Resource
 from amibake.journal import Journal
@@ -78,9 +84,7 @@ def delete(cloud: Cloud, journal: Journal, leftovers: list[Resource]) -> list[st
             within_s=SNAPSHOT_RELEASED_S,
         ),
         "volume": lambda i: ec2.delete_volume(VolumeId=i),
-        "security-group": lambda i: retry_on(
-            {"DependencyViolation"}, lambda: ec2.delete_security_group(GroupId=i), attempts=12
-        ),
+        "security-group": lambda i: delete_security_group(ec2, i),
         "key-pair": lambda i: ec2.delete_key_pair(KeyName=i),
     }
     unseen = {x.resource_id: x.unseen_for() for x in leftovers}

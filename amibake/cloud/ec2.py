@@ -14,7 +14,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from amibake.cloud.calls import chunks, error_code, every, retry_on, wait_until
+from amibake.cloud.calls import chunks, error_code, every, ignore_missing, retry_on, wait_until
 from amibake.errors import CloudError
 
 log = logging.getLogger("amibake")
@@ -195,6 +195,21 @@ def delete_fleet(ec2: Any, fleet_id: str, *, unseen_for_s: float = NEW_INSTANCE_
         if code == "fleetNotInDeletableState" and fleet_deleted(ec2, fleet_id):
             return
         raise CloudError(f"DeleteFleets {fleet_id}: {code}: {refused[0].get('Message', '')}")
+
+
+# How long a terminated instance's network interface may hold its security group
+# (DependencyViolation): Terraform waits five minutes (hashicorp/terraform#11047).
+GROUP_RELEASED_S = 300.0
+
+
+def delete_security_group(ec2: Any, group_id: str) -> bool:
+    """Delete a group, waiting while the interface of an instance just terminated still holds
+    it; True if it was there (a NotFound: someone deleted it already)."""
+    return retry_on(
+        {"DependencyViolation"},
+        lambda: ignore_missing(lambda: ec2.delete_security_group(GroupId=group_id)),
+        within_s=GROUP_RELEASED_S,
+    )
 
 
 def fleet_deleted(ec2: Any, fleet_id: str) -> bool:

@@ -9,6 +9,7 @@ import urllib.request
 
 from amibake.cloud import tags
 from amibake.cloud.calls import ignore_missing, retry_on
+from amibake.cloud.ec2 import delete_security_group
 from amibake.errors import CloudError
 from amibake.runner import RunContext
 from amibake.steps.state import InstanceState
@@ -100,12 +101,5 @@ class SecurityGroup:
         if not state.security_group_id:
             return
         ec2 = self.context.cloud.ec2
-        # The instance's network interface can hold the group for a while after it terminates.
-        retry_on(
-            {"DependencyViolation"},
-            lambda: ignore_missing(
-                lambda: ec2.delete_security_group(GroupId=state.security_group_id)
-            ),
-            attempts=12,
-        )
+        delete_security_group(ec2, state.security_group_id)
         self.context.deleted("security-group", state.security_group_id)
