@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from amibake.cloud import tags
@@ -58,6 +59,25 @@ QUOTA_ERRORS = {"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLi
 # cloud's fleet-errors met three dry tries in a row about once in twenty).
 CAPACITY_ATTEMPTS = 5
 CAPACITY_BACKOFF_S = 0.5
+
+
+@dataclass
+class Patience:
+    """How long a refusal that passes is waited out: for `within_s` from when it was first met,
+    backing off from CAPACITY_BACKOFF_S to `cap_s` between tries."""
+
+    within_s: float
+    cap_s: float
+    since: float = 0.0
+    tries: int = 0
+
+    def pause(self) -> float | None:
+        """The next pause, or None when the wait is over."""
+        self.since = self.since or time.monotonic()
+        if time.monotonic() - self.since >= self.within_s:
+            return None
+        self.tries += 1
+        return min(CAPACITY_BACKOFF_S * 2.0 ** (self.tries - 1), self.cap_s)
 
 
 class LaunchTemplate:
@@ -227,8 +247,8 @@ class LaunchFleet:
         started = time.monotonic()
         attempt = 0
         for market in markets:
-            capacity_tries = throttled = unseen = 0
-            throttled_since = unseen_since = 0.0
+            capacity_tries = 0
+            unseen, throttled = Patience(NOT_YET_VISIBLE_S, 5.0), Patience(THROTTLED_WITHIN_S, 10.0)
             while True:
                 self.context.check_cancel()
                 refused = self._launch(state, market, attempt)
@@ -245,19 +265,17 @@ class LaunchFleet:
                 if codes & SPOT_ROLE_ERRORS:
                     raise spot_role_missing()
                 if codes & NOT_YET_VISIBLE:
-                    unseen_since = unseen_since or time.monotonic()
-                    if time.monotonic() - unseen_since < NOT_YET_VISIBLE_S:
-                        log.info("EC2 Fleet does not know the new launch template yet; retrying")
-                        self._pause(min(CAPACITY_BACKOFF_S * 2**unseen, 5.0))
-                        unseen += 1
-                        continue
-                    break
+                    pause = unseen.pause()
+                    if pause is None:
+                        break
+                    log.info("EC2 Fleet does not know the new launch template yet; retrying")
+                    self._pause(pause)
+                    continue
                 if codes & THROTTLING_ERRORS and not codes & QUOTA_ERRORS:
-                    throttled_since = throttled_since or time.monotonic()
-                    if time.monotonic() - throttled_since < THROTTLED_WITHIN_S:
+                    pause = throttled.pause()
+                    if pause is not None:
                         log.info("CreateFleet throttled (RequestLimitExceeded); retrying")
-                        self._pause(min(CAPACITY_BACKOFF_S * 2**throttled, 10.0))
-                        throttled += 1
+                        self._pause(pause)
                         continue
                 if not codes & CAPACITY_ERRORS:
                     break

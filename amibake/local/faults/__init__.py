@@ -25,6 +25,7 @@ import hashlib
 import importlib
 import json
 import pkgutil
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -121,6 +122,22 @@ class Faults:
         with self.lock:
             seen: dict[str, int] = self.state.setdefault(f"ordinal:{kind}", {})
             return seen.setdefault(resource_id, len(seen) + 1)
+
+    def made(self, kind: str, reply: Reply, pattern: re.Pattern[str]) -> None:
+        """Note when a resource was made, its id read off the create's reply (the pattern's
+        first group), for `fresh` to ask."""
+        found = pattern.search(reply.body.decode(errors="replace"))
+        if found:
+            self.remember(f"made:{kind}")[found.group(1)] = self.now()
+
+    def fresh(self, kind: str, resource_id: str, window: tuple[float, float]) -> bool:
+        """Whether a resource noted by `made` is still within its window after its creation
+        (drawn per resource from `window`); False for one not made through this layer."""
+        born = self.remember(f"made:{kind}").get(resource_id)
+        if born is None:
+            return False
+        n = self.ordinal(kind, resource_id)
+        return bool(self.now() < born + self.between(*window, kind, n))
 
     def count(self, name: str, what: str) -> None:
         """Note that a behaviour did something (the local cloud's status shows it: a test can

@@ -42,14 +42,8 @@ def principals(policy: str) -> set[str]:
 def _before(faults: Faults, request: Request) -> Reply | None:
     if request.service != "s3" or request.action != "PutBucketPolicy":
         return None
-    made = faults.remember("iam-principals:made")
-    now = faults.now()
     for arn in principals(str(request.params.get("Policy", ""))):
-        born = made.get(arn)
-        if born is None:
-            continue
-        n = faults.ordinal("role", arn)
-        if now < born + faults.between(*UNKNOWN_S, "role", n, "unknown"):
+        if faults.fresh("role", arn, UNKNOWN_S):
             faults.count(BEHAVIOUR.name, "principal not known yet")
             return s3_error("MalformedPolicy", "Invalid principal in policy")
     return None
@@ -57,9 +51,7 @@ def _before(faults: Faults, request: Request) -> Reply | None:
 
 def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
     if request.service == "iam" and request.action == "CreateRole" and reply.ok:
-        found = _ARN.search(reply.body.decode(errors="replace"))
-        if found:
-            faults.remember("iam-principals:made")[found.group(1)] = faults.now()
+        faults.made("role", reply, _ARN)
     return reply
 
 

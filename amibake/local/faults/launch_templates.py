@@ -33,15 +33,10 @@ def unseen(faults: Faults, n: int) -> bool:
 def _before(faults: Faults, request: Request) -> Reply | None:
     if not instant(request):
         return None
-    made = faults.remember("launch-templates:made")
-    now = faults.now()
     overrides = requested(request)
     for template in {o.template_id for o in overrides}:
-        born = made.get(template)
-        if born is None:
-            continue
         n = faults.ordinal("launch-template", template)
-        if unseen(faults, n) and now < born + faults.between(*UNSEEN_S, "launch-template", n):
+        if unseen(faults, n) and faults.fresh("launch-template", template, UNSEEN_S):
             faults.count(BEHAVIOUR.name, "launch template not found yet")
             return refused_fleet(request, [(o, CODE) for o in overrides])
     return None
@@ -49,9 +44,7 @@ def _before(faults: Faults, request: Request) -> Reply | None:
 
 def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
     if request.service == "ec2" and request.action == "CreateLaunchTemplate" and reply.ok:
-        found = _ID.search(reply.body.decode(errors="replace"))
-        if found:
-            faults.remember("launch-templates:made")[found.group(1)] = faults.now()
+        faults.made("launch-template", reply, _ID)
     return reply
 
 
