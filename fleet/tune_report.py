@@ -128,7 +128,11 @@ def make_tune(
                 bake = f"amibake bake --from-tune {run_id}"
                 lines.append(f"bake it: {bake} (the recipe built with these flags, in an image)")
                 details["recommended"]["bake"] = bake
-        lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
+        if prefer != "balanced" or through_noise is None:
+            # A preference asked for (the fastest or cheapest run), or no noise-aware
+            # recommendation to give. By default the one above stands alone: a second
+            # "recommended" line from single runs named the luckiest one (winner's curse).
+            lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
     else:
         lines.append("no feasible trial yet")
     shares = importance(ok)

@@ -706,6 +706,38 @@ def test_a_replayed_cost_search_has_its_pareto_front_and_recommendations(
     assert page.count("data:image/png;base64,") == 4  # and convergence, result by parameter
 
 
+def test_the_report_gives_one_recommendation_through_noise_not_the_luckiest_run(
+    tmp_path: Path,
+) -> None:
+    """block 32 once read 106 (and 100), block 64 read 103 three times: the report recommends
+    64 by its mean, and no second line recommends the lucky 32 by its best run."""
+    from fleet.tune_report import make_tune
+
+    results = Results(tmp_path / "fleet.sqlite")
+    spec = {"replay": None, "objective": "metric", "algorithm": "auto", "trials": 6}
+    results.create_run("ft-noisy", "tune", spec, "aws", "us-east-1")
+    runs = [(32, 100.0), (32, 106.0), (64, 103.0), (64, 103.2), (64, 102.8), (128, 104.0)]
+    for trial, (block, rate) in enumerate(runs):
+        results.trial("ft-noisy", trial, "asked", {"block": block})
+        seconds = 1 / rate
+        results.trial("ft-noisy", trial, "ok", {"block": block}, loss=-rate, metric=rate,
+                      seconds=seconds, cost_per_unit=seconds * 0.0765 / 3600)  # fmt: skip
+    report = make_tune(results, results.require("ft-noisy"), tmp_path / "r", False, "balanced")
+    said = [x for x in report.text.splitlines() if x.startswith("recommended")]
+    assert len(said) == 1 and "{'block': 64}" in said[0], said
+
+
+def test_a_relative_replay_table_is_kept_absolute_for_a_resume_from_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "sub").mkdir()
+    replay = known_optimum(tmp_path / "sub")
+    tune_file(tmp_path / "sub", Path(replay.name))
+    monkeypatch.chdir(tmp_path)
+    spec = tune.load(Path("sub") / "tune.toml")
+    assert spec.replay == replay.resolve() and spec.replay.is_absolute()
+
+
 def test_parameter_importance_credits_the_parameter_that_moves_the_loss() -> None:
     import random
 
