@@ -229,7 +229,8 @@ def from_dict(
         max_usd=data.get("max_usd"),
         max_hours=data.get("max_hours"),
         constraints={k: float(v) for k, v in constraints.items()},
-        replay=(base / replay) if replay else None,
+        # absolute: a resume from another directory reads the same table
+        replay=(base / replay).resolve() if replay else None,
         replay_column=str(data.get("replay_column", "metric")),
         types=types,
         recipe=str(data.get("recipe", "")),
