@@ -31,6 +31,7 @@ from fleet.noisy_replay import compare_noisy
 from fleet.replay import ReplayEvaluator, compare, space_from_table
 from fleet.search import engines
 from fleet.space import parse
+from fleet.tune_spec import TuneSpec
 
 DATA = Path(__file__).resolve().parent / "data"
 RUNS = DATA / "kernels_suite_runs.csv"
@@ -50,10 +51,10 @@ KERNELS_SPACE = {
 
 
 def noise(default: str) -> dict[str, Any]:
-    space = parse(KERNELS_SPACE, "kernels", "", [])
+    spec = TuneSpec(parse(KERNELS_SPACE, "kernels", "", []), objective="metric")
     runs = ((default, 22), (default, 9), ("random", 18), ("tpe", 22))
     scores = {  # each engine's own start for the budget (startup None), as fleet tune's
-        (algo, budget): compare_noisy(RUNS, space, "metric", [algo], SEEDS, budget, None)[0]
+        (algo, budget): compare_noisy(RUNS, spec, [algo], SEEDS, budget, None)[0]
         for algo, budget in runs
     }
     main = scores[(default, 22)]

@@ -542,20 +542,17 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
     from fleet import noisy_replay, replay, tune
 
     table = Path(args.replay_runs)
-    column = args.objective_column or "metric"
-    if args.space:
-        spec = tune.load(
-            Path(args.space), {"replay": str(table.resolve()), "replay_column": column}
-        )
+    if args.space:  # its objective, column and constraints, as `compare --replay` reads them
+        changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
+        spec = tune.load(Path(args.space), changes)
     else:
+        column = args.objective_column or "metric"
         raw = replay.space_from_table(table, column, exclude=noisy_replay.RUN_COLUMNS)
         spec = tune.from_dict(raw, str(table))
     algorithms = _list(args.algorithms) or ["auto", "gp", "forest", "tpe", "random"]
     _check_compare(args, algorithms, spec)
     startup = spec.startup if args.startup_trials is None else args.startup_trials
-    rows = noisy_replay.compare_noisy(
-        table, spec.space, column, algorithms, args.seeds, args.budget, startup
-    )
+    rows = noisy_replay.compare_noisy(table, spec, algorithms, args.seeds, args.budget, startup)
     text = noisy_replay.compare_noisy_text(rows, args.budget, args.seeds)
     summary = {
         "algorithms": [
@@ -581,7 +578,9 @@ def _check_compare(
     if size is None and not spec.space.continuous:
         size = spec.space.size()
     if args.budget is None:
-        args.budget = DEFAULT_BUDGET if size is None else min(DEFAULT_BUDGET, size)
+        # A tune file's trials are its budget (`fleet tune` on it runs that many); else ours.
+        wanted = spec.trials if "trials" in spec.raw else DEFAULT_BUDGET
+        args.budget = wanted if size is None else min(wanted, size)
     limits = {
         "--seeds": (args.seeds, (1, MAX_SEEDS, "each seed is a whole search of the table")),
         "--budget": (args.budget, tune.COUNTS["trials"]),
@@ -745,7 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--budget",
         type=int,
-        help=f"compare: trials per seed (default {DEFAULT_BUDGET}, or the space's size if smaller)",
+        help=f"compare: trials per seed (default: the --space file's trials, else "
+        f"{DEFAULT_BUDGET}; the space's size if smaller)",
     )
     spending_options(tune)
 

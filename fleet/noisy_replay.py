@@ -11,79 +11,84 @@ best true mean, and whether its interval covers that true mean.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from amibake.errors import UserError
+from fleet import replay
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.search.recommend import Recommendation, recommend
 from fleet.space import Space
+from fleet.tune_spec import MEASURES, TuneSpec
 
 RUN_COLUMNS = ("run", "round")
 
 
 class RunsReplay:
-    def __init__(self, path: Path, space: Space, column: str, seed: int = 0) -> None:
-        try:
-            table = pd.read_csv(path)
-        except (
-            OSError,
-            UnicodeDecodeError,
-            pd.errors.ParserError,
-            pd.errors.EmptyDataError,
-        ) as exc:
-            raise UserError(f"{path}: cannot read the runs table: {exc}") from None
+    """A runs table read as the spec reads a replay table: its objective (a cost is the time at
+    the row's price), its column and its constraints, checked on each drawn run as a search in
+    the cloud meets them, and on a configuration's means for its truth."""
+
+    def __init__(self, path: Path, spec: TuneSpec, seed: int = 0) -> None:
+        table = replay.read_table(path)
         if not any(name in table.columns for name in RUN_COLUMNS):
             raise UserError(
                 f"{path}:1: a runs table needs a run (or round) column numbering each "
                 f"configuration's runs (columns: {', '.join(table.columns)})"
             )
-        missing = [name for name in [column, *space.params] if name not in table.columns]
-        if missing:
-            raise UserError(
-                f"{path}:1: the runs table has no column {', '.join(missing)} "
-                f"(columns: {', '.join(table.columns)})"
-            )
-        values = pd.to_numeric(table[column], errors="coerce")
-        bad = (table[column].notna() & values.isna()) | ~np.isfinite(values.fillna(0.0))
-        if bad.any():
-            line = int(bad.to_numpy().nonzero()[0][0]) + 2  # 1: the header
-            raise UserError(
-                f"{path}:{line}: {column} '{table[column][bad].iloc[0]}' is not a finite number "
-                "(leave the cell empty for a run that failed)"
-            )
+        replay.check_measures(path, table, spec, "runs table", "a run")
+        column = spec.replay_column
         self.path = path
-        self.params = list(space.params)
+        self.spec = spec
+        self.params = list(spec.space.params)
         self.rng = np.random.default_rng(seed)
-        self.space = space
-        self.runs: dict[str, list[float | None]] = {}
+        self.space = spec.space
+        measures = [name for name in dict.fromkeys([column, *MEASURES]) if name in table]
+        # each configuration's runs, a failed one (an empty objective) None
+        self.runs: dict[str, list[dict[str, Any] | None]] = {}
         self.rows: dict[str, dict[str, Any]] = {}  # each configuration's parameters
         first_line: dict[str, int] = {}
-        for line, (row, value) in enumerate(
-            zip(table[self.params].to_dict(orient="records"), values, strict=True), start=2
-        ):
+        records = zip(
+            table[self.params].to_dict(orient="records"),
+            table[measures].to_dict(orient="records"),
+            strict=True,
+        )
+        for line, (row, measured) in enumerate(records, start=2):
             clean = self._clean(row)
             name = engines.key(clean)
             self.rows.setdefault(name, clean)
             first_line.setdefault(name, line)
-            self.runs.setdefault(name, []).append(None if math.isnan(value) else float(value))
+            failed = math.isnan(replay.objective_of(spec, measured))
+            self.runs.setdefault(name, []).append(None if failed else measured)
         for name, runs in self.runs.items():
             if all(r is None for r in runs):
                 raise UserError(
                     f"{path}:{first_line[name]}: the configuration {name} has no run with a "
                     f"{column} (every run of it is empty): drop it or record a run"
                 )
-        self.means = {
-            name: float(np.mean([r for r in runs if r is not None]))
+        # A configuration's truth: the mean of each measure over its runs, its objective and
+        # constraints read from those means.
+        self.truth = {
+            name: {m: _mean([r[m] for r in runs if r is not None]) for m in measures}
             for name, runs in self.runs.items()
         }
-        self.best = min(self.means.values())
+        self.means = {name: replay.objective_of(spec, row) for name, row in self.truth.items()}
+        feasible = [
+            m for name, m in self.means.items() if not replay.broken(spec, self.truth[name])
+        ]
+        if not feasible:
+            limits = ", ".join(f"{k} = {v:g}" for k, v in spec.constraints.items())
+            raise UserError(
+                f"{path}: no configuration of the runs table meets the constraints on its "
+                f"means ({limits}): there is no best to compare with; relax them"
+            )
+        self.best = min(feasible)
 
     def configurations(self) -> list[dict[str, Any]]:
         """The table's configurations the space can name: what a search over it can run."""
@@ -109,16 +114,34 @@ class RunsReplay:
         drawn = runs[int(self.rng.integers(len(runs)))]
         if drawn is None:
             return Evaluation("failed", reason="this run failed in the runs table")
-        return Evaluation("ok", loss=drawn, metric=drawn)
+        loss = replay.objective_of(self.spec, drawn)
+        refused = replay.broken(self.spec, drawn)
+        return Evaluation(
+            "infeasible" if refused else "ok",
+            loss=None if refused else loss,
+            metric=float(drawn[self.spec.replay_column]),
+            seconds=replay.seconds_of(self.spec, drawn),
+            cost_per_unit=replay.cost_of(self.spec, drawn),
+            reason=refused,
+        )
 
     def true_mean(self, params: dict[str, Any]) -> float:
-        return self.means[engines.key(params)]
+        """The configuration's mean objective over its runs; inf where those means break a
+        constraint (a recommendation the user could not keep)."""
+        name = engines.key(params)
+        return math.inf if replay.broken(self.spec, self.truth[name]) else self.means[name]
 
     def relative(self, loss: float) -> float:
         """A mean loss against the best, 1.0 at the best and above when worse."""
         if self.best > 0:
             return loss / self.best
         return 1 + (loss - self.best) / (abs(self.best) or 1.0)
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of the values measured (nan where none is: a run without an rss_mb)."""
+    measured = [v for v in values if not math.isnan(v)]
+    return float(np.mean(measured)) if measured else math.nan
 
 
 @dataclass
@@ -145,22 +168,23 @@ def run_search(
 
 
 def compare_noisy(
-    path: Path, space: Space, column: str, algorithms: list[str],
-    seeds: int, budget: int, startup: int | None,
+    path: Path, spec: TuneSpec, algorithms: list[str], seeds: int, budget: int,
+    startup: int | None,
 ) -> list[NoisyScore]:  # fmt: skip
-    space = space.holding(RunsReplay(path, space, column).configurations())
+    space = spec.space.holding(RunsReplay(path, spec).configurations())
+    spec = dataclasses.replace(spec, space=space)
     out = []
     for algorithm in algorithms:
         score = NoisyScore(algorithm)
         for seed in range(seeds):
-            replay = RunsReplay(path, space, column, seed=10_000 + seed)
-            chosen = run_search(algorithm, space, replay, seed, budget, startup)
+            runs = RunsReplay(path, spec, seed=10_000 + seed)
+            chosen = run_search(algorithm, space, runs, seed, budget, startup)
             if chosen is None:
                 score.ratios.append(math.inf)
                 score.covered.append(False)
                 continue
-            truth = replay.true_mean(chosen.params)
-            score.ratios.append(replay.relative(truth))
+            truth = runs.true_mean(chosen.params)
+            score.ratios.append(runs.relative(truth))
             if chosen.low is not None and chosen.high is not None:
                 score.intervals += 1
                 score.covered.append(chosen.low <= truth <= chosen.high)

@@ -60,6 +60,77 @@ def _is_float(text: str) -> bool:
     return True
 
 
+def check_measures(path: Path, table: pd.DataFrame, spec: TuneSpec, kind: str, row: str) -> None:
+    """That the table has the columns the spec's parameters, objective and constraints read, and
+    that its measures are finite numbers or empty (a `row` that failed): made floats in place.
+    A replay table and a runs table are read alike."""
+    column = spec.replay_column
+    needed = {name: "" for name in [column, *spec.space.params]}
+    if spec.objective == "cost":
+        needed["price_per_hour"] = ""
+    # A constraint whose measure the table lacks would pass every trial unchecked.
+    timed = spec.objective in ("runtime", "cost")  # the objective's column is the time
+    for constraint in spec.constraints:
+        for name in CONSTRAINT_COLUMNS[constraint]:
+            if not (name == "seconds" and timed):
+                needed.setdefault(name, f" (for constraints.{constraint})")
+    missing = [f"{name}{why}" for name, why in needed.items() if name not in table.columns]
+    if missing:
+        raise UserError(
+            f"{path}:1: the {kind} has no column {', '.join(missing)} "
+            f"(columns: {', '.join(table.columns)})"
+        )
+    # Finite numbers or nothing: an empty cell is a configuration whose measurement failed.
+    # A -inf metric was taken for the best, and compare printed nan for every ratio.
+    for name in (column, "price_per_hour", "seconds", "rss_mb", "rate"):
+        if name not in table.columns:
+            continue
+        numbers = pd.to_numeric(table[name], errors="coerce")
+        finite = np.isfinite(numbers.to_numpy(dtype=float, na_value=np.nan))
+        bad = table[name].notna().to_numpy() & ~finite
+        if bad.any():
+            first = int(bad.nonzero()[0][0])
+            line = first + 2  # 1: the header
+            value = table[name].iloc[first]
+            what = "a finite number" if _is_float(str(value)) else "a number"
+            raise UserError(
+                f"{path}:{line}: {name} {str(value)!r} is not {what} "
+                f"(leave the cell empty for {row} that failed)"
+            )
+        table[name] = numbers.astype(float)
+
+
+def objective_of(spec: TuneSpec, row: dict[str, Any]) -> float:
+    """A row's objective, minimised: its column, or for cost that time at the row's price."""
+    value = float(row[spec.replay_column])
+    if spec.objective == "cost":
+        return value * float(row["price_per_hour"]) / 3600
+    return value
+
+
+def seconds_of(spec: TuneSpec, row: dict[str, Any]) -> float | None:
+    """Seconds per unit of work: a `seconds` column, else the objective's column when it is a
+    time (runtime, or cost's seconds); a custom metric's table has none."""
+    if "seconds" in row:
+        return float(row["seconds"])
+    return float(row[spec.replay_column]) if spec.objective in ("runtime", "cost") else None
+
+
+def cost_of(spec: TuneSpec, row: dict[str, Any]) -> float | None:
+    """USD per unit of work, where the table prices the row."""
+    seconds, price = seconds_of(spec, row), row.get("price_per_hour")
+    if seconds is None or price is None or (isinstance(price, float) and math.isnan(price)):
+        return None
+    return seconds * float(price) / 3600
+
+
+def broken(spec: TuneSpec, row: dict[str, Any]) -> str:
+    """The first of the spec's constraints the row breaks, or ''."""
+    return broken_constraint(
+        spec, seconds=seconds_of(spec, row), row=row, usd_per_unit=cost_of(spec, row)
+    )
+
+
 class ReplayEvaluator:
     """Trials looked up in a recorded table (one row per configuration) instead of run."""
 
@@ -74,41 +145,10 @@ class ReplayEvaluator:
             )
         table = read_table(path)
         column = spec.replay_column
-        needed = {name: "" for name in [column, *spec.space.params]}
-        if spec.objective == "cost":
-            needed["price_per_hour"] = ""
-        # A constraint whose measure the table lacks would pass every trial unchecked.
-        timed = spec.objective in ("runtime", "cost")  # the objective's column is the time
-        for constraint in spec.constraints:
-            for name in CONSTRAINT_COLUMNS[constraint]:
-                if not (name == "seconds" and timed):
-                    needed.setdefault(name, f" (for constraints.{constraint})")
-        missing = [f"{name}{why}" for name, why in needed.items() if name not in table.columns]
-        if missing:
-            raise UserError(
-                f"{path}:1: the replay table has no column {', '.join(missing)} "
-                f"(columns: {', '.join(table.columns)})"
-            )
-        # Finite numbers or nothing: an empty cell is a configuration whose measurement failed.
-        # A -inf metric was taken for the best, and compare printed nan for every ratio.
-        for name in (column, "price_per_hour", "seconds", "rss_mb", "rate"):
-            if name not in table.columns:
-                continue
-            numbers = pd.to_numeric(table[name], errors="coerce")
-            finite = np.isfinite(numbers.to_numpy(dtype=float, na_value=np.nan))
-            bad = table[name].notna().to_numpy() & ~finite
-            if bad.any():
-                first = int(bad.nonzero()[0][0])
-                line = first + 2  # 1: the header
-                value = table[name].iloc[first]
-                what = "a finite number" if _is_float(str(value)) else "a number"
-                raise UserError(
-                    f"{path}:{line}: {name} {str(value)!r} is not {what} "
-                    "(leave the cell empty for a configuration that failed)"
-                )
-            table[name] = numbers.astype(float)
+        check_measures(path, table, spec, "replay table", "a configuration")
         if table[column].isna().all():
             raise UserError(f"{path}: the replay table has no {column} value on any row")
+        self.path = path
         self.spec = spec
         self.column = column
         self.params = list(spec.space.params)
@@ -147,33 +187,26 @@ class ReplayEvaluator:
                 out.append(chosen)
         return out
 
-    def objective_of(self, row: dict[str, Any]) -> float:
-        value = float(row[self.column])
-        if self.spec.objective == "cost":
-            return value * float(row["price_per_hour"]) / 3600
-        return value
-
-    def seconds_of(self, row: dict[str, Any]) -> float | None:
-        """Seconds per unit of work: a `seconds` column, else the objective's column when it is
-        a time (runtime, or cost's seconds); a custom metric's table has none."""
-        if "seconds" in row:
-            return float(row["seconds"])
-        return float(row[self.column]) if self.spec.objective in ("runtime", "cost") else None
-
-    def cost_of(self, row: dict[str, Any]) -> float | None:
-        """USD per unit of work, where the table prices the row."""
-        seconds, price = self.seconds_of(row), row.get("price_per_hour")
-        if seconds is None or price is None or (isinstance(price, float) and math.isnan(price)):
-            return None
-        return seconds * float(price) / 3600
-
     def _measured(self) -> list[float]:
-        """The objective of every configuration the table has a measurement for."""
-        values = (self.objective_of(row) for row in self.table.values())
+        """The objective of every configuration the table has a measurement for that meets the
+        constraints: the optimum a search is scored against is one it may recommend (the best
+        row breaking max_seconds made every search look worse than it was)."""
+        values = (
+            objective_of(self.spec, row)
+            for row in self.table.values()
+            if not broken(self.spec, row)
+        )
         return [value for value in values if not math.isnan(value)]
 
     def optimum(self) -> float:
-        return min(self._measured())
+        measured = self._measured()
+        if not measured:
+            limits = ", ".join(f"{k} = {v:g}" for k, v in self.spec.constraints.items())
+            raise UserError(
+                f"{self.path}: no configuration of the replay table meets the constraints "
+                f"({limits}): there is no optimum to compare with; relax them"
+            )
+        return min(measured)
 
     def near_optimum(self, tolerance: float) -> int:
         """How many of the table's configurations are within `tolerance` of its optimum (as
@@ -187,22 +220,22 @@ class ReplayEvaluator:
         row = self.table.get(key)
         if row is None:
             return Evaluation("failed", reason=f"not in the replay table: {params}")
-        value = self.objective_of(row)
+        value = objective_of(self.spec, row)
         if math.isnan(value):
             line = self.lines[key]
             empty = self.column if pd.isna(row[self.column]) else "price_per_hour"
             return Evaluation("failed", reason=f"no {empty} on line {line} of the replay table")
         # Time and cost per unit where the table has them: the report's Pareto front and its
         # time or cost recommendation work on a replayed search as on a run one.
-        seconds, cost = self.seconds_of(row), self.cost_of(row)
-        broken = broken_constraint(self.spec, seconds=seconds, row=row, usd_per_unit=cost)
+        seconds, cost = seconds_of(self.spec, row), cost_of(self.spec, row)
+        refused = broken(self.spec, row)
         return Evaluation(
-            "infeasible" if broken else "ok",
-            loss=None if broken else value,
+            "infeasible" if refused else "ok",
+            loss=None if refused else value,
             metric=float(row[self.column]),
             seconds=seconds,
             cost_per_unit=cost,
-            reason=broken,
+            reason=refused,
         )
 
 

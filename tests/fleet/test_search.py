@@ -22,6 +22,7 @@ from fleet.search.features import Encoder, estimated_usd_per_vcpu_hour, facts
 from fleet.search.model import ModelSearch
 from fleet.search.recommend import recommend
 from fleet.space import parse
+from fleet.tune_spec import TuneSpec
 
 GRID = {
     "x": {"kind": "categorical", "values": list(range(20))},
@@ -240,11 +241,11 @@ def test_noisy_replay_draws_runs_and_scores_the_recommendation(tmp_path: Path) -
     ]
     path = _runs_table(tmp_path, rows)
     space = parse(GRID, "t", "", [])
-    replay = RunsReplay(path, space, "metric", seed=0)
+    replay = RunsReplay(path, TuneSpec(space, objective="metric"), seed=0)
     draws = {replay(0, {"x": 13, "y": 4}).loss for _ in range(20)}
     assert len(draws) > 1  # runs drawn, not one figure
     assert isinstance(replay(0, {"x": 99, "y": 0}), Evaluation)
-    score = compare_noisy(path, space, "metric", ["gp"], 4, 20, 3)[0]
+    score = compare_noisy(path, TuneSpec(space, objective="metric"), ["gp"], 4, 20, 3)[0]
     assert all(math.isfinite(r) and r >= 1.0 for r in score.ratios)
     assert score.intervals == 4
 
@@ -280,7 +281,11 @@ def test_noisy_replay_of_a_partial_table_runs_what_it_holds(
             for r in range(2)]  # fmt: skip
     path = _runs_table(tmp_path, rows)
     space = parse(GRID, "t", "", [])
-    assert len(RunsReplay(path, space, "metric").configurations()) == len(held) == 52
+    assert (
+        len(RunsReplay(path, TuneSpec(space, objective="metric")).configurations())
+        == len(held)
+        == 52
+    )
     reasons = []
     draw = RunsReplay.__call__
 
@@ -290,7 +295,7 @@ def test_noisy_replay_of_a_partial_table_runs_what_it_holds(
         return evaluation
 
     monkeypatch.setattr(RunsReplay, "__call__", recorded)
-    compare_noisy(path, space, "metric", [algorithm], 3, 30, 3)
+    compare_noisy(path, TuneSpec(space, objective="metric"), [algorithm], 3, 30, 3)
     assert len(reasons) == 90 and set(reasons) == {""}, set(reasons)
 
 
@@ -309,5 +314,5 @@ def test_a_bad_runs_table_is_refused_with_its_line(
 ) -> None:
     path = _runs_table(tmp_path, rows)
     with pytest.raises(UserError, match=None) as caught:
-        RunsReplay(path, parse(GRID, "t", "", []), "metric")
+        RunsReplay(path, TuneSpec(parse(GRID, "t", "", []), objective="metric"))
     assert message in str(caught.value), caught.value

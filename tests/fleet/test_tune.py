@@ -1012,3 +1012,78 @@ def test_the_report_says_the_recommendation_ready_to_use_and_how_far_importance_
         "Parameter importance (6 feasible trials): a hint, not a finding (about 10 would support "
         "it)" in page
     )
+
+
+CONSTRAINED_SPACE = """objective = "metric"
+{extra}
+[constraints]
+max_seconds = {max_seconds}
+[params.a]
+kind = "int"
+low = 1
+high = 6
+[params.b]
+kind = "categorical"
+values = ["x", "y"]
+"""
+
+
+def test_compare_scores_against_the_best_configuration_that_meets_the_constraints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The optimum `compare` measures against is the best a search may recommend: the best row
+    that breaks max_seconds made a whole grid look 4 times worse than it was. A file's trials
+    are the comparison's budget, as they are its search's."""
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    # metric a (+0.5 for y); seconds 10 - a: the best metrics are the slow ones
+    rows = [
+        {"a": a, "b": b, "metric": a + (0.5 if b == "y" else 0), "seconds": 10 - a}
+        for a in range(1, 7)
+        for b in ("x", "y")
+    ]
+    replay = table(tmp_path / "t.csv", rows)
+    space = tmp_path / "space.toml"
+    space.write_text(CONSTRAINED_SPACE.format(extra="trials = 12", max_seconds=6.5))
+    argv = ["tune", "compare", "--replay", str(replay), "--space", str(space)]
+    assert main([*argv, "--algorithms", "grid", "--seeds", "2", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["algorithms"][0]["ratios"] == [1.0, 1.0]  # a = 4, x: 4, not a = 1's 1
+    curves = pd.read_csv(answer["files"]["convergence.csv"])
+    assert len(curves) == 2 * 12  # the file's 12 trials, not compare's default 20 (or 10)
+    assert main([*argv, "--algorithms", "grid", "--seeds", "1"]) == 0
+    assert "of the 12: 1 within 2%" in capsys.readouterr().out
+    # No row meets them: nothing to compare with, said before any search.
+    space.write_text(CONSTRAINED_SPACE.format(extra="", max_seconds=1))
+    assert main([*argv, "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{replay}: no configuration of the replay table meets the constraints" in err, err
+
+
+def test_compare_on_runs_reads_the_space_file_s_objective_column_and_constraints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`compare --replay-runs --space FILE` scores what the file asks for: its cost objective
+    over its own column, within its constraints (it read a `metric` column and minimised it,
+    whatever the file said)."""
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path / "results"))
+    # seconds 20 - 2a (a = 6 fastest), price 0.1 a: cost ~ (20 - 2a) a, cheapest at a = 1;
+    # max_seconds 15 leaves a >= 3, cheapest a = 3 (b = x, y alike but for a run's jitter)
+    rows = [
+        {"run": r, "a": a, "b": b, "seconds": 20 - 2 * a + 0.01 * r, "price_per_hour": 0.1 * a}
+        for a in range(1, 7)
+        for b in ("x", "y")
+        for r in range(2)
+    ]
+    runs = table(tmp_path / "runs.csv", rows)
+    space = tmp_path / "space.toml"
+    head = 'objective = "cost"\nreplay_column = "seconds"'
+    space.write_text(CONSTRAINED_SPACE.format(extra=head, max_seconds=15).replace(
+        'objective = "metric"\n', ""))  # fmt: skip
+    argv = ["tune", "compare", "--replay-runs", str(runs), "--space", str(space), "--json"]
+    assert main([*argv, "--algorithms", "grid", "--seeds", "2", "--budget", "12"]) == 0
+    ratios = json.loads(capsys.readouterr().out)["algorithms"][0]["ratios"]
+    assert ratios == [pytest.approx(1.0, abs=0.002)] * 2, ratios
+    space.write_text(space.read_text().replace("max_seconds = 15", "max_seconds = 1"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{runs}: no configuration of the runs table meets the constraints" in err, err
