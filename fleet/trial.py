@@ -300,7 +300,11 @@ class CloudEvaluator:
             ),
         }[objective]
         summary = stats.summarize(per_replicate)
-        manifest = {**manifest, "interval": [summary.low, summary.high], "n": summary.n}
+        # Each replicate's loss too: the recommendation pools them with the other trials' (a
+        # search whose every trial ran 3 replicates had no interval from one loss per trial).
+        losses = [float(v) for v in per_replicate]
+        interval = [summary.low, summary.high]
+        manifest = {**manifest, "interval": interval, "n": summary.n, "losses": losses}
         if loss is None:
             return Evaluation(
                 "failed",

@@ -34,7 +34,9 @@ def recommendation(results: Results, run_id: str) -> dict[str, Any] | None:
     metric as the user reads it, and an interval where the noise could be measured."""
     trials = results.trials(run_id)
     ok = trials[trials.state == "ok"]
-    chosen = recommend((json.loads(row.params), float(row.loss)) for row in ok.itertuples())
+    chosen = recommend(
+        (json.loads(row.params), loss) for row in ok.itertuples() for loss in _losses(row)
+    )
     if chosen is None:
         return None
     out = chosen.as_dict()
@@ -42,6 +44,13 @@ def recommendation(results: Results, run_id: str) -> dict[str, Any] | None:
     metrics = same.metric.dropna()
     out["metric"] = float(metrics.mean()) if len(metrics) else None
     return out
+
+
+def _losses(row: Any) -> list[float]:
+    """A trial's losses, one per replicate where its manifest keeps them (a cloud trial's),
+    else its one loss (a replayed trial's, or one recorded before they were kept)."""
+    kept = json.loads(row.manifest or "{}").get("losses") if isinstance(row.manifest, str) else None
+    return [float(v) for v in kept] if kept else [float(row.loss)]
 
 
 def recommendation_text(objective: str, chosen: dict[str, Any]) -> str:

@@ -888,6 +888,48 @@ def test_a_cloud_trial_is_timed_per_unit_of_work(
     assert unchecked.reason.startswith("max_rss_mb 100 cannot be checked: the trial has no memory")
 
 
+def test_a_trial_s_replicates_each_count_in_the_recommendation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cloud trial keeps each replicate's loss, and the recommendation pools them: a TPE
+    search whose every trial ran 3 replicates (no configuration asked twice) gave one loss per
+    trial and so never an interval."""
+    from fleet.trial import CloudEvaluator
+
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    spec = tune.from_dict(
+        {
+            "recipe": "kernels",
+            "types": ["c5a.large"],
+            "objective": "metric",
+            "replicates": 3,
+            "params": {"threads": {"kind": "int", "low": 1, "high": 2, "stage": "run"}},
+        },
+        "t.toml",
+    )
+    evaluator = CloudEvaluator(spec, config.load())
+    results = Results(tmp_path / "fleet.sqlite")
+    run_id = tune.start(results, spec, "local", "us-east-1")
+    rates = {1: [100.0, 104.0, 98.0], 2: [190.0, 200.0, 205.0]}  # work per second, maximised
+    for trial, (threads, values) in enumerate(rates.items()):
+        frame = pd.DataFrame(
+            {"metric": values, "seconds": [1.0] * 3, "price_usd_hour": [0.036] * 3,
+             "rss_max_mb": [50.0] * 3}
+        )  # fmt: skip
+        evaluation = evaluator._score(frame, {}, 0.0)
+        assert evaluation.manifest["losses"] == [-v for v in values]
+        tune._record(results, run_id, trial, {"threads": threads}, evaluation)
+    chosen = tune.recommendation(results, run_id)
+    assert chosen is not None and chosen["params"] == {"threads": 2}
+    mean = -((190 * 200 * 205) ** (1 / 3))  # a rate's runs are averaged in log terms
+    assert chosen["runs"] == 3 and chosen["loss"] == pytest.approx(mean)
+    low, high = chosen["interval"]
+    assert low < mean < high  # from the replicates' spread, pooled over both trials
+    # A replayed trial keeps one loss: it counts once, as before.
+    results.trial(run_id, 2, "ok", {"threads": 1}, loss=-150.0, metric=150.0)
+    assert tune.recommendation(results, run_id)["runs"] == 3
+
+
 def test_min_rate_on_a_workload_timed_in_seconds_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
