@@ -38,7 +38,7 @@ from amibake.service_models import paginators, service_model
 NAME = "pagination"
 PAGE = (1, 5)  # items a page, drawn per operation (AWS: 100 or 1,000; shrunk so tests page)
 # The services whose lists the product reads (Logs' pages are the log-pages behaviour's own).
-SERVICES = ("ec2", "iam", "batch", "ssm", "s3")
+SERVICES = ("ec2", "iam", "batch", "ssm", "s3", "ecr")
 TOKEN = "amibake-page-"
 # Lists of ids that are not the resources asked for: whose snapshots, whose images.
 _NOT_NAMES = {"OwnerIds", "RestorableByUserIds", "ExecutableUsers", "Owners"}
@@ -325,7 +325,7 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
 
 BEHAVIOUR = Behaviour(
     name=NAME,
-    source="EC2 developer guide, Pagination in the Amazon EC2 API; EC2, Batch, IAM, SSM and S3 "
+    source="EC2 developer guide, Pagination in the Amazon EC2 API; EC2, Batch, IAM, SSM, S3, ECR "
     "API references (MaxResults/maxResults/MaxItems/MaxKeys and their tokens); botocore's "
     "paginators-1.json for which calls page",
     before=_before,
