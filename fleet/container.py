@@ -33,6 +33,7 @@ import botocore.exceptions
 
 from amibake import instance_kinds
 from amibake.cloud import Cloud
+from amibake.cloud.calls import every
 from amibake.cloud.media_types import INDEX_TYPES, MANIFEST_TYPES
 from amibake.errors import EnvironmentProblem, UserError
 
@@ -195,8 +196,16 @@ def _lookup(cloud: Cloud, ref: ImageRef) -> Image:
 
 
 def _tags(ecr: Any, ref: ImageRef) -> list[str]:
-    details = ecr.describe_images(registryId=ref.account, repositoryName=ref.repository)
-    return sorted(t for d in details.get("imageDetails", []) for t in d.get("imageTags", []))
+    """Every tag in the repository: DescribeImages pages (by 100), and a first page taken for
+    all named a few tags at random as what the repository has."""
+    details = every(
+        ecr,
+        "describe_images",
+        "imageDetails",
+        registryId=ref.account,
+        repositoryName=ref.repository,
+    )
+    return sorted(t for d in details for t in d.get("imageTags", []))
 
 
 def _config_architecture(ecr: Any, ref: ImageRef, config_digest: str) -> str:

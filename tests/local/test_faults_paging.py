@@ -210,3 +210,68 @@ def test_gc_finds_and_deletes_leftovers_past_the_first_page(
     done = met(cloud)["pagination"]
     for action in ("Instances", "Volumes", "Snapshots", "SecurityGroups", "LaunchTemplates"):
         assert done[f"Describe{action} truncated"] > 0, action
+
+
+def _push_small_image(host: str, repository: str, tag: str, n: int) -> None:
+    """An image of its own (a config and no layer) under `tag`, put into the local cloud's
+    registry over its HTTP API, as a push does; far faster than building one per tag."""
+    import hashlib
+    import json
+    import urllib.parse
+    import urllib.request
+
+    config = json.dumps({"architecture": "amd64", "os": "linux", "created": str(n)}).encode()
+    digest = f"sha256:{hashlib.sha256(config).hexdigest()}"
+    base = f"http://{host}/v2/{repository}"
+    start = urllib.request.Request(f"{base}/blobs/uploads/", method="POST")
+    with urllib.request.urlopen(start, timeout=30) as answer:
+        upload = urllib.parse.urljoin(f"http://{host}/", answer.headers["Location"])
+    joined = "&" if "?" in upload else "?"
+    put = urllib.request.Request(
+        f"{upload}{joined}digest={digest}",
+        data=config,
+        method="PUT",
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    urllib.request.urlopen(put, timeout=30).close()
+    media = "application/vnd.oci.image.manifest.v1+json"
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": media,
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": digest,
+            "size": len(config),
+        },
+        "layers": [],
+    }
+    request = urllib.request.Request(
+        f"{base}/manifests/{tag}",
+        data=json.dumps(manifest).encode(),
+        method="PUT",
+        headers={"Content-Type": media},
+    )
+    urllib.request.urlopen(request, timeout=30).close()
+
+
+def test_an_image_s_tags_are_read_past_the_first_page(
+    faulty: Callable[[str, int], Cloud],  # noqa: F811
+) -> None:
+    """A tag that is not in the repository is refused naming the tags it has: all of them, read
+    page after page (ECR's DescribeImages pages by 100 whatever the caller asks)."""
+    from fleet import container
+
+    cloud = faulty("pagination", seed_where(lambda f: True))
+    ecr = cloud.client("ecr")
+    ecr.create_repository(repositoryName="paging/app")
+    account = cloud.client("sts").get_caller_identity()["Account"]
+    missing = container.ImageRef(account, cloud.config.region, "paging/app", "v9")
+    host = container.login(cloud, missing).host
+    for n in range(MANY):
+        _push_small_image(host, "paging/app", f"t{n}", n)
+    first = ecr.describe_images(repositoryName="paging/app")
+    assert len(first["imageDetails"]) < MANY and first["nextToken"]
+    tags = ", ".join(f"t{n}" for n in range(MANY))
+    with pytest.raises(UserError, match=f"has no tag 'v9'; it has {tags}$"):
+        container.lookup(cloud, missing)
+    assert met(cloud)["pagination"]["DescribeImages truncated"] >= 2
