@@ -43,6 +43,7 @@ class Request:
     params: dict[str, Any]  # query parameters (EC2, IAM) or the JSON body (Batch, Logs, SSM)
     account: str
     region: str
+    path: str = ""  # the request's path: what an S3 call is about (its bucket and key)
 
 
 @dataclass
@@ -274,4 +275,4 @@ def request_of(
         text = body.decode(errors="replace") or environ.get("QUERY_STRING", "")
         params = {k: v[0] for k, v in parse_qs(text).items()}
         action = str(params.get("Action", ""))
-    return Request(service, action, params, account, region)
+    return Request(service, action, params, account, region, environ.get("PATH_INFO", ""))
