@@ -22,9 +22,12 @@ import hmac
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import tarfile
+import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -56,7 +59,29 @@ def _sign(key: bytes, text: str) -> bytes:
     return hmac.new(key, text.encode(), hashlib.sha256).digest()
 
 
+# S3 asks a client to slow down (503 SlowDown) or to try again (500 InternalError) now and then;
+# the SDKs retry those, and so must a job with none: one such answer failed the whole job.
+ATTEMPTS = 8
+RETRIED = (500, 503)
+BACKOFF_S = 20.0  # the longest wait between attempts, as the SDKs' standard mode
+
+
 def request(method: str, key: str, body: bytes | None = None) -> bytes:
+    """One S3 request on the job bucket's `key`, sent again with backoff while S3 asks to."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return _once(method, key, body)
+        except urllib.error.HTTPError as exc:
+            if exc.code not in RETRIED or attempt == ATTEMPTS:
+                raise
+        except urllib.error.URLError:  # a connection reset or refused on the way
+            if attempt == ATTEMPTS:
+                raise
+        time.sleep(random.random() * min(BACKOFF_S, 2.0**attempt))
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+def _once(method: str, key: str, body: bytes | None) -> bytes:
     """One S3 request on the job bucket's `key`, signed with the job role's credentials."""
     bucket = os.environ["FLEET_BUCKET"]
     region = os.environ["FLEET_REGION"]
