@@ -205,6 +205,9 @@ def test_a_client_in_another_region_keeps_the_one_retry_policy(cloud: Cloud) -> 
     pricing = cloud.client("pricing", region="us-east-1")
     assert pricing.meta.region_name == "us-east-1"
     assert pricing.meta.config.retries["mode"] == cloud.config.retry_mode
+    # max_attempts counts every attempt, as the AWS config file's does (botocore's own key
+    # counts retries: 10 made 11 attempts)
+    assert pricing.meta.config.retries["total_max_attempts"] == cloud.config.max_attempts
     assert pricing.meta.config.read_timeout == cloud.ec2.meta.config.read_timeout
     assert cloud.client("pricing", region="us-east-1") is pricing
     assert cloud.client("sts", region="eu-west-1") is not cloud.client("sts")

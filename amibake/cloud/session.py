@@ -61,10 +61,15 @@ class Cloud:
                 region_name=region,
                 endpoint_url=self.endpoint_url,
                 config=botocore.config.Config(
-                    # mode is validated by config (standard or adaptive)
+                    # mode is validated by config (standard or adaptive). max_attempts counts
+                    # every attempt, the first included, as the AWS config file's does: botocore's
+                    # own max_attempts counts retries (10 made 11, and 1 still retried once).
                     retries=cast(
                         Any,
-                        {"mode": self.config.retry_mode, "max_attempts": self.config.max_attempts},
+                        {
+                            "mode": self.config.retry_mode,
+                            "total_max_attempts": self.config.max_attempts,
+                        },
                     ),
                     connect_timeout=10,
                     read_timeout=120,
