@@ -25,7 +25,7 @@ from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.search.recommend import Recommendation, recommend
 from fleet.space import Space
-from fleet.tune_spec import MEASURES, TuneSpec
+from fleet.tune_spec import TuneSpec
 
 RUN_COLUMNS = ("run", "round")
 
@@ -49,7 +49,10 @@ class RunsReplay:
         self.params = list(spec.space.params)
         self.rng = np.random.default_rng(seed)
         self.space = spec.space
-        measures = [name for name in dict.fromkeys([column, *MEASURES]) if name in table]
+        # the columns check_measures made numbers (a `metric` beside another objective may be
+        # text: averaging it raised TypeError)
+        checked = (column, "price_per_hour", "seconds", "rss_mb", "rate")
+        measures = [name for name in dict.fromkeys(checked) if name in table]
         # each configuration's runs, a failed one (an empty objective) None
         self.runs: dict[str, list[dict[str, Any] | None]] = {}
         self.rows: dict[str, dict[str, Any]] = {}  # each configuration's parameters

@@ -19,6 +19,7 @@ import copy
 import datetime
 import hashlib
 import hmac
+import http.client
 import io
 import json
 import os
@@ -62,7 +63,7 @@ def _sign(key: bytes, text: str) -> bytes:
 # S3 asks a client to slow down (503 SlowDown) or to try again (500 InternalError) now and then;
 # the SDKs retry those, and so must a job with none: one such answer failed the whole job.
 ATTEMPTS = 8
-RETRIED = (500, 503)
+RETRIED = (500, 502, 503, 504)
 BACKOFF_S = 20.0  # the longest wait between attempts, as the SDKs' standard mode
 
 
@@ -74,7 +75,10 @@ def request(method: str, key: str, body: bytes | None = None) -> bytes:
         except urllib.error.HTTPError as exc:
             if exc.code not in RETRIED or attempt == ATTEMPTS:
                 raise
-        except urllib.error.URLError:  # a connection reset or refused on the way
+            exc.close()
+        # A connection refused or reset on the way (URLError), or while the reply is read
+        # (RemoteDisconnected, IncompleteRead, a timeout): the body is bytes, sent again whole.
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError):
             if attempt == ATTEMPTS:
                 raise
         time.sleep(random.random() * min(BACKOFF_S, 2.0**attempt))

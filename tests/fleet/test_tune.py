@@ -1111,7 +1111,14 @@ def test_compare_on_runs_reads_the_space_file_s_objective_column_and_constraints
     # seconds 20 - 2a (a = 6 fastest), price 0.1 a: cost ~ (20 - 2a) a, cheapest at a = 1;
     # max_seconds 15 leaves a >= 3, cheapest a = 3 (b = x, y alike but for a run's jitter)
     rows = [
-        {"run": r, "a": a, "b": b, "seconds": 20 - 2 * a + 0.01 * r, "price_per_hour": 0.1 * a}
+        {
+            "run": r,
+            "a": a,
+            "b": b,
+            "seconds": 20 - 2 * a + 0.01 * r,
+            "price_per_hour": 0.1 * a,
+            "metric": "NA" if a == 2 else a,
+        }  # a column the file does not search: text is fine
         for a in range(1, 7)
         for b in ("x", "y")
         for r in range(2)

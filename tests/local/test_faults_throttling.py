@@ -5,6 +5,7 @@ until it passes."""
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,8 @@ def test_a_batch_job_s_s3_request_is_sent_again_while_s3_asks(
     def once(method: str, key: str, body: bytes | None) -> bytes:
         sent.append(key)
         answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
         if isinstance(answer, int):
             raise urllib.error.HTTPError(key, answer, "refused", {}, None)  # type: ignore[arg-type]
         return bytes(answer)
@@ -78,6 +81,9 @@ def test_a_batch_job_s_s3_request_is_sent_again_while_s3_asks(
     monkeypatch.setattr(s3.time, "sleep", waits.append)
     answers[:] = [503, 500, b"payload"]
     assert s3.request("GET", "k") == b"payload" and len(sent) == 3 and len(waits) == 2
+    # A connection reset while the reply is read is no URLError: it is sent again too.
+    answers[:] = [http.client.RemoteDisconnected("closed"), b"again"]
+    assert s3.request("PUT", "k", b"body") == b"again"
     answers[:] = [403]
     with pytest.raises(urllib.error.HTTPError, match="refused"):
         s3.request("GET", "k")
