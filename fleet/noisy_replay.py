@@ -51,8 +51,7 @@ class RunsReplay:
         self.space = spec.space
         # the columns check_measures made numbers (a `metric` beside another objective may be
         # text: averaging it raised TypeError)
-        checked = (column, "price_per_hour", "seconds", "rss_mb", "rate")
-        measures = [name for name in dict.fromkeys(checked) if name in table]
+        measures = [name for name in dict.fromkeys((column, *replay.NUMBERS)) if name in table]
         # each configuration's runs, a failed one (an empty objective) None
         self.runs: dict[str, list[dict[str, Any] | None]] = {}
         self.rows: dict[str, dict[str, Any]] = {}  # each configuration's parameters

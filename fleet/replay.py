@@ -30,6 +30,8 @@ log = logging.getLogger("amibake")
 # parameters (fleet.replay.configuration_columns: it tries every subset of the columns).
 KEYED_FROM = 8
 MAX_KEY_COLUMNS = 12
+# The measures a table's rows are read with besides the objective's column: made numbers.
+NUMBERS = ("price_per_hour", "seconds", "rss_mb", "rate")
 # The columns a replay table needs for each constraint to be checked on its rows.
 CONSTRAINT_COLUMNS = {
     "max_seconds": ("seconds",),
@@ -82,7 +84,7 @@ def check_measures(path: Path, table: pd.DataFrame, spec: TuneSpec, kind: str, r
         )
     # Finite numbers or nothing: an empty cell is a configuration whose measurement failed.
     # A -inf metric was taken for the best, and compare printed nan for every ratio.
-    for name in (column, "price_per_hour", "seconds", "rss_mb", "rate"):
+    for name in (column, *NUMBERS):
         if name not in table.columns:
             continue
         numbers = pd.to_numeric(table[name], errors="coerce")
