@@ -26,7 +26,7 @@ import numpy as np
 
 from amibake.cloud import Cloud
 from benchmarks import cluster_tables
-from fleet import tune
+from fleet import stats, tune
 from fleet.noisy_replay import compare_noisy
 from fleet.replay import ReplayEvaluator, compare, space_from_table
 from fleet.search import engines
@@ -81,7 +81,7 @@ def _cluster_search(path: Path) -> tuple[tune.TuneSpec, ReplayEvaluator]:
 
 
 def _median_p90(ratios: list[float]) -> tuple[float, float]:
-    return float(np.median(ratios)), float(np.quantile(ratios, 0.9))
+    return float(np.median(ratios)), float(stats.quantile(ratios, 0.9))
 
 
 def few_runs(default: str) -> dict[str, Any]:

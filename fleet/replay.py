@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from amibake.errors import UserError
+from fleet import stats
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.tune_spec import (
@@ -411,7 +412,7 @@ def compare_text(
         {
             "algorithm": r.algorithm,
             "best/optimum median": f"{np.median(r.ratios):.4f}",
-            "p90 (worst 10%)": f"{np.quantile(r.ratios, 0.9):.4f}",
+            "p90 (worst 10%)": f"{stats.quantile(r.ratios, 0.9):.4f}",
             "trials to 2%": median_trials(r.to_2pct),
             "trials to 5%": median_trials(r.to_5pct),
         }

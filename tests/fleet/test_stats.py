@@ -50,3 +50,13 @@ def test_overlapping_intervals_share_a_rank() -> None:
 def test_cost_per_unit_of_work() -> None:
     # 36 s a unit at 0.10 USD/hour is 0.001 USD a unit.
     assert stats.cost_per_unit(36.0, 0.10) == pytest.approx(0.001)
+
+
+def test_the_worst_tenth_of_searches_that_found_nothing_feasible_is_inf_not_nan() -> None:
+    # numpy's interpolation makes nan of inf - inf: a comparison printed "p90 nan".
+    assert stats.quantile([1.0, 2.0, 3.0, np.inf], 0.9) == np.inf
+    assert stats.quantile([np.inf] * 5, 0.9) == np.inf
+    # Away from inf it is numpy's linear quantile.
+    values = [1.0, 1.2, 1.05, 1.5, 1.1, 1.3]
+    assert stats.quantile(values, 0.9) == pytest.approx(float(np.quantile(values, 0.9)))
+    assert stats.quantile([1.0] * 9 + [np.inf], 0.5) == 1.0
