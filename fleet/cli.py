@@ -550,7 +550,7 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
         raw = replay.space_from_table(table, column, exclude=noisy_replay.RUN_COLUMNS)
         spec = tune.from_dict(raw, str(table))
     algorithms = _list(args.algorithms) or ["auto", "gp", "forest", "tpe", "random"]
-    _check_compare(args, algorithms, spec)
+    _check_compare(args, algorithms, spec, replicates=True)
     startup = spec.startup if args.startup_trials is None else args.startup_trials
     rows = noisy_replay.compare_noisy(table, spec, algorithms, args.seeds, args.budget, startup)
     text = noisy_replay.compare_noisy_text(rows, args.budget, args.seeds)
@@ -564,18 +564,25 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
 
 
 def _check_compare(
-    args: argparse.Namespace, algorithms: list[str], spec: TuneSpec, held: int | None = None
+    args: argparse.Namespace,
+    algorithms: list[str],
+    spec: TuneSpec,
+    held: int | None = None,
+    *,
+    replicates: bool = False,
 ) -> None:
     """`compare`'s algorithms and counts, before any search: --budget 100000000 on a table of
     four configurations ran without end. `held`: the configurations a table holds of the space,
-    where the search runs those alone."""
+    where the search runs those alone. `replicates`: an evaluation draws one run, and may draw
+    another of a configuration already tried, so the budget is not bounded by their count (it
+    was, by the space's without --space and by nothing of the table's with it)."""
     from fleet import tune
 
     for name in algorithms:
         if name not in tune.ALGORITHMS:
             raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
     size = held
-    if size is None and not spec.space.continuous:
+    if size is None and not spec.space.continuous and not replicates:
         size = spec.space.size()
     if args.budget is None:
         # A tune file's trials are its budget (`fleet tune` on it runs that many); else ours.

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from amibake.errors import UserError
-from fleet import replay
+from fleet import replay, stats
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.search.recommend import Recommendation, recommend
@@ -43,6 +43,13 @@ class RunsReplay:
                 f"configuration's runs (columns: {', '.join(table.columns)})"
             )
         replay.check_measures(path, table, spec, "runs table", "a run")
+        numbered = next(name for name in RUN_COLUMNS if name in table.columns)
+        unnumbered = table.index[table[numbered].isna()]
+        if len(unnumbered):
+            raise UserError(
+                f"{path}:{unnumbered[0] + 2}: a configuration with no {numbered}: number each "
+                f"configuration's runs (0, 1, ...) in the {numbered} column"
+            )
         column = spec.replay_column
         self.path = path
         self.spec = spec
@@ -55,35 +62,33 @@ class RunsReplay:
         # each configuration's runs, a failed one (an empty objective) None
         self.runs: dict[str, list[dict[str, Any] | None]] = {}
         self.rows: dict[str, dict[str, Any]] = {}  # each configuration's parameters
-        first_line: dict[str, int] = {}
-        records = zip(
+        for row, measured in zip(
             table[self.params].to_dict(orient="records"),
             table[measures].to_dict(orient="records"),
             strict=True,
-        )
-        for line, (row, measured) in enumerate(records, start=2):
+        ):
             clean = self._clean(row)
             name = engines.key(clean)
             self.rows.setdefault(name, clean)
-            first_line.setdefault(name, line)
             failed = math.isnan(replay.objective_of(spec, measured))
             self.runs.setdefault(name, []).append(None if failed else measured)
-        for name, runs in self.runs.items():
-            if all(r is None for r in runs):
-                raise UserError(
-                    f"{path}:{first_line[name]}: the configuration {name} has no run with a "
-                    f"{column} (every run of it is empty): drop it or record a run"
-                )
         # A configuration's truth: the mean of each measure over its runs, its objective and
-        # constraints read from those means.
+        # constraints read from those means. One whose every run failed (past a memory wall)
+        # has none: it fails each time it is drawn, as a failed row of a replay table does.
         self.truth = {
             name: {m: _mean([r[m] for r in runs if r is not None]) for m in measures}
             for name, runs in self.runs.items()
+            if any(r is not None for r in runs)
         }
         self.means = {name: replay.objective_of(spec, row) for name, row in self.truth.items()}
         feasible = [
             m for name, m in self.means.items() if not replay.broken(spec, self.truth[name])
         ]
+        if not self.truth:
+            raise UserError(
+                f"{path}: every run of the runs table failed (each {column} is empty): there "
+                "is no best to compare with"
+            )
         if not feasible:
             limits = ", ".join(f"{k} = {v:g}" for k, v in spec.constraints.items())
             raise UserError(
@@ -129,9 +134,11 @@ class RunsReplay:
 
     def true_mean(self, params: dict[str, Any]) -> float:
         """The configuration's mean objective over its runs; inf where those means break a
-        constraint (a recommendation the user could not keep)."""
+        constraint (a recommendation the user could not keep) or every run failed."""
         name = engines.key(params)
-        return math.inf if replay.broken(self.spec, self.truth[name]) else self.means[name]
+        if name not in self.truth or replay.broken(self.spec, self.truth[name]):
+            return math.inf
+        return self.means[name]
 
     def relative(self, loss: float) -> float:
         """A mean loss against the best, 1.0 at the best and above when worse."""
@@ -205,7 +212,7 @@ def compare_noisy_text(rows: list[NoisyScore], budget: int, seeds: int) -> str:
             "within 5%": f"{r.within(0.05)}/{len(r.ratios)}",
             "within 2%": f"{r.within(0.02)}/{len(r.ratios)}",
             "recommended/best median": f"{np.median(r.ratios):.4f}",
-            "p90 (worst 10%)": f"{np.quantile(r.ratios, 0.9):.4f}",
+            "p90 (worst 10%)": f"{stats.quantile(r.ratios, 0.9):.4f}",
             "interval covers": f"{sum(r.covered)}/{len(r.ratios)}"
             + ("" if r.intervals == len(r.ratios) else f" ({r.intervals} had one)"),
         }

@@ -304,8 +304,8 @@ def test_noisy_replay_of_a_partial_table_runs_what_it_holds(
     [
         ([{"x": 1, "y": 1, "metric": 1.0}], ":1: a runs table needs a run (or round) column"),
         ([{"run": 0, "x": 1, "metric": 1.0}], ":1: the runs table has no column y"),
-        ([{"run": 0, "x": 1, "y": 1, "metric": 1.0}, {"run": 0, "x": 2, "y": 1, "metric": None}],
-         ":3: the configuration"),
+        ([{"run": 0, "x": 1, "y": 1, "metric": 1.0}, {"run": None, "x": 2, "y": 1, "metric": 2.0}],
+         ":3: a configuration with no run"),
         ([{"run": 0, "x": 1, "y": 1, "metric": "-inf"}], ":2: metric '-inf' is not a finite number"),
     ],
 )  # fmt: skip

@@ -6,6 +6,7 @@ design that spreads over processors at mid-size). Instance types are given as da
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -62,7 +63,7 @@ RUNS = "run,a,metric\n0,1,3.0\n1,1,3.1\n0,2,2.0\n1,2,2.2\n"
     ("table", "says"),
     [
         ("a,metric\n1,3.0\n2,2.0\n", "runs.csv:1: a runs table needs a run (or round) column"),
-        (RUNS + "0,3,\n1,3,\n", "runs.csv:6: the configuration"),
+        (RUNS + ",3,2.5\n", "runs.csv:6: a configuration with no run: number each"),
     ],
     ids=["no-run-column", "configuration-without-a-run"],
 )
@@ -76,6 +77,37 @@ def test_a_bad_runs_table_is_refused_by_compare(
     # The good table passes the same way: the refusal is the table's, not the command's.
     (sandbox / "runs.csv").write_text(RUNS)
     assert fleet([*argv, "--seeds", "2"]) == 0
+
+
+def test_a_configuration_whose_every_run_failed_replays_as_failed_as_in_a_replay_table(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Past a memory wall every run fails: real data, not a typo. `--replay` reads such a row as
+    # a failed configuration; `--replay-runs` refused the whole table.
+    (sandbox / "runs.csv").write_text(RUNS + "0,3,\n1,3,\n")
+    argv = ["tune", "compare", "--replay-runs", str(sandbox / "runs.csv"), "--budget", "3"]
+    assert fleet([*argv, "--seeds", "3", "--algorithms", "random,tpe", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for row in result["algorithms"]:
+        # every search tried all three and recommended the best mean, never the failed one
+        assert row["ratios"] == [1.0, 1.0, 1.0], row
+    (sandbox / "runs.csv").write_text("run,a,metric\n0,3,\n1,3,\n")
+    err = refused(argv, capsys)
+    assert f"{sandbox}/runs.csv: every run of the runs table failed" in err, err
+
+
+def test_noisy_replay_s_budget_may_pass_the_configurations_counted_as_replicates(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each evaluation draws one run, so a budget counts replicates: 6 on two configurations was
+    # refused without --space ("more than the 2 configurations") and let through with one.
+    argv = ["tune", "compare", "--replay-runs", str(sandbox / "runs.csv"), "--seeds", "2"]
+    (sandbox / "runs.csv").write_text(RUNS)
+    assert fleet([*argv, "--budget", "6", "--algorithms", "auto,random", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [row["ratios"] for row in result["algorithms"]] == [[1.0, 1.0]] * 2, result
+    assert fleet([*argv, "--budget", "0"]) == 2
+    assert "--budget must be an integer from 1" in capsys.readouterr().err
 
 
 def test_a_scale_parameter_that_is_no_number_is_refused(
