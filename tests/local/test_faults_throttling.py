@@ -91,3 +91,24 @@ def test_a_batch_job_s_s3_request_is_sent_again_while_s3_asks(
     with pytest.raises(urllib.error.HTTPError):
         s3.request("GET", "k")
     assert not answers  # every attempt made, then the refusal raised
+
+
+def test_each_distinct_request_counts_its_own_attempts_under_a_short_key() -> None:
+    """A retry of a request is its next attempt; an S3 GET and PUT of one key are two requests
+    (they shared one count); what is kept per request is a digest, not its parameters."""
+    from amibake.local.faults import Faults, Request, throttling
+
+    faults = Faults(seed=1)
+    document = {"Policy": "x" * 10_000}
+
+    def send(method: str, params: dict[str, Any]) -> None:
+        request = Request("s3", "", params, "123456789012", "us-east-1", "/b/k", method)
+        throttling.BEHAVIOUR.before(faults, request)  # type: ignore[misc]
+
+    for _ in range(3):
+        send("GET", {})
+    send("PUT", {})
+    send("PUT", document)
+    attempts = faults.state[f"{throttling.NAME}:attempts"]
+    assert sorted(attempts.values()) == [1, 1, 3]
+    assert all(len(key) <= 64 for key in attempts)

@@ -44,6 +44,7 @@ class Request:
     account: str
     region: str
     path: str = ""  # the request's path: what an S3 call is about (its bucket and key)
+    method: str = ""  # GET, PUT, ...: what an S3 call does to that path
 
 
 @dataclass
@@ -275,4 +276,5 @@ def request_of(
         text = body.decode(errors="replace") or environ.get("QUERY_STRING", "")
         params = {k: v[0] for k, v in parse_qs(text).items()}
         action = str(params.get("Action", ""))
-    return Request(service, action, params, account, region, environ.get("PATH_INFO", ""))
+    path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "")
+    return Request(service, action, params, account, region, path, method)

@@ -18,6 +18,7 @@ of a refused request is drawn afresh, as AWS's token bucket refills.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from amibake.local.faults import (
@@ -49,10 +50,11 @@ def refusal(service: str) -> Reply:
 
 def _before(faults: Faults, request: Request) -> Reply | None:
     # What the request is: the same one sent again (a retry, a poll) is counted as its next
-    # attempt, so each draw is fixed by the seed whatever order threads send in.
-    about = json.dumps(
-        [request.service, request.action, request.path, request.params], sort_keys=True, default=str
-    )
+    # attempt, so each draw is fixed by the seed whatever order threads send in. An S3 GET and
+    # PUT of one key are two requests. Kept as a digest: the daemon counts every distinct
+    # request it is sent, for its lifetime, and a request's parameters may be a whole document.
+    what = [request.service, request.action, request.method, request.path, request.params]
+    about = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
     with faults.lock:
         attempts: dict[str, int] = faults.state.setdefault(f"{NAME}:attempts", {})
         attempt = attempts[about] = attempts.get(about, 0) + 1
