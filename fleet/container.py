@@ -45,6 +45,7 @@ REFERENCE = re.compile(
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})|@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
 EXAMPLE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/app:v1"
+SHOWN_TAGS = 8  # a missing tag's error names this many of the repository's, then counts the rest
 # OCI names architectures as Go does; EC2 and the AMIs as the kernel's x86_64 / arm64.
 EC2_ARCHITECTURE = {"amd64": "x86_64", "arm64": "arm64"}
 OCI_ARCHITECTURE = {v: k for k, v in EC2_ARCHITECTURE.items()}
@@ -177,7 +178,10 @@ def _lookup(cloud: Cloud, ref: ImageRef) -> Image:
         raise
     if not answer.get("images"):
         tags = _tags(ecr, ref)
-        said = f"; it has {', '.join(tags[:8])}" if tags else "; it has no tagged image"
+        more = f" and {len(tags) - SHOWN_TAGS} more" if len(tags) > SHOWN_TAGS else ""
+        said = (
+            f"; it has {', '.join(tags[:SHOWN_TAGS])}{more}" if tags else "; it has no tagged image"
+        )
         what = f"digest {ref.digest}" if ref.digest else f"tag {ref.tag!r}"
         raise UserError(f"image {ref}: repository {ref.repository} has no {what}{said}")
     found = answer["images"][0]

@@ -57,11 +57,17 @@ def test_lookup_reads_the_architectures_of_an_index_and_of_a_single_image(
 
 
 def test_a_tag_or_repository_that_does_not_exist_is_refused_naming_what_exists(
-    cloud: Cloud, pushed: container.ImageRef
+    cloud: Cloud, pushed: container.ImageRef, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     missing = container.ImageRef(pushed.account, pushed.region, pushed.repository, "v2")
-    with pytest.raises(UserError, match=r"has no tag 'v2'; it has host-only, v1"):
+    with pytest.raises(UserError, match=r"has no tag 'v2'; it has host-only, v1$"):
         container.lookup(cloud, missing)
+    # A repository of many tags: the first few, and how many more (not a silent cut at 8).
+    many = [f"t{n:02}" for n in range(11)]
+    with monkeypatch.context() as patch:
+        patch.setattr(container, "_tags", lambda ecr, ref: many)
+        with pytest.raises(UserError, match=r"; it has t00, .*, t07 and 3 more$"):
+            container.lookup(cloud, missing)
     nowhere = container.ImageRef(pushed.account, pushed.region, "nothing-here", "v1")
     with pytest.raises(UserError, match="no repository nothing-here"):
         container.lookup(cloud, nowhere)
