@@ -874,9 +874,13 @@ COMPARE = [
     case("fleet tune compare --replay-runs {tmp}/runs.csv", "{tmp}/runs.csv:2: the replay table "
          "is not UTF-8 text", files={"runs.csv": b"run,a,metric\n0,1,2\xe9\n"},
          id="compare-runs:latin-1"),
-    case("fleet tune compare --replay-runs {tmp}/runs.csv --budget 3", "--budget 3 is more than "
-         "the 2 configurations", files={"runs.csv": "run,a,metric\n0,1,2\n0,2,3\n1,1,2\n"},
-         id="compare-runs:budget"),
+    # the budget counts replicates (it may pass the 2 configurations), not without end
+    case("fleet tune compare --replay-runs {tmp}/runs.csv --budget 10001", "--budget must be an "
+         "integer from 1 to 10000, not 10001", files={"runs.csv": "run,a,metric\n0,1,2\n0,2,3\n"
+         "1,1,2\n"}, id="compare-runs:budget"),
+    case("fleet tune compare --replay-runs {tmp}/runs.csv", "{tmp}/runs.csv:3: a configuration "
+         "with no run: number each configuration's runs", files={"runs.csv": "run,a,metric\n0,1,2"
+         "\n,2,3\n1,1,2\n"}, id="compare-runs:no-run"),
 ]  # fmt: skip
 
 RECIPE_FILES = [
