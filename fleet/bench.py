@@ -351,6 +351,7 @@ def _execute(
             }
     finally:
         board.close()
+    _fail_unmeasured(results, run_id, summary["types"])
     summary["spent_usd"] = board.spent_now()
     failed = {t: s["error"] for t, s in summary["types"].items() if not s["ok"]}
     if board.capped:
@@ -375,6 +376,24 @@ def _execute(
             spent=summary["spent_usd"],
         )
     return summary
+
+
+def _fail_unmeasured(results: Results, run_id: str, types: dict[str, dict[str, Any]]) -> None:
+    """A type whose instance ran but whose every replicate failed (the command exited non-zero,
+    the metric's pattern never matched) measured nothing: it failed. It was reported "done", and
+    a run where nothing was measured exited 0."""
+    rows = results.replicates(run_id)
+    if rows.empty:
+        return
+    measured = rows[~rows.warmup.astype(bool)]
+    for label, outcome in types.items():
+        mine = measured[measured.instance_type == label]
+        if not outcome["ok"] or outcome["stopped"] or mine.empty or (mine.state == "ok").any():
+            continue
+        failed = mine[mine.state == "failed"]
+        why = next((e for e in failed.error if e), "") if len(failed) else ""
+        outcome["ok"] = False
+        outcome["error"] = f"every replicate failed ({len(mine)})" + (f": {why}" if why else "")
 
 
 def measure(

@@ -162,7 +162,9 @@ def per_units(usd_per_unit: float, unit: str) -> str:
 def answer(frame: pd.DataFrame, metric: Metric, unit: str = "") -> str:
     """The run's result in one line: the cheapest and the fastest per unit of work (natively
     measured), or the ones whose intervals overlap, which the data cannot tell apart."""
-    native = frame[~frame.emulated] if not frame.empty else frame
+    if frame.empty:
+        return "answer: nothing measured: no replicate succeeded, so no ranking"
+    native = frame[~frame.emulated]
     if native.empty:
         return "answer: nothing measured natively, so no ranking (see the table)"
     unit = work_unit(metric, unit)

@@ -40,6 +40,10 @@ def test_overlapping_intervals_are_said_to_be_indistinguishable() -> None:
 def test_emulated_runs_rank_nothing() -> None:
     frame = _frame(("g.large", 1, 1, 1e-6, True))
     assert answer(frame, RUNTIME).startswith("answer: nothing measured natively")
+    # nothing measured at all: said so, not "see the table" (there is none)
+    assert answer(frame.iloc[0:0], RUNTIME) == (
+        "answer: nothing measured: no replicate succeeded, so no ranking"
+    )
 
 
 def test_costs_scale_to_read_with_two_digits() -> None:

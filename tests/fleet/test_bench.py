@@ -284,7 +284,9 @@ def test_failing_workloads_fail_their_replicates_with_the_last_lines(
     )
     exits = new_run(cloud, command="echo about to fail; exit 3", replicates=1)
     for run_id in (no_match, exits):
-        bench.execute(cloud, run_id, results)
+        # the type measured nothing: it failed, naming why (it was "done", and the run exited 0)
+        outcome = bench.execute(cloud, run_id, results)["types"][ANY_TYPE]
+        assert not outcome["ok"] and "every replicate failed (1): " in outcome["error"], outcome
     error = results.replicates(no_match).error[0]
     assert "never matched" in error and "no number here" in error
     row = results.replicates(exits).iloc[0]
