@@ -185,6 +185,14 @@ def _validate(cfg: Config, problems: list[str]) -> None:
         path = getattr(cfg, name)
         if path.exists() and not path.is_dir():
             problems.append(f"{name} {path} is a file, not a directory")
+        elif name != "recipes_dir":  # written to: every command's journal and logs are there
+            problem = _unwritable(path)
+            if problem:
+                shown = f"{path} (from {Path.cwd()})" if not path.is_absolute() else str(path)
+                problems.append(
+                    f"{name} {shown} {problem}: run from a writable directory or set "
+                    f"AMIBAKE_{name.upper()} to one"
+                )
     if cfg.local_faults.strip() not in ("", "none"):
         from amibake.local import faults
 
@@ -208,6 +216,19 @@ def _validate(cfg: Config, problems: list[str]) -> None:
             f"local_subnet must be a loopback network inside 127.0.0.0/8 with at least 4 "
             f"addresses, got {cfg.local_subnet!r}"
         )
+
+
+def _unwritable(path: Path) -> str:
+    """Why a directory cannot be written or made, or ''. Run from / (or with a setting under a
+    file), opening the journal raised PermissionError or NotADirectoryError with a traceback."""
+    existing = path = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot be made: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return "is not writable" if existing == path else f"cannot be made in {existing}"
+    return ""
 
 
 def load(

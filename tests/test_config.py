@@ -108,3 +108,36 @@ def test_a_wrong_network_setting_is_named_with_its_shape(tmp_path: Path) -> None
             "AMIBAKE_SECURITY_GROUP_IDS": "sg-01234567",
         })  # fmt: skip
     assert "security_group_ids needs subnet_ids" in caught.value.problems[0]
+
+
+def test_a_results_directory_that_cannot_be_written_is_one_problem_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Run from / as a plain user, opening the journal raised PermissionError; a setting under
+    # a file raised NotADirectoryError.
+    (tmp_path / "file").write_text("")
+    under_a_file = {"AMIBAKE_RESULTS_DIR": str(tmp_path / "file" / "results")}
+    with pytest.raises(
+        ConfigError,
+        match=r"results_dir .*/file/results cannot be made: .*/file "
+        r"is a file: run from a writable directory or set AMIBAKE_RESULTS_DIR",
+    ):
+        config.load(toml_path=tmp_path / "none.toml", environ=under_a_file)
+    # os.access is what a plain user's permissions answer (root's always says yes)
+    denied = {str(tmp_path / "ro")}
+    monkeypatch.setattr(config.os, "access", lambda path, mode: str(path) not in denied)
+    (tmp_path / "ro").mkdir()
+    for setting, says in (
+        (tmp_path / "ro", "is not writable"),
+        (tmp_path / "ro" / "new" / "results", f"cannot be made in {tmp_path}/ro"),
+    ):
+        with pytest.raises(ConfigError, match=f"results_dir {setting} {says}: run from"):
+            config.load(
+                toml_path=tmp_path / "none.toml", environ={"AMIBAKE_RESULTS_DIR": str(setting)}
+            )
+    monkeypatch.chdir(tmp_path / "ro")  # the default, relative: named with where it is from
+    with pytest.raises(ConfigError, match=f"results_dir results \\(from {tmp_path}/ro\\) cannot"):
+        config.load(toml_path=tmp_path / "none.toml", environ={})
+    assert config.load(
+        toml_path=tmp_path / "none.toml", environ={}, flags={"results_dir": str(tmp_path)}
+    )
