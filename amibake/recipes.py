@@ -252,8 +252,14 @@ def pack_directory(path: Path, *, gitignore: bool = True) -> bytes:
             info.mtime = 0
             info.uid = info.gid = 0
             info.uname = info.gname = ""
-            with file.open("rb") as handle:
-                tar.addfile(info, handle)
+            try:
+                with file.open("rb") as handle:
+                    tar.addfile(info, handle)
+            except OSError as exc:  # a file without read permission ended in a traceback
+                raise UserError(
+                    f"{file}: cannot read it ({exc.strerror}); make it readable, or list it in "
+                    f"{path}/.gitignore if the build does not need it"
+                ) from None
     raw = buffer.getvalue()
     # gzip stores a timestamp in its header; zero it so the bytes depend on content alone.
     return raw[:4] + b"\0\0\0\0" + raw[8:]

@@ -101,7 +101,10 @@ def add(file: Path) -> tuple[Source, list[str]]:
         raise UserError(f"{file} is a directory; give the source archive itself (FILE.tar.gz)")
     if not file.is_file():
         raise UserError(f"{file}: no such file")
-    digest = sha256_of(file)
+    try:
+        digest = sha256_of(file)
+    except OSError as exc:  # a file without read permission ended in a traceback
+        raise UserError(f"{file}: cannot read it ({exc.strerror}); make it readable") from None
     matches = []
     for name in available():
         recipe = load(name)

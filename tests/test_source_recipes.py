@@ -356,3 +356,30 @@ def test_a_real_project_lz4_builds_from_its_tree_with_the_family_flags(
     assert len(packed.stdout) < len(data) / 10
     back = subprocess.run([out / "bin/lz4", "-dc"], input=packed.stdout, capture_output=True)
     assert back.stdout == data
+
+
+def test_a_source_file_that_cannot_be_read_is_named_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file without read permission (as a plain user) ended `source add` and a directory
+    # recipe's build in PermissionError. Root reads anything: the refusal is simulated.
+    src = project(tmp_path / "hello", "cmake")
+    archive = tmp_path / "src.tar.gz"
+    archive.write_bytes(b"an archive")
+    unreadable = {src / "hello.c", archive}
+    opened = Path.open
+
+    def open_unless_denied(self: Path, *args: object, **kwargs: object) -> object:
+        if self in unreadable:
+            raise PermissionError(13, "Permission denied", str(self))
+        return opened(self, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(Path, "open", open_unless_denied)
+    with pytest.raises(
+        UserError,
+        match=f"^{src}/hello.c: cannot read it \\(Permission denied\\); "
+        f"make it readable, or list it in {src}/.gitignore",
+    ):
+        recipes.pack_directory(src)
+    with pytest.raises(UserError, match=f"^{archive}: cannot read it \\(Permission denied\\)"):
+        sources.add(archive)
