@@ -49,10 +49,36 @@ def read_table(path: Path) -> pd.DataFrame:
     from amibake.tomlfile import read_text
 
     text = read_text(path, "replay table")  # a Latin-1 table raised UnicodeDecodeError
+    _check_shape(path, text)
     try:
         return pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""])
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+
+
+def _check_shape(path: Path, text: str) -> None:
+    """Every row as wide as the header, whose columns each have a name of their own. pandas read
+    a first row one field too wide as an index and shifted every column left (the table then
+    measured nothing, silently); a short row's missing cells as failed runs; a blank header as
+    "Unnamed: 1" and a repeated one as "threads.1"."""
+    import csv
+
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None:
+        return  # empty: pandas says so
+    names = [name.strip() for name in header]
+    for number, name in enumerate(names, start=1):
+        if not name:
+            raise UserError(f"{path}:1: column {number} has no name: name it in the header")
+        if names.index(name) != number - 1:
+            raise UserError(f"{path}:1: the column {name} appears twice: rename one")
+    for row in reader:
+        if row and len(row) != len(header):
+            raise UserError(
+                f"{path}:{reader.line_num}: {len(row)} fields where the header has "
+                f"{len(header)} ({', '.join(names)}): a comma too many or too few"
+            )
 
 
 def _is_float(text: str) -> bool:

@@ -545,9 +545,9 @@ def test_bad_tune_input_names_file_and_line(
     cases[f'replay = "{tmp_path / "dup.csv"}"\nobjective = "metric"\n' + param] = (
         "dup.csv:4: the configuration of line 2 again (a=1)"
     )
-    # pandas' own message ends in a newline: the error still prints as one line.
+    # a row wider than the header: its line, on one line (pandas' own message ended in a newline)
     cases[f'replay = "{tmp_path / "ragged.csv"}"\nobjective = "metric"\n' + param] = (
-        "ragged.csv: cannot read the replay table: Error tokenizing data"
+        "ragged.csv:3: 3 fields where the header has 1 (a): a comma too many or too few"
     )
     (tmp_path / "ragged.csv").write_text("a\n1\n2,3,4\n")
     table(tmp_path / "t.csv", [{"a": 1, "runtime": 2.0}])
