@@ -91,7 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "show the local cloud's endpoint, instances and images"),
         ("down", "stop the local cloud and remove every sandbox, mount and directory"),
     ):
-        common_options(local_commands.add_parser(name, help=text))
+        sub = local_commands.add_parser(name, help=text)
+        common_options(sub)
+        if name == "up":  # the local_faults settings, as flags: the README names them so
+            sub.add_argument(
+                "--faults",
+                help="behave as AWS does: aws, none, aws,-NAME or NAME,NAME "
+                "(default: the local_faults setting, none)",
+            )
+            sub.add_argument(
+                "--faults-seed", type=int, help="the seed the behaviours draw from (default 0)"
+            )
     build = commands.add_parser("build", help="build a recipe with flags tuned for EC2 families")
     build.add_argument("--family", required=True, help="family or comma-separated families")
     build.add_argument("--recipe", help="recipe name (default from amibake.toml: kernels)")
@@ -326,7 +336,9 @@ def _local(args: argparse.Namespace) -> int:
             f"{args.instance_id!r} is not an instance id (i- and 8 or 17 hex digits; "
             "`amibake local status` lists them)"
         )
-    cfg = config_from(args)
+    settings = {"local_faults": getattr(args, "faults", None)}
+    settings["local_faults_seed"] = getattr(args, "faults_seed", None)
+    cfg = config_from(args, **settings)
     if args.local_command == "up":
         daemon = control.up(cfg)
         print_result(
