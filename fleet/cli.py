@@ -22,6 +22,17 @@ if TYPE_CHECKING:  # pandas: 0.7 s at start-up that --help and status lists do n
 
 MAX_SEEDS = 1000  # compare: the median and p90 over seeds settle long before
 DEFAULT_BUDGET = 20  # compare's trials per seed
+DEFAULT_SEEDS = 30  # compare's seeds per algorithm
+# compare's own flags, and what a search of a tune file takes instead: given to a search they
+# were ignored (--budget 3 ran the file's 5 trials; --replay-runs replayed no noise)
+COMPARE_ONLY = {
+    "budget": "--trials",
+    "seeds": "--seed",
+    "algorithms": "--algorithm",
+    "space": "the tune file itself",
+    "objective_column": "the tune file's objective",
+    "replay_runs": "--replay",
+}
 
 
 def _run_id(results: Results, name: str) -> str:
@@ -346,6 +357,13 @@ def _tune(args: argparse.Namespace) -> int:
     results = bench.results_db(cfg.results_dir)
     if args.file == "compare":
         return _tune_compare(args)
+    for name, instead in COMPARE_ONLY.items():
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise UserError(
+                f"{flag} is for `fleet tune compare`, which compares searches on a table; a "
+                f"search of a tune file takes {instead}"
+            )
     overrides = {
         "trials": args.trials,
         "algorithm": args.algorithm,
@@ -578,6 +596,8 @@ def _check_compare(
     was, by the space's without --space and by nothing of the table's with it)."""
     from fleet import tune
 
+    if args.seeds is None:
+        args.seeds = DEFAULT_SEEDS
     for name in algorithms:
         if name not in tune.ALGORITHMS:
             raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
@@ -747,7 +767,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--space", help="compare: a tune file for the space (default: the table's)")
     tune.add_argument("--objective-column", help="compare: the column to minimise (default metric)")
     tune.add_argument("--algorithms", help="compare: e.g. auto,tpe,random")
-    tune.add_argument("--seeds", type=int, default=30, help="compare: seeds per algorithm")
+    tune.add_argument(
+        "--seeds", type=int, help=f"compare: seeds per algorithm (default {DEFAULT_SEEDS})"
+    )
     tune.add_argument(
         "--budget",
         type=int,
