@@ -187,6 +187,9 @@ AMIBAKE = [
     case("amibake local interrupt bad", "'bad' is not an instance id"),
     case("amibake local interrupt 'i-1; reboot'", "'i-1; reboot' is not an instance id"),
     case("amibake local up --region mars", "region must be an AWS region code"),
+    # the README's `local up --faults aws`: the flag exists, and checks its value
+    case("amibake local up --faults bogus", "local_faults: no behaviour 'bogus'; use none, aws"),
+    case("amibake local up --faults-seed x", "argument --faults-seed: invalid int value: 'x'"),
     # Issue 27: a mistyped command, choice or flag is answered with the one meant; names in any case.
     case("amibake biuld", "argument command: invalid choice: 'biuld'; did you mean build?"),
     case("amibake local upp", "argument local_command: invalid choice: 'upp'; did you mean up?"),
@@ -834,6 +837,12 @@ PARAMS += [
 
 COMPARE = [
     case("fleet tune compare", "fleet tune compare needs --replay TABLE.csv"),
+    # compare's flags given to a search were ignored: --budget 3 ran the file's trials
+    case("fleet tune {tmp}/t.toml --budget 3", "--budget is for `fleet tune compare`, which "
+         "compares searches on a table; a search of a tune file takes --trials"),
+    case("fleet tune {tmp}/t.toml --replay-runs {tmp}/r.csv", "--replay-runs is for `fleet tune "
+         "compare`"),
+    case("fleet tune --resume ft-0000000000 --seeds 5", "--seeds is for `fleet tune compare`"),
     case("fleet tune compare --replay {tmp}/missing.csv", "{tmp}/missing.csv: cannot read the "
          "replay table: No such file or directory"),
     case("fleet tune compare --replay {tmp}", "{tmp}: cannot read the replay table: Is a "
@@ -842,6 +851,16 @@ COMPARE = [
          " text (byte 0xe9)", files={"t.csv": b"a,metric\n1,3\n2,2\xe9\n"}, id="compare:latin-1"),
     case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv: cannot read the replay table: "
          "No columns to parse", files={"t.csv": ""}, id="compare:empty"),
+    # a first row one field too wide was read with an index, every column shifted left
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:2: 4 fields where the header has"
+         " 3 (threads, block, metric)", files={"t.csv": "threads,block,metric\n1,8,3,4\n2,8,5\n"
+         "1,16,4\n"}, id="compare:ragged-first"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:3: 2 fields where the header has"
+         " 3", files={"t.csv": "threads,block,metric\n1,8,3\n2,8\n"}, id="compare:short-row"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:1: column 2 has no name", files={
+         "t.csv": "threads,,metric\n1,8,3\n"}, id="compare:unnamed-column"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:1: the column threads appears "
+         "twice", files={"t.csv": "threads,threads,metric\n1,8,3\n"}, id="compare:twice"),
     case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:3: metric '-inf' is not a finite"
          " number", files={"t.csv": "a,metric\n1,3\n2,-inf\n3,1\n"}, id="compare:-inf"),
     case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:4: metric 'nan' is not a finite"
