@@ -608,7 +608,18 @@ def _batch(args: argparse.Namespace) -> int:
         else:
             images = [batch.image_by_id(cloud, args.ami, amis_file)]
         logs.to_terminal()
-        result = batch.up(cloud, images, spot=not args.on_demand)
+        try:
+            result = batch.up(cloud, images, spot=not args.on_demand)
+        except KeyboardInterrupt:
+            from amibake.runner import Interrupted
+
+            # What `batch up` makes is meant to last, and it converges: what it had registered
+            # stays, said so (exit 130 promises cleanup; unsaid, it looked like a leak).
+            raise Interrupted(
+                "interrupted: what batch up had registered stays (environments, queues, job "
+                "definitions, the job bucket and the hosts' security group): `amibake batch up` "
+                "again completes it, `amibake batch down` removes it"
+            ) from None
         if args.from_bake:
             result["skipped"] = skipped
         print_result(args, result, batch.up_text)

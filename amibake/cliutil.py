@@ -24,7 +24,11 @@ EXIT_CODES = (
     (0, "success"),
     (1, "a run failed (a build, a bake, a benchmarked type, every trial) or the cloud refused"),
     (2, "bad input or environment: a flag, a file, a setting, credentials, a missing tool"),
-    (130, "interrupted (Ctrl-C or SIGTERM): what the run created is cleaned up first"),
+    (
+        130,
+        "interrupted (Ctrl-C or SIGTERM): what the run created is cleaned up first (batch "
+        "up's registrations, meant to last, stay: it says so)",
+    ),
 )
 SHELLS = ("bash", "zsh")
 # A flag's mistyped name is suggested only when it is this close to a real one (difflib's

@@ -119,6 +119,33 @@ def test_full_flow_up_job_swap_down(
     assert capsys.readouterr().out.startswith("nothing registered")
 
 
+def test_an_interrupted_batch_up_says_what_stays_and_up_again_completes_it(
+    cloud: Cloud,
+    built: None,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C after the environment is made, before its queue: exit 130 said "cleaned up" while
+    the environment, bucket and security group stayed. They are registrations meant to last:
+    the error says so, and up again converges."""
+    image = _bake(cloud)
+    swap = batch._swap_into_queue
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(batch, "_swap_into_queue", interrupted)
+    assert main(["batch", "up", "--ami", image]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: what batch up had registered stays" in err and "batch down" in err, err
+    assert list(batch.status(cloud)["compute_environments"]) == [f"amibake-x86_64-{image}"]
+    monkeypatch.setattr(batch, "_swap_into_queue", swap)
+    assert main(["batch", "up", "--ami", image]) == 0
+    assert batch.status(cloud)["queues"]
+    batch.down(cloud)
+    assert batch.status(cloud) == {"compute_environments": {}, "queues": {}, "job_definitions": []}
+
+
 def test_batch_bad_input(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["batch", "up", "--ami", "ami-0123456789abcdef0"]) == 2
     assert "does not exist" in capsys.readouterr().err
