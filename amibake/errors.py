@@ -36,10 +36,21 @@ class ConfigError(UserError):
         super().__init__("; ".join(problems))
 
 
+def close_matches(name: str, known: Iterable[str]) -> list[str]:
+    """The known names a misspelt one is close to: what "did you mean" offers."""
+    return difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.5)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """ "; did you mean tpe?" to end a refusal of a misspelt name, or ''."""
+    close = close_matches(name, known)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
 class UnknownNameError(UserError):
     def __init__(self, kind: str, name: str, known: Iterable[str], hint: str = "") -> None:
         known = sorted(known)
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        close = close_matches(name, known)
         message = f"unknown {kind} {name!r}"
         if close:
             message += f"; did you mean {', '.join(close)}?"

@@ -14,7 +14,7 @@ from amibake import config as config_module
 from amibake.cli import common_options, config_from, guarded, network_options, print_result
 from amibake.cliutil import Parser
 from amibake.config import Config
-from amibake.errors import UserError
+from amibake.errors import UserError, did_you_mean
 
 if TYPE_CHECKING:  # pandas: 0.7 s at start-up that --help and status lists do not need
     from fleet.results import Results
@@ -600,7 +600,10 @@ def _check_compare(
         args.seeds = DEFAULT_SEEDS
     for name in algorithms:
         if name not in tune.ALGORITHMS:
-            raise UserError(f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}")
+            guess = did_you_mean(name, tune.ALGORITHMS)
+            raise UserError(
+                f"--algorithms: {name!r} is not one of {', '.join(tune.ALGORITHMS)}{guess}"
+            )
     size = held
     if size is None and not spec.space.continuous and not replicates:
         size = spec.space.size()

@@ -51,9 +51,15 @@ def read_table(path: Path) -> pd.DataFrame:
     text = read_text(path, "replay table")  # a Latin-1 table raised UnicodeDecodeError
     _check_shape(path, text)
     try:
-        return pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""])
+        table = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""])
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise UserError(f"{path}: cannot read the replay table: {exc}") from None
+    if table.empty:  # a header alone: its parameters then had no values, said as the space's
+        raise UserError(
+            f"{path}: the replay table has a header ({', '.join(map(str, table.columns))}) but "
+            "no rows: add a row per configuration measured"
+        )
+    return table
 
 
 def _check_shape(path: Path, text: str) -> None:

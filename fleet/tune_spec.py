@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from amibake import checks, cost, recipes, tomlfile
-from amibake.errors import UserError
+from amibake.errors import UserError, did_you_mean
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE, Space, parse
@@ -160,7 +160,8 @@ def from_dict(
         raise fail("objective", f"{objective!r} is not one of {', '.join(OBJECTIVES)}")
     algorithm = data.get("algorithm", engines.DEFAULT)
     if algorithm not in ALGORITHMS:
-        raise fail("algorithm", f"{algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+        guess = did_you_mean(str(algorithm), ALGORITHMS)
+        raise fail("algorithm", f"{algorithm!r} is not one of {', '.join(ALGORITHMS)}{guess}")
     for key, (low, high, why) in COUNTS.items():
         if key in data:
             problem = checks.integer(data[key], low, high, why)

@@ -626,6 +626,8 @@ TUNE_FILES = [
               "latin-1"),
     tune_file(TUNE + "[params\n", "{tmp}/tune.toml: Expected ']' at the end of a table",
               "syntax"),
+    tune_file(TUNE_HEAD + 'algorithm = "tp"\n' + PARAM_A, "{tmp}/tune.toml:3: algorithm: 'tp' is "
+              "not one of auto, forest, gp, blend, tpe, random, grid; did you mean tpe", "algorithm"),
     tune_file(TUNE_HEAD + "trails = 3\n" + PARAM_A, "{tmp}/tune.toml:3: trails: unknown key",
               "unknown-key"),
     tune_file('replay = "{tmp}/t.csv"\nobjective = "speed"\n' + PARAM_A, "{tmp}/tune.toml:2: objective: "
@@ -857,6 +859,10 @@ COMPARE = [
          "1,16,4\n"}, id="compare:ragged-first"),
     case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:3: 2 fields where the header has"
          " 3", files={"t.csv": "threads,block,metric\n1,8,3\n2,8\n"}, id="compare:short-row"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv: the replay table has a header "
+         "(threads, metric) but no rows", files={"t.csv": "threads,metric\n"}, id="compare:no-rows"),
+    case("fleet tune compare --replay {tmp}/t.csv --algorithms tp", "--algorithms: 'tp' is not "
+         "one of auto, forest, gp, blend, tpe, random, grid; did you mean tpe", files=TABLE),
     case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:1: column 2 has no name", files={
          "t.csv": "threads,,metric\n1,8,3\n"}, id="compare:unnamed-column"),
     case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/t.csv:1: the column threads appears "
