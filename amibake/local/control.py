@@ -29,6 +29,7 @@ from amibake.local.sandbox import check_host, port_free, remove_tree
 from amibake.procs import process_alive
 
 START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0  # a daemon asked to stop shuts its sandboxes down first
 LEFTOVER_WAIT_S = 10.0  # for killed sandbox and registry processes to be gone
 # Admin calls go straight to loopback, never through a proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -141,17 +142,39 @@ def up(config: Config) -> Daemon:
             close_fds=True,
         )
     deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            _raise_startup_error(settings.directory, log_path, process.returncode)
-        daemon = find(config)
-        if daemon is not None and daemon.pid == process.pid:
-            return daemon
-        time.sleep(0.05)
-    process.kill()
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                _raise_startup_error(settings.directory, log_path, process.returncode)
+            daemon = find(config)
+            if daemon is not None and daemon.pid == process.pid:
+                return daemon
+            time.sleep(0.05)
+    except BaseException:
+        # Ctrl-C while it started: the daemon, in a session of its own, came up seconds later
+        # and kept running, unseen by `status` meanwhile (two at once on one port, interrupted
+        # again)
+        _stop_starting(process)
+        raise
+    _stop_starting(process)
     raise LocalCloudError(
         f"the local cloud did not start within {START_TIMEOUT_S:.0f}s; see {log_path}"
     )
+
+
+def _stop_starting(process: subprocess.Popen[bytes]) -> None:
+    """Stop a daemon that has not finished starting, with what it started (its session's
+    group): asked first (once up, it shuts its sandboxes down), then killed."""
+    for signum, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _raise_startup_error(directory: Path, log_path: Path, code: int) -> None:

@@ -59,6 +59,48 @@ def test_down_after_the_daemon_was_killed_leaves_nothing(own_cloud: Path) -> Non
     assert not (own_cloud / "sandboxes").exists()
 
 
+@pytest.mark.parametrize("after_s", [0.0, 3.0])
+def test_an_interrupted_up_stops_the_daemon_it_started(
+    own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    after_s: float,
+) -> None:  # fmt: skip
+    """Ctrl-C while `local up` waits: the daemon (a session of its own) came up seconds later
+    and ran on, unseen by `status` meanwhile. Interrupted as it starts and while it imports."""
+    started = time.monotonic()
+
+    class Clock:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if time.monotonic() - started >= after_s:
+                raise KeyboardInterrupt
+            time.sleep(seconds)
+
+    monkeypatch.setattr(control, "time", Clock)
+    assert main(["local", "up"]) == 130
+    monkeypatch.undo()
+    time.sleep(8)  # longer than the daemon takes to come up
+    assert control.find(config.load()) is None
+    mine = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        and str(own_cloud).encode() in _cmdline(pid)
+        and b"amibake.local.daemon" in _cmdline(pid)
+    ]
+    assert mine == [], mine
+    assert main(["local", "up"]) == 0  # and the next up starts one
+    capsys.readouterr()
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
