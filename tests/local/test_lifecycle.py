@@ -77,9 +77,11 @@ def test_an_interrupted_up_stops_the_daemon_it_started(
                 raise KeyboardInterrupt
             time.sleep(seconds)
 
-    monkeypatch.setattr(control, "time", Clock)
-    assert main(["local", "up"]) == 130
-    monkeypatch.undo()
+    # Patched for the up alone: undoing every patch took the fixture's settings back too, and
+    # the find below looked at the session's own cloud.
+    with monkeypatch.context() as patch:
+        patch.setattr(control, "time", Clock)
+        assert main(["local", "up"]) == 130
     time.sleep(8)  # longer than the daemon takes to come up
     assert control.find(config.load()) is None
     mine = [
