@@ -353,17 +353,17 @@ def _tune(args: argparse.Namespace) -> int:
     from fleet import plan as planning
     from fleet.trial import CloudEvaluator
 
-    cfg = config_from(args)
-    results = bench.results_db(cfg.results_dir)
-    if args.file == "compare":
-        return _tune_compare(args)
-    for name, instead in COMPARE_ONLY.items():
-        if getattr(args, name) is not None:
+    for name, instead in COMPARE_ONLY.items():  # refused before anything is opened or made
+        if args.file != "compare" and getattr(args, name) is not None:
             flag = "--" + name.replace("_", "-")
             raise UserError(
                 f"{flag} is for `fleet tune compare`, which compares searches on a table; a "
                 f"search of a tune file takes {instead}"
             )
+    cfg = config_from(args)
+    results = bench.results_db(cfg.results_dir)
+    if args.file == "compare":
+        return _tune_compare(args)
     overrides = {
         "trials": args.trials,
         "algorithm": args.algorithm,
@@ -777,7 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget",
         type=int,
         help=f"compare: trials per seed (default: the --space file's trials, else "
-        f"{DEFAULT_BUDGET}; the space's size if smaller)",
+        f"{DEFAULT_BUDGET}; the space's size if smaller, but for --replay-runs, whose "
+        "replicates count)",
     )
     spending_options(tune)
 
