@@ -36,6 +36,9 @@ from amibake.errors import UserError
 from fleet.container import ImageRef
 
 BUILDS = ("tuned", "generic")
+# A plain command's (or an image's) one build: nothing is built, nothing is tuned, and a report
+# that said "c5.large tuned" for it told the user flags had been chosen.
+PLAIN = "plain"
 EXECUTORS = ("ssh", "batch")
 METRIC_KINDS = ("runtime", "regex", "file")
 MEANINGS = ("rate", "seconds")
@@ -330,6 +333,8 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         raise fail("builds", f"must be a non-empty list of {', '.join(BUILDS)}")
     if command and builds != ["tuned"]:
         raise fail("builds", "builds are for a recipe; a plain command has nothing to build")
+    if command:
+        builds = [PLAIN]
     defaults = {"replicates": 3, "warmups": 1, "concurrency": 2, "gpus": 0}
     numbers: dict[str, int] = {}
     for key, (low, high, why) in COUNTS.items():

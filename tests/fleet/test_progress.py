@@ -45,7 +45,7 @@ def test_a_bench_says_each_replicate_once_with_elapsed_time_and_eta_as_fleet(
     assert [(m[1], int(m[2]), int(m[3])) for m in counted] == [(run_id, n, 6) for n in range(1, 7)]
     for match in counted:  # every one ends a replicate: its pace is known, so its ETA too
         assert re.fullmatch(r"\d+s|\d+m\d\ds", match[4]), match[0]
-        assert re.match(r", ~(\d+s|\d+m\d\ds) left; c[56]a\.large tuned-r\d done; ", match[5])
+        assert re.match(r", ~(\d+s|\d+m\d\ds) left; c[56]a\.large plain-r\d done; ", match[5])
     assert counted[-1][5].startswith(", ~0s left")
     # Besides the replicates, each type's end once, and its staging once per instance: once,
     # or again each time spot started it over on a new one (the e2e tests also run under
