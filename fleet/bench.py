@@ -13,7 +13,8 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.spec import BenchSpec
 
 log = logging.getLogger("amibake")
+# A replicate's line comes when it ends; while one runs longer than this with nothing said, a
+# line says what runs, for how long, and what was spent (a silent minute reads as a hang).
+HEARTBEAT_S = 30.0
+
 VARIANTS = {"tuned": Variant(), "generic": Variant(name="generic", generic=True)}
 
 
@@ -117,6 +122,8 @@ class Board:
     expected: dict[str, float] = field(default_factory=dict)  # type -> a replicate's seconds
     capped: str = ""  # why work stopped at the cap, once it has
     counter: progress.Counter = field(init=False)
+    running: dict[str, tuple[str, float]] = field(default_factory=dict)  # type -> (tag, since)
+    said: float = field(default_factory=time.monotonic)  # when this board last logged a line
 
     def __post_init__(self) -> None:
         self.counter = progress.Counter(self.run_id, self.total, self.done)
@@ -167,8 +174,13 @@ class Board:
                 f" (without {', '.join(sorted(self.unpriced))}: no price)" if self.unpriced else ""
             )
             money = f"${self.spent_now():.4f} spent{unpriced}"
+            if what.startswith("running "):
+                self.running[state.label] = (what.removeprefix("running "), time.monotonic())
+            else:
+                self.running.pop(state.label, None)
             if what == "replicate done":
                 self.done += 1
+                self.said = time.monotonic()
                 now = self.status.get(state.label, "")
                 which = now.removeprefix("running ") + " " if now.startswith("running ") else ""
                 self.status[state.label] = "running"
@@ -179,8 +191,45 @@ class Board:
             if what.startswith("running "):
                 return  # the replicate's line is when it ends
             log.info("[%s] %s %s; %s", self.run_id, state.label, what, money)
+            self.said = time.monotonic()
             if all(s in ENDS for s in self.status.values()):
                 self.counter.close()
+
+    def beat(self, quiet_s: float) -> str:
+        """A line on the replicates running now, once the board has said nothing for `quiet_s`
+        (a replicate's line comes when it ends, and one may run for minutes): "" when it has
+        spoken lately or nothing runs."""
+        with self.lock:
+            now = time.monotonic()
+            if not self.running or now - self.said < quiet_s:
+                return ""
+            self.said = now
+            what = ", ".join(
+                f"{label} {tag} running for {progress.duration(now - since)}"
+                for label, (tag, since) in sorted(self.running.items())
+            )
+            line = f"{what}; {self.counter.text()}; ${self.spent_now():.4f} spent"
+        log.info("[%s] %s", self.run_id, line)
+        return line
+
+    @contextmanager
+    def ticking(self, quiet_s: float | None = None) -> Iterator[None]:
+        """While the block runs, a thread says what runs whenever the board was quiet for
+        `quiet_s` (HEARTBEAT_S): the workers block in their SSH command or job wait meanwhile."""
+        quiet_s = HEARTBEAT_S if quiet_s is None else quiet_s
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(min(quiet_s, 5.0)):
+                self.beat(quiet_s)
+
+        thread = threading.Thread(target=loop, name=f"board {self.run_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def close(self) -> None:
         """The run's bar off the terminal (its lines stay)."""
@@ -458,7 +507,8 @@ def measure(
         )
         try:
             steps: Any = batch_steps if spec.executor == "batch" else ssh_steps
-            outcomes = run_each(context, states, steps, on_boundary, spec.concurrency)
+            with board.ticking():
+                outcomes = run_each(context, states, steps, on_boundary, spec.concurrency)
         except BaseException as exc:
             # A tune trial's failure ends the trial, not the search: the search says when it
             # stops (a "stopped" here would show a running search as stopped).

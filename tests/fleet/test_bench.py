@@ -295,6 +295,39 @@ def test_failing_workloads_fail_their_replicates_with_the_last_lines(
         assert_nothing_left(cloud, results, run_id, local_dir)
 
 
+def test_a_long_replicate_says_it_is_running_while_it_runs(
+    cloud: Cloud,
+    local_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replicate's line comes when it ends: while one runs, the board says what runs, for how
+    long, and what was spent, whenever it was quiet (a `sleep 40` was 40 s of silence)."""
+    caplog.set_level(logging.INFO, logger="amibake")
+    monkeypatch.setattr(bench, "HEARTBEAT_S", 0.5)
+    results = results_of(cloud)
+    run_id = new_run(cloud, command="sleep 3", replicates=1)
+    assert bench.execute(cloud, run_id, results)["types"][ANY_TYPE]["ok"]
+    beats = [r.getMessage() for r in caplog.records if " running for " in r.getMessage()]
+    assert beats, caplog.text
+    assert f"{ANY_TYPE} plain-r0 running for " in beats[0], beats
+    assert "0/1 replicates" in beats[0] and " spent" in beats[0], beats
+    assert_nothing_left(cloud, results, run_id, local_dir)
+
+
+def test_the_board_is_quiet_while_it_speaks_and_when_nothing_runs() -> None:
+    board = bench.Board("fb-1", total=2)
+    state: Any = type("State", (), {"label": "a.large", "launched_at": 0.0, "price": None})()
+    assert board.beat(0.0) == ""  # nothing runs
+    board.update(state, "running x-r0")
+    assert board.beat(3600.0) == ""  # it spoke just now
+    line = board.beat(0.0)
+    assert line.startswith("a.large x-r0 running for 0s; 0/2 replicates"), line
+    board.update(state, "replicate done")
+    assert board.beat(0.0) == ""  # done: nothing runs
+    board.close()
+
+
 def test_a_build_run_under_qemu_is_marked_emulated_and_ranked_apart(
     cloud: Cloud, local_dir: Path, host: cpu.Cpu, host_family: str
 ) -> None:
