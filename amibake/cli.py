@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--faults-seed", type=int, help="the seed the behaviours draw from (default 0)"
             )
+        if name == "down":
+            sub.add_argument(
+                "--force",
+                action="store_true",
+                help="stop it even while runs use it (they fail, and leave nothing behind)",
+            )
     build = commands.add_parser("build", help="build a recipe with flags tuned for EC2 families")
     build.add_argument("--family", required=True, help="family or comma-separated families")
     build.add_argument("--recipe", help="recipe name (default from amibake.toml: kernels)")
@@ -353,6 +359,7 @@ def _local(args: argparse.Namespace) -> int:
             return 3
         print_result(args, state, _status_text)
     elif args.local_command == "down":
+        _refuse_while_in_use(cfg, args.force)
         done = control.down(cfg)
         print_result(args, done, lambda r: "\n".join(r) if r else "local cloud was not running")
     elif args.local_command == "interrupt":
@@ -363,6 +370,26 @@ def _local(args: argparse.Namespace) -> int:
             lambda r: f"{args.instance_id}: spot/instance-action {r['instance-action']}",
         )
     return 0
+
+
+def _refuse_while_in_use(cfg: config_module.Config, force: bool) -> None:
+    """Stopping the cloud under a run fails it midway (its instances vanish, its cleanup finds
+    nothing to call): a run still going is named, and only --force stops the cloud anyway."""
+    from amibake.journal import Journal
+
+    path = cfg.results_dir / "journal.sqlite"
+    if force or not path.exists():
+        return
+    runs = Journal(path).in_flight("local")
+    if not runs:
+        return
+    named = ", ".join(f"{run_id} ({command}, pid {pid})" for run_id, command, pid in runs[:3])
+    more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+    raise UserError(
+        f"{len(runs)} run{'s' if len(runs) > 1 else ''} still use{'' if len(runs) > 1 else 's'} "
+        f"the local cloud: {named}{more}; let them finish or stop them (Ctrl-C, fleet kill), "
+        "or `amibake local down --force`"
+    )
 
 
 def _status_text(state: dict[str, Any]) -> str:

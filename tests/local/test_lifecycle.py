@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +45,56 @@ def test_up_status_down(own_cloud: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert not (own_cloud / "daemon.json").exists()
     with pytest.raises(ProcessLookupError):
         os.kill(up["pid"], 0)
+
+
+def test_down_while_a_run_uses_the_cloud_names_it_and_stops_only_with_force(
+    own_cloud: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopping the cloud under a run fails it midway, unsaid: the run is named, nothing stops,
+    and --force stops it anyway. A run whose process is gone holds nothing up."""
+    assert main(["local", "up"]) == 0
+    daemon = control.find(config.load())
+    assert daemon is not None
+    capsys.readouterr()
+    journal = config.load().results_dir / "journal.sqlite"
+    hold = (
+        "import sys, time; from amibake.journal import Journal; "
+        "Journal(__import__('pathlib').Path(sys.argv[1])).start_run("
+        "sys.argv[2], 'fleet bench fb-x', 'local', 'us-east-1'); print('in', flush=True); "
+        "time.sleep(120)"
+    )
+
+    def running(run_id: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", hold, str(journal), run_id], stdout=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None and process.stdout.readline() == "in\n"
+        return process
+
+    first = running("r-first")
+    try:
+        assert main(["local", "down"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert (
+            f"1 run still uses the local cloud: r-first (fleet bench fb-x, pid {first.pid})" in err
+        )
+        assert "--force" in err
+        assert control.find(config.load()) == daemon  # nothing stopped
+    finally:
+        first.kill()
+        first.wait()
+    assert main(["local", "down"]) == 0  # its process is gone: nothing holds the cloud
+    assert control.find(config.load()) is None
+    assert main(["local", "up"]) == 0
+    second = running("r-second")
+    try:
+        assert main(["local", "down", "--force"]) == 0
+        assert control.find(config.load()) is None
+    finally:
+        second.kill()
+        second.wait()
+    assert leftovers(own_cloud) == []
 
 
 def test_down_after_the_daemon_was_killed_leaves_nothing(own_cloud: Path) -> None:
