@@ -809,10 +809,11 @@ def _gc(args: argparse.Namespace) -> int:
             cloud, journal, run_id=args.run_id, older_than=older, everything=True
         )
         leftovers = [x for x in alive if not x.kept]
+        deleted: list[Any] = []
         failures: list[str] = []
     else:
         alive = leftovers = gc.find(cloud, journal, run_id=args.run_id, older_than=older)
-        failures = gc.delete(cloud, journal, leftovers)
+        deleted, failures = gc.delete(cloud, journal, leftovers)
         for run_id in {x.run_id for x in leftovers if x.run_id}:
             journal.cleaned_up(run_id)
     elsewhere = gc.other_regions(cloud, journal, args.run_id)
@@ -820,6 +821,7 @@ def _gc(args: argparse.Namespace) -> int:
         "dry_run": args.dry_run,
         "region": cfg.region,
         "found": [x.describe() for x in leftovers],
+        "deleted": [x.describe() for x in deleted],
         "kept": [{"resource": x.describe(), "why": x.kept} for x in alive if x.kept],
         "failures": failures,
         "other_regions": elsewhere,
@@ -827,7 +829,7 @@ def _gc(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "deleted"
 
     def text(r: dict[str, Any]) -> str:
-        lines = [f"{verb} {line}" for line in r["found"]]
+        lines = [f"{verb} {line}" for line in r["found" if args.dry_run else "deleted"]]
         lines += [f"keep {k['resource']}: {k['why']}" for k in r["kept"]]
         if not r["found"]:
             lines.append(f"nothing to clean up in {r['region']}")

@@ -65,9 +65,14 @@ def _forget_private_keys(cloud: Cloud, journal: Journal, run_id: str) -> None:
         log.info("removed %s: its key pair is deleted", key_file)
 
 
-def delete(cloud: Cloud, journal: Journal, leftovers: list[Resource]) -> list[str]:
-    """Delete in dependency order; return one line per failure (with the command to finish)."""
+def delete(
+    cloud: Cloud, journal: Journal, leftovers: list[Resource]
+) -> tuple[list[Resource], list[str]]:
+    """Delete in dependency order; return what was deleted, and one line per failure (with the
+    command to finish). Each deletion is logged at debug only: the caller says what was deleted
+    (said twice on a terminal, and a failed one was said "deleted" besides its failure)."""
     ec2 = cloud.ec2
+    deleted: list[Resource] = []
     failures = []
     batch_client = cloud.client("batch")
     actions: dict[str, Callable[[str], object]] = {
@@ -106,9 +111,10 @@ def delete(cloud: Cloud, journal: Journal, leftovers: list[Resource]) -> list[st
             else:
                 ignore_missing(lambda item=item: actions[item.kind](item.resource_id))  # type: ignore[misc]
             journal.deleted(item.kind, item.resource_id)
-            log.info("deleted %s", item.describe())
+            deleted.append(item)
+            log.debug("deleted %s", item.describe())
             if item.kind == "key-pair" and item.run_id:
                 _forget_private_keys(cloud, journal, item.run_id)
         except (botocore.exceptions.ClientError, CloudError) as exc:
             failures.append(f"{item.describe()}: {exc}")
-    return failures
+    return deleted, failures

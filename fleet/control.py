@@ -263,8 +263,9 @@ def sweep(cloud: Cloud, results: Results, run_id: str) -> tuple[list[str], list[
             {d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"}
         ):
             leftovers = gc.find(cloud, journal, run_id=amibake_run)
-            failures += gc.delete(cloud, journal, leftovers)
-            deleted += [x.describe() for x in leftovers]
+            gone, failed = gc.delete(cloud, journal, leftovers)
+            deleted += [x.describe() for x in gone]
+            failures += failed
     finally:
         journal.close()
     deleted += _sweep_bucket(cloud, results, run_id)

@@ -3,6 +3,7 @@ error, and never in a leak."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from amibake import pipelines
+from amibake import gc, pipelines
 from amibake.cli import main
 from amibake.cloud import Cloud
 from amibake.connect import connect
@@ -325,6 +326,44 @@ def test_gc_refuses_a_run_id_it_could_never_find(
     assert main(["gc", "--run-id", run_id]) == 2
     out, err = capsys.readouterr()
     assert out == "" and said in err and err.count("\n") == 1, err
+
+
+def test_gc_says_each_deletion_once_and_a_failed_one_only_as_failed(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletion was said twice (the log line, then the result), and one that failed was said
+    "deleted" too, above its failure."""
+    run_id = new_run_id()
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    journal.start_run(run_id, "build", "local", cloud.config.region)
+    tags = [{"Key": "amibake:run-id", "Value": run_id}]
+    name = f"amibake-{run_id}"
+    cloud.ec2.create_key_pair(
+        KeyName=name, TagSpecifications=[{"ResourceType": "key-pair", "Tags": tags}]
+    )
+    journal.created(run_id, "key-pair", name, cloud.config.region, "local")
+    group = cloud.ec2.create_security_group(
+        GroupName=name,
+        Description="gc test",
+        TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
+    )["GroupId"]
+    journal.created(run_id, "security-group", group, cloud.config.region, "local")
+
+    def in_use(ec2: Any, group_id: str) -> None:
+        raise CloudError(f"{group_id} is still in use (DependencyViolation)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gc, "delete_security_group", in_use)
+        assert main(["gc", "--run-id", run_id]) == 1
+    out, err = capsys.readouterr()
+    assert (out + err).count(f"deleted key-pair {name}") == 1, out + err
+    assert "deleted security-group" not in out + err, out + err
+    assert f"{group} is still in use" in out, out
+    assert main(["gc", "--run-id", run_id, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["deleted"] == [
+        f"security-group {group} (run {run_id})"
+    ]
+    assert tagged_alive(cloud, run_id) == []
 
 
 def test_gc_names_the_regions_it_did_not_look_in(
