@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ class Daemon:
     endpoint: str
     faults: tuple[str, ...] = ()
     faults_seed: int = 0
+    # The addresses it was started with (port, subnet, ssh_port, imds_port), where it says.
+    started_with: dict[str, Any] = field(default_factory=dict)
 
 
 def settings_for(config: Config) -> LocalSettings:
@@ -85,6 +87,7 @@ def find(config: Config) -> Daemon | None:
         endpoint=str(info["endpoint"]),
         faults=tuple(info.get("faults", ())),
         faults_seed=int(info.get("faults_seed", 0)),
+        started_with={k: info[k] for k in ADDRESSES if k in info},
     )
     if not process_alive(daemon.pid):
         return None
@@ -101,11 +104,11 @@ def up(config: Config) -> Daemon:
     wanted = faults.parse(settings.faults, settings.faults_seed)  # a wrong name stops here
     running = find(config)
     if running is not None:
-        if (running.faults, running.faults_seed) != (tuple(wanted.names), wanted.seed):
-            now = ",".join(running.faults) or "none"
+        differs = _differs(running, settings, wanted)
+        if differs:
             raise UserError(
-                f"the local cloud runs with faults {now} (seed {running.faults_seed}), not "
-                f"{settings.faults} (seed {settings.faults_seed}): `amibake local down` first"
+                f"the local cloud runs with {differs}: `amibake local down` first, or use its "
+                "settings"
             )
         return running
     check_host()
@@ -160,6 +163,26 @@ def up(config: Config) -> Daemon:
     raise LocalCloudError(
         f"the local cloud did not start within {START_TIMEOUT_S:.0f}s; see {log_path}"
     )
+
+
+ADDRESSES = ("port", "subnet", "ssh_port", "imds_port")  # LocalSettings' and daemon.json's names
+
+
+def _differs(running: Daemon, settings: LocalSettings, wanted: faults.Faults) -> str:
+    """The first setting the running daemon was started with that this config asks otherwise
+    ("" if none): it served its own, unsaid (a port given for a second cloud reached the
+    first), where only different faults were refused."""
+    if (running.faults, running.faults_seed) != (tuple(wanted.names), wanted.seed):
+        now = ",".join(running.faults) or "none"
+        return (
+            f"faults {now} (seed {running.faults_seed}), not {settings.faults} "
+            f"(seed {settings.faults_seed})"
+        )
+    for name, have in running.started_with.items():
+        want = getattr(settings, name)
+        if str(have) != str(want):
+            return f"local_{name} {have}, not {want} (AMIBAKE_LOCAL_{name.upper()})"
+    return ""
 
 
 def _stop_starting(process: subprocess.Popen[bytes]) -> None:

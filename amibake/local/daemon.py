@@ -144,6 +144,11 @@ def serve(settings: LocalSettings) -> None:
             "faults": behaviour.names,
             "faults_seed": settings.faults_seed,
             "registry": registry.endpoint,
+            # What a later `up` (every command's connect) compares its own settings with.
+            "port": settings.port,
+            "subnet": settings.subnet,
+            "ssh_port": settings.ssh_port,
+            "imds_port": settings.imds_port,
         }
         (settings.directory / INFO_FILE).write_text(json.dumps(info))
         logging.info(
