@@ -90,6 +90,53 @@ def test_full_flow_up_job_swap_down(
     assert (ended["status"], ended["container"]["exitCode"]) == ("FAILED", 3)
     assert ended["statusReason"] == "Essential container in task exited"
 
+    # TerminateJob as ECS stops a container: SIGTERM to its PID 1, which ignores it unless it
+    # handles it, and the job ends only when its container has (SIGKILL after the stop timeout).
+    # A job not started yet fails at once.
+    def submit(name: str, script: str) -> str:
+        return str(
+            client.submit_job(
+                jobName=name,
+                jobQueue="amibake-x86_64",
+                jobDefinition="amibake-trivial-x86_64",
+                containerOverrides={"command": ["/bin/sh", "-c", script]},
+            )["jobId"]
+        )
+
+    def log_of(job: dict) -> str:  # type: ignore[type-arg]
+        stream = job["container"]["logStreamName"]
+        events = cloud.client("logs").get_log_events(
+            logGroupName="/aws/batch/job", logStreamName=stream
+        )["events"]
+        return "\n".join(e["message"] for e in events)
+
+    def started(job_id: str) -> None:
+        deadline = time.monotonic() + 60
+        while client.describe_jobs(jobs=[job_id])["jobs"][0]["status"] != "RUNNING":
+            assert time.monotonic() < deadline, f"job {job_id} never ran"
+            time.sleep(0.2)
+
+    ignores = submit("ignores", "sleep 3; echo ran on")
+    queued = submit("queued", "echo never")  # behind it: the host runs one job at a time
+    started(ignores)
+    time.sleep(0.5)  # the shell is past its start-up
+    for job_id in (ignores, queued):
+        client.terminate_job(jobId=job_id, reason="test")
+    now = {j["jobId"]: j for j in client.describe_jobs(jobs=[ignores, queued])["jobs"]}
+    assert now[ignores]["status"] == "RUNNING"  # stopping, not stopped
+    assert (now[queued]["status"], now[queued]["statusReason"]) == ("FAILED", "test")
+    ended = _wait_job(client, ignores)
+    assert (ended["status"], ended["statusReason"]) == ("FAILED", "test")
+    assert "ran on" in log_of(ended)
+    handles = submit("handles", "trap 'echo stopping; exit 143' TERM; sleep 100 & wait")
+    started(handles)
+    time.sleep(0.5)
+    asked = time.monotonic()
+    client.terminate_job(jobId=handles, reason="test")
+    ended = _wait_job(client, handles)
+    assert time.monotonic() - asked < 10  # its own handler ended it: no SIGKILL waited for
+    assert "stopping" in log_of(ended)
+
     # A new image: a new environment swapped into the queue, the old one retired.
     second = _bake(cloud)
     swapped = batch.up(cloud, batch.images_from_bake(amis))

@@ -7,9 +7,11 @@ security groups, its ``computeResources.tags``), and so a real sandbox that boot
 units. The job runs on it as ECS runs a container: its own PID namespace, the host's ``/shared``,
 the job's command and environment plus Batch's ``AWS_BATCH_*`` variables. Its output goes to
 CloudWatch Logs (``/aws/batch/job``, the stream named in the job's attempt), its exit code
-decides SUCCEEDED or FAILED, and ``TerminateJob`` kills it. A host that dies under a job fails
-the job with Batch's own reason, ``Host EC2 (instance i-...) terminated.``: that is how a spot
-interruption shows on Batch.
+decides SUCCEEDED or FAILED, and ``TerminateJob`` stops it as ECS stops a container: SIGTERM to
+its PID 1 (which, as PID 1, ignores it unless it handles it), SIGKILL after the stop timeout, and
+only then is the job FAILED: until then it runs on, and may still write its files. A host that
+dies under a job fails the job with Batch's own reason, ``Host EC2 (instance i-...) terminated.``:
+that is how a spot interruption shows on Batch.
 
 A job definition whose ``image`` is in the local cloud's ECR registry runs that image, as Batch
 does: the host logs in to the registry (the ECS agent's ECR credentials on AWS) and runs
@@ -36,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from amibake.errors import LocalCloudError
@@ -48,6 +51,10 @@ HOST_GONE = "Host EC2 (instance {}) terminated."
 EXITED = "Essential container in task exited"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOOT_TIMEOUT_S = 120.0
+QUEUED = ("SUBMITTED", "PENDING", "RUNNABLE")  # a job's states before its host takes it
+# ECS_CONTAINER_STOP_TIMEOUT's default: how long a stopped container has between SIGTERM and
+# SIGKILL (ECS agent docs; `docker stop -t`).
+STOP_TIMEOUT_S = 30.0
 # daemon.INFO_FILE, named here: the daemon imports this module (no import circle).
 
 # (EC2 backend, instance id, account, region): starts the sandbox of an instance moto created.
@@ -199,8 +206,11 @@ class Host:
         reader = threading.Thread(target=_read, args=(process, lines), daemon=True)
         reader.start()
         while process.poll() is None:
-            if job.stop or instance_id not in self.runner.cloud.sandboxes:
+            if instance_id not in self.runner.cloud.sandboxes:
                 _kill(process)
+                break
+            if job.stop:
+                _stop_container(process)
                 break
             time.sleep(0.2)
         code = process.wait()
@@ -319,15 +329,22 @@ class Host:
                 logs.put_log_events(LOG_GROUP, job.log_stream_name, lines)
 
     def _stop(self, job: Any, success: bool, reason: str | None) -> None:
-        with BACKENDS:
-            if reason:
-                job.job_stopped_reason = reason
-            job._mark_stopped(success=success)
-            parent_id, _, index = job.job_id.rpartition(":")
-            parent = self.backend._jobs.get(parent_id) if index.isdigit() else None
-            children = getattr(parent, "_child_jobs", None) or []
-            if parent is not None and children and all(c.job_stopped for c in children):
-                parent._mark_stopped(success=all(c.status == "SUCCEEDED" for c in children))
+        stop_job(self.backend, job, success, reason)
+
+
+def stop_job(backend: Any, job: Any, success: bool, reason: str | None) -> None:
+    """The job ends SUCCEEDED or FAILED, and an array's parent once its last child has."""
+    with BACKENDS:
+        if job.job_stopped:
+            return  # terminated while queued, then reached by its host
+        if reason:
+            job.job_stopped_reason = reason
+        job._mark_stopped(success=success)
+        parent_id, _, index = job.job_id.rpartition(":")
+        parent = backend._jobs.get(parent_id) if index.isdigit() else None
+        children = getattr(parent, "_child_jobs", None) or []
+        if parent is not None and children and all(c.job_stopped for c in children):
+            parent._mark_stopped(success=all(c.status == "SUCCEEDED" for c in children))
 
 
 def _now() -> Any:
@@ -349,6 +366,33 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+def _stop_container(process: subprocess.Popen[bytes]) -> None:
+    """As ECS stops a task's container: SIGTERM to the container's PID 1, SIGKILL to all of it
+    once STOP_TIMEOUT_S have passed."""
+    init = _container_init(process.pid)
+    if init is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(init, signal.SIGTERM)
+    try:
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _kill(process)
+
+
+def _container_init(pid: int) -> int | None:
+    """The container's PID 1 (its command) below ``pid``, the nsenter of Sandbox.container: the
+    first descendant that is PID 1 of its own namespace (the last NSpid field)."""
+    for _ in range(8):  # nsenter, its child (unshare), unshare's child: a few levels at most
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            if next(ln for ln in status.splitlines() if ln.startswith("NSpid:")).split()[-1] == "1":
+                return pid
+            pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+        except (OSError, IndexError, StopIteration, ValueError):
+            return None
+    return None
+
+
 def install(runner: JobRunner) -> None:
     """Route moto's Docker-less Batch (which would mark every job SUCCEEDED) to the runner."""
     from moto.batch_simple.models import BatchSimpleBackend
@@ -361,6 +405,23 @@ def install(runner: JobRunner) -> None:
         runner.accept(self.backend, job, runs=include_start_attempt)
 
     BatchSimpleBackend._mark_job_as_finished = mark  # type: ignore[method-assign]
+
+    # TerminateJob of a job not started yet (SUBMITTED, PENDING, RUNNABLE) fails it at once, as
+    # on AWS; moto only flags it, and here it stayed RUNNABLE until its host reached it. (The
+    # simple backend hands every call but submit_job to moto's own BatchBackend.)
+    from moto.batch.models import BatchBackend
+
+    terminate = BatchBackend.terminate_job
+    if not getattr(terminate, "_amibake", False):
+
+        def terminate_job(self: Any, job_id: str, reason: str) -> None:
+            terminate(self, job_id, reason)
+            job = self._jobs.get(job_id)
+            if job is not None and job.status in QUEUED and not getattr(job, "_child_jobs", None):
+                stop_job(self, job, False, reason)
+
+        terminate_job._amibake = True  # type: ignore[attr-defined]
+        BatchBackend.terminate_job = terminate_job  # type: ignore[method-assign]
 
     # DescribeJobs on AWS reports the container's exit code; moto's full describe drops it.
     from moto.batch.models import Job
