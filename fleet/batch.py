@@ -35,6 +35,7 @@ import botocore.exceptions
 
 from amibake import batch as amibake_batch
 from amibake import cpu as cpu_module
+from amibake import progress
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.errors import RemoteError, UserError
@@ -65,6 +66,12 @@ POLL_S = 1.0
 RUNNABLE_TIMEOUT_VARIABLE = "FLEET_BATCH_RUNNABLE_TIMEOUT_S"
 RUNNABLE_TIMEOUT_S = float(amibake_batch.RUNNABLE_LIMIT_S)
 WAITING = ("SUBMITTED", "PENDING", "RUNNABLE")
+ENDED = ("SUCCEEDED", "FAILED")
+# A terminated job runs on until ECS has stopped its container (SIGTERM, SIGKILL 30 s later by
+# default) and Batch has noticed: until then it may write its files into the run's prefix,
+# which is removed after it. The agent stops at SIGTERM; this bounds a wait for one that does
+# not (an image's command), with room for Batch's lag.
+STOPPING_S = 120.0
 # GetLogEvents may answer empty pages (a new token each) before events that follow; the end of
 # the stream is the token coming back as it was sent. Reading stops there, or at these bounds.
 LOG_PAGES = 200
@@ -271,7 +278,9 @@ now() {  # busybox's date may lack %N: the kernel's uptime has hundredths (a dif
   case "$t" in *N*|"") read -r t _ </proc/uptime 2>/dev/null || t=$(date +%s);; esac; echo "$t"
 }
 start=$(now)
-/bin/sh -c "$FLEET_COMMAND" </dev/null 2>&1
+trap 'exit 143' TERM  # as PID 1 it ignored ECS's SIGTERM, and a terminated job ran on 30 s
+/bin/sh -c "$FLEET_COMMAND" </dev/null 2>&1 &
+wait $!
 code=$?
 end=$(now)
 metric=$(head -c 200 "$FLEET_METRIC_FILE" 2>/dev/null | tr -s ' \\n\\t' '   ')
@@ -396,11 +405,35 @@ class Jobs:
             state.round += 1
 
     def cleanup(self, state: JobsState) -> None:
-        """Terminate what still runs (children too: terminating a parent need not reach them)."""
+        """Terminate what still runs (children too: terminating a parent need not reach them),
+        and wait for it to have stopped: the payload's cleanup then empties the run's prefix."""
         client = self.context.cloud.client("batch")
         for job_id in [state.array_job, *(state.children or [])]:
             if job_id:
                 client.terminate_job(jobId=job_id, reason="fleet: the run stopped")
+        ids = (state.children or [state.array_job]) if state.array_job else []
+        waiting = progress.Progress(f"{state.label}: waiting for terminated jobs to stop")
+        while ids:
+            described = []
+            for start in range(0, len(ids), 100):  # DescribeJobs takes 100 ids at most
+                described += client.describe_jobs(jobs=ids[start : start + 100])["jobs"]
+            ids = [j["jobId"] for j in described if j["status"] not in ENDED]
+            if not ids:
+                break
+            if waiting.elapsed > STOPPING_S:
+                log.warning(
+                    "%s: %d terminated jobs still not stopped after %.0fs; what they write under "
+                    "s3://%s/%s stays until the bucket's lifecycle expires it",
+                    state.label,
+                    len(ids),
+                    STOPPING_S,
+                    state.bucket,
+                    state.prefix,
+                )
+                break
+            waiting.tick(f"{len(ids)} still stopping")
+            time.sleep(POLL_S)
+        waiting.done("stopped")
 
     def _submit(self, state: JobsState) -> None:
         cloud = self.context.cloud

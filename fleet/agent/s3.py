@@ -24,6 +24,7 @@ import io
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tarfile
@@ -178,7 +179,11 @@ def _checked(tar: tarfile.TarFile, directory: str) -> Iterator[tarfile.TarInfo]:
 
 
 def bootstrap() -> int:
-    """Fetch and unpack the payload, then run job.py from it."""
+    """Fetch and unpack the payload, then run job.py from it. As the container's PID 1 it would
+    ignore the SIGTERM by which ECS stops a terminated job (PID 1 gets only the signals it
+    handles), and the job ran on for the 30 s to SIGKILL, writing its files after the run had
+    removed them: it exits instead, and the kernel ends the rest of the container with it."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     directory = "/tmp/fleet-" + os.environ["AWS_BATCH_JOB_ID"].replace(":", "-")
     os.makedirs(directory, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(get("payload.tar"))) as tar:

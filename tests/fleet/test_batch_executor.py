@@ -22,6 +22,7 @@ from amibake import batch, config, pipelines
 from amibake.cli import main as main_amibake
 from amibake.cloud import Cloud
 from amibake.local import control as local_control
+from amibake.local import jobs as local_jobs
 from amibake.runner import Interrupted
 from fleet import bench, control, evaluators, tune
 from fleet.cli import main
@@ -58,6 +59,13 @@ def run_queue(cloud: Cloud, run_id: str) -> str | None:
         if queue["jobQueueName"].startswith(f"fleet-{run_id}-"):
             return str(queue["jobQueueName"])
     return None
+
+
+def running_jobs(cloud: Cloud, run_id: str) -> bool:
+    queue = run_queue(cloud, run_id)
+    return bool(queue) and bool(
+        cloud.client("batch").list_jobs(jobQueue=queue, jobStatus="RUNNING")["jobSummaryList"]
+    )
 
 
 def batch_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
@@ -325,15 +333,8 @@ def test_fleet_kill_mid_job_removes_everything(
     )
     results = results_of(cloud)
     process = fleet_process("bench", "--resume", run_id)
-
-    def running() -> bool:
-        queue = run_queue(cloud, run_id)
-        return bool(queue) and bool(
-            cloud.client("batch").list_jobs(jobQueue=queue, jobStatus="RUNNING")["jobSummaryList"]
-        )
-
     try:
-        wait_for(running, timeout_s=120)
+        wait_for(lambda: running_jobs(cloud, run_id), timeout_s=120)
         # SIGKILL: no cleanup by the controller; `fleet kill` must find it all by tag.
         process.kill()
         process.wait(30)
@@ -341,6 +342,48 @@ def test_fleet_kill_mid_job_removes_everything(
     finally:
         process.kill()
     assert control.status(results, run_id)["state"] == "killed"
+    batch_left(cloud, run_id, local_dir)
+
+
+def test_ctrl_c_mid_job_removes_the_runs_files_once_its_jobs_have_stopped(
+    cloud: Cloud, registered: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C as a job runs: its files are removed only once its jobs have stopped. A terminated
+    job runs on until its container stops (SIGTERM, SIGKILL 30 s later), and one that wrote its
+    replicate's file after the prefix was emptied left it in the bucket."""
+    run_id = new_run(
+        cloud, executor="batch", command="sleep 60; echo value=1", metric="value=(\\d+)"
+    )
+    results = results_of(cloud)
+    client = cloud.client("batch")
+    queue: list[str] = []
+    statuses: list[str] = []
+    when: list[float] = []  # interrupted, the files removed
+    update, delete_prefix = bench.Board.update, batch.delete_prefix
+
+    def interrupt_once_running(board: Any, state: Any, what: str) -> None:
+        update(board, state, what)
+        if what.startswith("jobs ") and "running" in what and not queue:
+            queue.append(state.queue)
+            when.append(time.monotonic())
+            raise KeyboardInterrupt
+
+    def at_deletion(cloud: Cloud, bucket: str, prefix: str) -> int:
+        if not queue:  # the take-over's sweep, before anything ran
+            return delete_prefix(cloud, bucket, prefix)
+        jobs = client.list_jobs(jobQueue=queue[0], filters=[{"name": "JOB_NAME", "values": ["*"]}])
+        statuses.extend(j["status"] for j in jobs["jobSummaryList"])
+        when.append(time.monotonic())
+        return delete_prefix(cloud, bucket, prefix)
+
+    monkeypatch.setattr(bench.Board, "update", interrupt_once_running)
+    monkeypatch.setattr(batch, "delete_prefix", at_deletion)
+    with pytest.raises(Interrupted):
+        bench.execute(cloud, run_id, results)
+    assert queue and statuses, "the run was never interrupted mid-job"
+    assert set(statuses) <= {"SUCCEEDED", "FAILED"}, statuses  # none still running
+    # The agent stops at SIGTERM: the cleanup did not wait out the stop timeout's SIGKILL.
+    assert when[1] - when[0] < local_jobs.STOP_TIMEOUT_S, when
     batch_left(cloud, run_id, local_dir)
 
 
