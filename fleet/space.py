@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from amibake import checks
-from amibake.errors import UserError
+from amibake.errors import UserError, did_you_mean
 from fleet.spec import check_type, line_of
 
 if TYPE_CHECKING:
@@ -361,7 +361,11 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
             raise fail(name, f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
         unknown_keys = [key for key in spec if key not in KEYS]
         if unknown_keys:
-            raise fail(name, f"unknown key {unknown_keys[0]!r}; known: {', '.join(KEYS)}")
+            unknown = unknown_keys[0]
+            raise fail(
+                name,
+                f"unknown key {unknown!r}{did_you_mean(unknown, KEYS)}; known: {', '.join(KEYS)}",
+            )
         if name == TYPE:
             # The type picks the instance: it is neither a build flag nor a workload argument.
             if kind != "categorical" or "stage" in spec:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from amibake import catalog, checks, cost, instance_kinds, recipes, tomlfile
-from amibake.errors import UserError
+from amibake.errors import UserError, did_you_mean
 from fleet.container import ImageRef
 
 BUILDS = ("tuned", "generic")
@@ -261,8 +261,8 @@ def load(
     for key in data:
         if key not in KNOWN_KEYS:
             raise UserError(
-                f"{where}:{line_of(text, key)}: unknown key {key!r}; "
-                f"known: {', '.join(sorted(KNOWN_KEYS))}"
+                f"{where}:{line_of(text, key)}: unknown key {key!r}"
+                f"{did_you_mean(key, KNOWN_KEYS)}; known: {', '.join(sorted(KNOWN_KEYS))}"
             )
     data.update({k: v for k, v in overrides.items() if v is not None})
 

@@ -132,7 +132,9 @@ def from_dict(
     }  # fmt: skip
     for key in data:
         if key not in known:
-            raise fail(key, f"unknown key; known: {', '.join(sorted(known))}")
+            raise fail(
+                key, f"unknown key{did_you_mean(key, known)}; known: {', '.join(sorted(known))}"
+            )
     if "max_cost" in data:
         # The money budget by the name bench files use (and --max-cost): one budget, two names.
         if "max_usd" in data and "max_usd" not in flags:

@@ -476,7 +476,8 @@ BENCH_FLAGS = [
 BENCH_FILE_ERRORS = {
     "latin-1": ":3: the bench file is not UTF-8 text (byte 0xe9); save it as UTF-8",
     "syntax": ": Expected ']' at the end of a table declaration (at line 3",
-    "unknown-key": ":3: unknown key 'replicate'; known:",
+    "unknown-key": ":3: unknown key 'replicate'; did you mean replicates",
+    "max_usd": ":3: unknown key 'max_usd'; did you mean max_cost?; known: ",
     "replicates=huge": ":3: replicates: must be an integer from 1 to 1000, not 99999999999999: "
     "a median's interval narrows as 1/sqrt(n)",
     "replicates=1.5": ":3: replicates: must be an integer from 1 to 1000, not 1.5",
@@ -537,6 +538,7 @@ BENCH_FILES = [
     bench_file(BENCH.encode() + LATIN1, "latin-1"),
     bench_file(BENCH + "[metric\n", "syntax"),
     bench_file(BENCH + "replicate = 3\n", "unknown-key"),
+    bench_file(BENCH + "max_usd = 3\n", "max_usd"),  # tune files' name for max_cost
     bench_file(BENCH + "replicates = 99999999999999\n", "replicates=huge"),
     bench_file(BENCH + "replicates = 1.5\n", "replicates=1.5"),
     bench_file(BENCH + "replicates = true\n", "replicates=true"),
@@ -628,8 +630,8 @@ TUNE_FILES = [
               "syntax"),
     tune_file(TUNE_HEAD + 'algorithm = "tp"\n' + PARAM_A, "{tmp}/tune.toml:3: algorithm: 'tp' is "
               "not one of auto, forest, gp, blend, tpe, random, grid; did you mean tpe", "algorithm"),
-    tune_file(TUNE_HEAD + "trails = 3\n" + PARAM_A, "{tmp}/tune.toml:3: trails: unknown key",
-              "unknown-key"),
+    tune_file(TUNE_HEAD + "trails = 3\n" + PARAM_A, "{tmp}/tune.toml:3: trails: unknown key; did "
+              "you mean trials, ", "unknown-key"),
     tune_file('replay = "{tmp}/t.csv"\nobjective = "speed"\n' + PARAM_A, "{tmp}/tune.toml:2: objective: "
               "'speed' is not one of runtime", "objective"),
     tune_file(TUNE_HEAD + 'algorithm = "bogus"\n' + PARAM_A, "{tmp}/tune.toml:3: algorithm: "
@@ -737,7 +739,7 @@ PARAMS = [
               "params:not-a-table"),
     param('kind = "normal"\n', "{tmp}/tune.toml:3: params.a: unknown kind 'normal'", "kind"),
     param('kind = "int"\nlow = 1\nhigh = 3\nflg = "-x{}"\n', "{tmp}/tune.toml:3: params.a: "
-          "unknown key 'flg'; known: kind, values", "unknown-key"),
+          "unknown key 'flg'; did you mean flag?; known: kind, values", "unknown-key"),
     param('kind = "int"\nlow = 1\nhigh = 3\nstage = "link"\n', "{tmp}/tune.toml:3: params.a: "
           "stage 'link' is not compile or run", "stage"),
     param('kind = "int"\nlow = 1\nhigh = 3\nflag = "-x={}"\n', "{tmp}/tune.toml:3: params.a: "
