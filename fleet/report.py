@@ -181,6 +181,8 @@ def answer(frame: pd.DataFrame, metric: Metric, unit: str = "") -> str:
             parts.append(f"{what}: {names[first.index[0]]} ({per_units(row.usd_per_unit, unit)})")
         else:
             parts.append(f"{what}: {names[first.index[0]]}")
+    if parts and (native.n < 2).any():
+        parts.append("one replicate: no interval, ranked by single runs")
     return "answer: " + ("; ".join(parts) if parts else "nothing ranked")
 
 
@@ -197,8 +199,10 @@ def readable(frame: pd.DataFrame, metric: Metric, unit: str = "") -> pd.DataFram
             "build": frame.build,
             "n": frame.n,
             median: frame["median"].map(lambda v: f"{v:.4g}"),
+            # One replicate has no interval: "x .. x" claimed a certainty it does not have.
             "95% interval": [
-                f"{a:.4g} .. {b:.4g}" for a, b in zip(frame.ci_low, frame.ci_high, strict=True)
+                f"{a:.4g} .. {b:.4g}" if n > 1 else "none (n=1)"
+                for a, b, n in zip(frame.ci_low, frame.ci_high, frame.n, strict=True)
             ],
             "cv": [
                 f"{c:.1%}{' (noisy)' if n else ''}"
@@ -237,12 +241,19 @@ def headline(
         return f"Fastest: {best.type} {best.build} (no prices: no cost ranking)."
     best = priced.iloc[0]
     seconds = [metric.seconds_per_unit(v) for v in (best.ci_low, best.ci_high)]
-    said = [
-        f"Recommended: {best.type} {best.build}, {per_units(best.usd_per_unit, unit)} "
-        f"(95%: {per_units(best.usd_per_unit_low, unit)} to "
-        f"{per_units(best.usd_per_unit_high, unit)}), {best.seconds_per_unit:.4g} s per {unit} "
-        f"({min(seconds):.4g} to {max(seconds):.4g})."
-    ]
+    if best.n > 1:
+        said = [
+            f"Recommended: {best.type} {best.build}, {per_units(best.usd_per_unit, unit)} "
+            f"(95%: {per_units(best.usd_per_unit_low, unit)} to "
+            f"{per_units(best.usd_per_unit_high, unit)}), {best.seconds_per_unit:.4g} s per "
+            f"{unit} ({min(seconds):.4g} to {max(seconds):.4g})."
+        ]
+    else:
+        said = [
+            f"Recommended: {best.type} {best.build}, {per_units(best.usd_per_unit, unit)}, "
+            f"{best.seconds_per_unit:.4g} s per {unit}, from one replicate: no interval, so "
+            "run more replicates before trusting the ranking."
+        ]
     tied = priced[(priced.cost_rank == best.cost_rank) & (priced.index != best.name)]
     if not tied.empty:
         said.append(

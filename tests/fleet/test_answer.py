@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fleet.report import answer, headline, per_units
+from fleet.report import answer, headline, per_units, readable, summarize
 from fleet.spec import Metric
 
 RUNTIME = Metric()
 RATE = Metric(kind="regex", pattern="x", meaning="rate", unit="frames/s")
 
 
-def _frame(*rows: tuple[str, int, int, float, bool]) -> pd.DataFrame:
+def _frame(*rows: tuple[str, int, int, float, bool], n: int = 3) -> pd.DataFrame:
     return pd.DataFrame(
         [
             {"type": t, "build": "tuned", "cost_rank": c, "speed_rank": s, "usd_per_unit": u}
-            | {"emulated": e}
+            | {"emulated": e, "n": n}
             for t, c, s, u, e in rows
         ]
     )
@@ -53,7 +53,7 @@ def test_costs_scale_to_read_with_two_digits() -> None:
     assert per_units(4e-12, "run") == "$0.004 per 1G runs"  # the largest scale, however small
 
 
-def _summary(*rows: tuple[str, int, float]) -> pd.DataFrame:
+def _summary(*rows: tuple[str, int, float], n: int = 3) -> pd.DataFrame:
     """Runtime rows (seconds per run) as summarize() makes them: type, cost rank, $ per run."""
     return pd.DataFrame(
         [
@@ -69,6 +69,7 @@ def _summary(*rows: tuple[str, int, float]) -> pd.DataFrame:
                 "seconds_per_unit": 2.0,
                 "ci_low": 1.9,
                 "ci_high": 2.1,
+                "n": n,
             }
             for t, rank, usd in rows
         ]
@@ -90,3 +91,27 @@ def test_the_page_leads_with_the_pick_its_intervals_and_what_it_saves() -> None:
 def test_the_page_says_when_the_pick_cannot_be_told_apart() -> None:
     frame = _summary(("m.large", 1, 2e-5), ("c.large", 1, 2.1e-5))
     assert "It cannot be told apart from c.large tuned on cost" in headline(frame, RUNTIME)
+
+
+def test_one_replicate_is_said_to_have_no_interval() -> None:
+    """With n = 1 the page printed "$0.02 (95%: $0.02 to $0.02)": a certainty one run cannot
+    give."""
+    frame = _summary(("m.large", 1, 2e-5), ("c.large", 2, 4e-5), n=1)
+    said = headline(frame, RUNTIME)
+    assert said.startswith(
+        "Recommended: m.large tuned, $0.02 per 1k runs, 2 s per run, from one replicate: no "
+        "interval, so run more replicates before trusting the ranking."
+    ), said
+    assert "95%" not in said
+    ranked = _frame(("m.large", 1, 2, 2.8e-8, False), ("c.xlarge", 2, 1, 5e-8, False), n=1)
+    assert answer(ranked, RUNTIME).endswith("; one replicate: no interval, ranked by single runs")
+    rows = pd.DataFrame(
+        [
+            {"instance_type": t, "build": "plain", "state": "ok", "warmup": 0, "metric": m}
+            | {"price_usd_hour": 0.1, "market": "spot"}
+            for t, m in (("a.large", 2.0), ("b.large", 2.5), ("b.large", 2.7))
+        ]
+    )
+    table = readable(summarize(rows, RUNTIME), RUNTIME)
+    shown = dict(zip(table.type, table["95% interval"], strict=True))
+    assert shown["a.large"] == "none (n=1)" and " .. " in shown["b.large"], shown
