@@ -62,13 +62,37 @@ class RunsReplay:
         # each configuration's runs, a failed one (an empty objective) None
         self.runs: dict[str, list[dict[str, Any] | None]] = {}
         self.rows: dict[str, dict[str, Any]] = {}  # each configuration's parameters
-        for row, measured in zip(
-            table[self.params].to_dict(orient="records"),
-            table[measures].to_dict(orient="records"),
-            strict=True,
+        seen: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}  # (config, run) -> line
+        for line, (whole, row, measured) in enumerate(
+            zip(
+                table.to_dict(orient="records"),
+                table[self.params].to_dict(orient="records"),
+                table[measures].to_dict(orient="records"),
+                strict=True,
+            ),
+            start=2,  # 1: the header
         ):
             clean = self._clean(row)
             name = engines.key(clean)
+            run = (name, str(whole[numbered]))
+            if run in seen:
+                # One run twice: rows told apart by a column the space leaves out, or a copy.
+                before, first = seen[run]
+                unnamed = replay.told_apart_by(whole, first, [*self.params, column, numbered])
+                number = whole[numbered]
+                if isinstance(number, float) and number.is_integer():
+                    number = int(number)  # pandas reads 0 as 0.0 beside a gap
+                said = (
+                    f"{path}:{line}: {numbered} {number} of the configuration of line {before} "
+                    "again"
+                )
+                if unnamed:
+                    raise UserError(
+                        f"{said}: the rows differ in {', '.join(unnamed)}, which the space does "
+                        f"not name; add [params.{unnamed[0]}] to the tune file"
+                    )
+                raise UserError(f"{said}; number each configuration's runs once")
+            seen[run] = (line, whole)
             self.rows.setdefault(name, clean)
             failed = math.isnan(replay.objective_of(spec, measured))
             self.runs.setdefault(name, []).append(None if failed else measured)

@@ -95,6 +95,16 @@ def _is_float(text: str) -> bool:
     return True
 
 
+def told_apart_by(row: dict[str, Any], other: dict[str, Any], named: list[str]) -> list[str]:
+    """The columns, other than `named` and the measures, in which two rows of one configuration
+    differ: a parameter the space leaves out (the table is not short of aggregating then)."""
+    return [
+        name
+        for name in row
+        if name not in named and name not in NUMBERS and str(row[name]) != str(other.get(name))
+    ]
+
+
 def check_measures(path: Path, table: pd.DataFrame, spec: TuneSpec, kind: str, row: str) -> None:
     """That the table has the columns the spec's parameters, objective and constraints read, and
     that its measures are finite numbers or empty (a `row` that failed): made floats in place.
@@ -192,10 +202,18 @@ class ReplayEvaluator:
         for line, row in enumerate(table.to_dict(orient="records"), start=2):  # 1: the header
             key = self._key(row)
             if key in self.lines:  # which measurement is the configuration's? Not ours to pick
+                said = ", ".join(f"{p}={v}" for p, v in zip(self.params, key, strict=True))
+                unnamed = told_apart_by(row, self.table[key], [*self.params, column])
+                if unnamed:
+                    raise UserError(
+                        f"{path}:{line}: the configuration of line {self.lines[key]} again "
+                        f"({said}): the rows differ in {', '.join(unnamed)}, which the space "
+                        f"does not name; add [params.{unnamed[0]}] to the tune file"
+                    )
                 raise UserError(
                     f"{path}:{line}: the configuration of line {self.lines[key]} again "
-                    f"({', '.join(f'{p}={v}' for p, v in zip(self.params, key, strict=True))}); "
-                    "a replay table has one row per configuration (aggregate repeats first)"
+                    f"({said}); a replay table has one row per configuration (aggregate "
+                    "repeats first)"
                 )
             self.lines[key] = line
             self.table[key] = row

@@ -64,8 +64,10 @@ RUNS = "run,a,metric\n0,1,3.0\n1,1,3.1\n0,2,2.0\n1,2,2.2\n"
     [
         ("a,metric\n1,3.0\n2,2.0\n", "runs.csv:1: a runs table needs a run (or round) column"),
         (RUNS + ",3,2.5\n", "runs.csv:6: a configuration with no run: number each"),
+        # taken for a third run of it, silently
+        (RUNS + "0,1,9.0\n", "runs.csv:6: run 0 of the configuration of line 2 again; number "),
     ],
-    ids=["no-run-column", "configuration-without-a-run"],
+    ids=["no-run-column", "configuration-without-a-run", "a-run-twice"],
 )
 def test_a_bad_runs_table_is_refused_by_compare(
     sandbox: Path, capsys: pytest.CaptureFixture[str], table: str, says: str
@@ -77,6 +79,23 @@ def test_a_bad_runs_table_is_refused_by_compare(
     # The good table passes the same way: the refusal is the table's, not the command's.
     (sandbox / "runs.csv").write_text(RUNS)
     assert fleet([*argv, "--seeds", "2"]) == 0
+
+
+def test_runs_told_apart_by_a_column_the_space_leaves_out_name_it(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A space that leaves out a column of the table: its rows were taken for more runs of one
+    configuration (b=1 and b=2 averaged as a=1's runs)."""
+    (sandbox / "runs.csv").write_text("run,a,b,metric\n0,1,1,3.0\n0,1,2,2.5\n0,2,1,2.0\n")
+    (sandbox / "space.toml").write_text(
+        'objective = "metric"\n[params.a]\nkind = "categorical"\nvalues = [1, 2]\n'
+    )
+    argv = ["tune", "compare", "--replay-runs", str(sandbox / "runs.csv")]
+    err = refused([*argv, "--space", str(sandbox / "space.toml"), "--budget", "2"], capsys)
+    assert (
+        f"{sandbox}/runs.csv:3: run 0 of the configuration of line 2 again: the rows differ in "
+        "b, which the space does not name; add [params.b] to the tune file"
+    ) in err, err
 
 
 def test_a_configuration_whose_every_run_failed_replays_as_failed_as_in_a_replay_table(

@@ -545,6 +545,12 @@ def test_bad_tune_input_names_file_and_line(
     cases[f'replay = "{tmp_path / "dup.csv"}"\nobjective = "metric"\n' + param] = (
         "dup.csv:4: the configuration of line 2 again (a=1)"
     )
+    # ... told apart by a column the space leaves out: that column is named as the parameter
+    # missing (it was "line 2 again; aggregate repeats first", as if the table were wrong)
+    cases[f'replay = "{tmp_path / "wider.csv"}"\nobjective = "metric"\n' + param] = (
+        "wider.csv:3: the configuration of line 2 again (a=1): the rows differ in b, which the "
+        "space does not name; add [params.b] to the tune file"
+    )
     # a row wider than the header: its line, on one line (pandas' own message ended in a newline)
     cases[f'replay = "{tmp_path / "ragged.csv"}"\nobjective = "metric"\n' + param] = (
         "ragged.csv:3: 3 fields where the header has 1 (a): a comma too many or too few"
@@ -552,6 +558,7 @@ def test_bad_tune_input_names_file_and_line(
     (tmp_path / "ragged.csv").write_text("a\n1\n2,3,4\n")
     table(tmp_path / "t.csv", [{"a": 1, "runtime": 2.0}])
     table(tmp_path / "dup.csv", [{"a": a, "metric": m} for a, m in ((1, 3.0), (2, 2.0), (1, 1.0))])
+    table(tmp_path / "wider.csv", [{"a": 1, "b": b, "metric": 2.0 + b} for b in (1, 2)])
     for text, expected in cases.items():
         path = tmp_path / "bad.toml"
         path.write_text(text)
