@@ -18,6 +18,7 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import pathspec
 
@@ -80,12 +81,23 @@ def _matched(directory: Path) -> list[Path]:
     stay excluded whatever a later pattern says)."""
     specs: dict[str, pathspec.GitIgnoreSpec] = {}
     kept: list[Path] = []
-    for here, dirs, names in os.walk(directory):
+
+    def unreadable(error: OSError) -> NoReturn:
+        # os.walk skips a directory it cannot list: its files went missing unsaid, and a tree
+        # that could not be read at all was "empty, or .gitignore excludes everything".
+        where = Path(str(error.filename))
+        hint = "" if where == directory else f", or list it in {directory}/.gitignore"
+        raise UserError(f"{where}: cannot read it ({error.strerror}); make it readable{hint}")
+
+    for here, dirs, names in os.walk(directory, onerror=unreadable):
         rel = Path(here).relative_to(directory).as_posix()
         rel = "" if rel == "." else rel
         ignore_file = Path(here) / ".gitignore"
         if ignore_file.is_file():
-            lines = ignore_file.read_text(errors="replace").splitlines()
+            try:
+                lines = ignore_file.read_text(errors="replace").splitlines()
+            except OSError as exc:
+                unreadable(exc)
             specs[rel] = pathspec.GitIgnoreSpec.from_lines(lines)
         # The .gitignore files above and at this directory, shallowest first.
         applying = sorted(

@@ -8,6 +8,7 @@ runs here."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -383,3 +384,34 @@ def test_a_source_file_that_cannot_be_read_is_named_on_one_line(
         recipes.pack_directory(src)
     with pytest.raises(UserError, match=f"^{archive}: cannot read it \\(Permission denied\\)"):
         sources.add(archive)
+
+
+@pytest.mark.parametrize("denied", ["the tree", "a folder in it"])
+def test_a_tree_that_cannot_be_listed_is_named_not_taken_for_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    denied: str,
+) -> None:  # fmt: skip
+    """A folder without read permission (as a plain user): os.walk skipped it, so `recipe new
+    --from` said "no files to build (the tree is empty...)", and a folder inside went missing
+    from the tree unsaid. Root reads anything: the refusal is simulated."""
+    src = project(tmp_path / "hello", "cmake")
+    (src / "lib").mkdir()
+    (src / "lib" / "util.c").write_text("int util(void) { return 1; }\n")
+    blocked = src if denied == "the tree" else src / "lib"
+    listed = os.scandir
+
+    def scandir_unless_denied(path: object = ".") -> object:
+        if Path(str(path)) == blocked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return listed(path)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "scandir", scandir_unless_denied)
+    (tmp_path / "recipes").mkdir()
+    monkeypatch.setenv("AMIBAKE_RECIPES_DIR", str(tmp_path / "recipes"))
+    assert amibake(["recipe", "new", "hello", "--from", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    said = f"{blocked}: cannot read it (Permission denied); make it readable"
+    assert said in err, err
+    assert ("/.gitignore" in err) == (blocked != src), err
+    assert not (tmp_path / "recipes" / "hello").exists()  # nothing written
