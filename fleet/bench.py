@@ -122,7 +122,7 @@ class Board:
     expected: dict[str, float] = field(default_factory=dict)  # type -> a replicate's seconds
     capped: str = ""  # why work stopped at the cap, once it has
     counter: progress.Counter = field(init=False)
-    running: dict[str, tuple[str, float]] = field(default_factory=dict)  # type -> (tag, since)
+    running: dict[str, tuple[str, float]] = field(default_factory=dict)  # type -> (doing, since)
     said: float = field(default_factory=time.monotonic)  # when this board last logged a line
 
     def __post_init__(self) -> None:
@@ -162,6 +162,7 @@ class Board:
 
     def update(self, state: BenchState, what: str) -> None:
         with self.lock:
+            at = time.monotonic()
             if what == "staging" and state.price is not None:
                 self.live[state.label] = (state.launched_at, state.price)
             elif what == "staging":
@@ -174,13 +175,20 @@ class Board:
                 f" (without {', '.join(sorted(self.unpriced))}: no price)" if self.unpriced else ""
             )
             money = f"${self.spent_now():.4f} spent{unpriced}"
+            # What the type is busy with, for the heartbeat: a replicate over SSH; Batch jobs
+            # submitted, waiting or running (minutes each, with no line until one changes).
+            batch = ("jobs ", "submitted ")
             if what.startswith("running "):
-                self.running[state.label] = (what.removeprefix("running "), time.monotonic())
-            else:
-                self.running.pop(state.label, None)
+                self.running[state.label] = (f"{what.removeprefix('running ')} running", at)
+            elif what.startswith(batch):
+                self.running[state.label] = (what, at)
+            elif what != "replicate done" or not self.running.get(state.label, ("",))[0].startswith(
+                batch
+            ):
+                self.running.pop(state.label, None)  # (a Batch type's other jobs run on)
             if what == "replicate done":
                 self.done += 1
-                self.said = time.monotonic()
+                self.said = at
                 now = self.status.get(state.label, "")
                 which = now.removeprefix("running ") + " " if now.startswith("running ") else ""
                 self.status[state.label] = "running"
@@ -191,7 +199,7 @@ class Board:
             if what.startswith("running "):
                 return  # the replicate's line is when it ends
             log.info("[%s] %s %s; %s", self.run_id, state.label, what, money)
-            self.said = time.monotonic()
+            self.said = at
             if all(s in ENDS for s in self.status.values()):
                 self.counter.close()
 
@@ -205,8 +213,8 @@ class Board:
                 return ""
             self.said = now
             what = ", ".join(
-                f"{label} {tag} running for {progress.duration(now - since)}"
-                for label, (tag, since) in sorted(self.running.items())
+                f"{label} {doing} for {progress.duration(now - since)}"
+                for label, (doing, since) in sorted(self.running.items())
             )
             line = f"{what}; {self.counter.text()}; ${self.spent_now():.4f} spent"
         log.info("[%s] %s", self.run_id, line)

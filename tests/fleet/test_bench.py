@@ -325,6 +325,14 @@ def test_the_board_is_quiet_while_it_speaks_and_when_nothing_runs() -> None:
     assert line.startswith("a.large x-r0 running for 0s; 0/2 replicates"), line
     board.update(state, "replicate done")
     assert board.beat(0.0) == ""  # done: nothing runs
+    # Batch: jobs wait and run for minutes with no line until their states change.
+    board.update(state, "submitted 2 jobs")
+    assert board.beat(0.0).startswith("a.large submitted 2 jobs for 0s; 1/2 replicates")
+    board.update(state, "jobs 1 running, 1 runnable")
+    board.update(state, "replicate done")  # the other job runs on
+    assert board.beat(0.0).startswith("a.large jobs 1 running, 1 runnable for 0s; 2/2")
+    board.update(state, "done")
+    assert board.beat(0.0) == ""
     board.close()
 
 
