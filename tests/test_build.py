@@ -277,7 +277,7 @@ def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_
     assert key_file.stat().st_mode & 0o777 == 0o600
     leftovers = gc.find(cloud, journal(cloud), run_id=run_id)
     assert {x.kind for x in leftovers} >= {"instance", "key-pair", "security-group"}
-    assert gc.delete(cloud, journal(cloud), leftovers) == []
+    assert gc.delete(cloud, journal(cloud), leftovers) == (leftovers, [])
     assert not key_file.exists()  # it opened nothing once its key pair was gone
     assert_nothing_left(cloud, run_id, local_dir)
 

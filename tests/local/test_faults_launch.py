@@ -251,7 +251,7 @@ def test_gc_right_after_a_killed_launch_finds_every_fleet_and_the_unseen_instanc
     assert len(fleet_ids) == 2
     assert sorted(x.resource_id for x in found if x.kind == "fleet") == sorted(fleet_ids)
     assert [x.kind for x in found].count("instance") == 1
-    assert gc.delete(cloud, journal, found) == []
+    assert gc.delete(cloud, journal, found) == (found, [])
     time.sleep(instances.UNSEEN_S[1])  # what is left once EC2 sees everything
     nothing_left(cloud, run_id, fleet_ids, tmp_path)
     done = met(cloud)

@@ -205,7 +205,7 @@ def test_gc_finds_and_deletes_leftovers_past_the_first_page(
     journal = Journal(cloud.config.results_dir / "journal.sqlite")
     leftovers = gc.find(cloud, journal, run_id=run_id)
     assert sorted(x.describe().split(" (")[0] for x in leftovers) == sorted(made)
-    assert gc.delete(cloud, journal, leftovers) == []
+    assert gc.delete(cloud, journal, leftovers) == (leftovers, [])
     assert alive(cloud, run_id) == []
     done = met(cloud)["pagination"]
     for action in ("Instances", "Volumes", "Snapshots", "SecurityGroups", "LaunchTemplates"):
