@@ -375,12 +375,9 @@ def _local(args: argparse.Namespace) -> int:
 def _refuse_while_in_use(cfg: config_module.Config, force: bool) -> None:
     """Stopping the cloud under a run fails it midway (its instances vanish, its cleanup finds
     nothing to call): a run still going is named, and only --force stops the cloud anyway."""
-    from amibake.journal import Journal
+    from amibake.local import control
 
-    path = cfg.results_dir / "journal.sqlite"
-    if force or not path.exists():
-        return
-    runs = Journal(path).in_flight("local")
+    runs = [] if force else control.holders(cfg)
     if not runs:
         return
     named = ", ".join(f"{run_id} ({command}, pid {pid})" for run_id, command, pid in runs[:3])

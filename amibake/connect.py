@@ -10,6 +10,9 @@ call it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from amibake.cloud.session import Cloud, open_cloud
 from amibake.config import Config
 from amibake.errors import UserError
@@ -30,3 +33,16 @@ def connect(config: Config) -> Cloud:
             "with --region"
         )
     return open_cloud(config, up(config).endpoint)  # started unless already running
+
+
+@contextlib.contextmanager
+def holding(config: Config, run_id: str, command: str) -> Iterator[None]:
+    """A run that uses the local cloud says so while it runs: `amibake local down` refuses to
+    stop the cloud under it. On AWS, nothing."""
+    if not config.is_local:
+        yield
+        return
+    from amibake.local.control import hold
+
+    with hold(config, run_id, command):
+        yield

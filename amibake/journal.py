@@ -165,20 +165,6 @@ class Journal:
             closed.append(str(run_id))
         return closed
 
-    def in_flight(self, cloud: str) -> list[tuple[str, str, int]]:
-        """Runs on `cloud` whose process lives on this machine: (run id, command, pid)."""
-        here = socket.gethostname()
-        rows = self._exec(
-            "SELECT run_id, command, pid FROM runs WHERE state = 'running' AND cloud = ? "
-            "AND host = ? ORDER BY started",
-            (cloud, here),
-        )
-        return [
-            (str(run_id), str(command), pid)
-            for run_id, command, pid in rows
-            if isinstance(pid, int) and _alive(pid)
-        ]
-
     def cleaned_up(self, run_id: str) -> None:
         """gc removed the last of what the run left: its record says so."""
         if self.alive(run_id):

@@ -15,9 +15,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from amibake.config import Config
 from amibake.errors import AmibakeError, EnvironmentProblem, LocalCloudError, UserError
@@ -31,6 +34,9 @@ from amibake.procs import process_alive
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0  # a daemon asked to stop shuts its sandboxes down first
 LEFTOVER_WAIT_S = 10.0  # for killed sandbox and registry processes to be gone
+# A file per run using the cloud (its pid, start and command), in the cloud's own directory:
+# `local down` finds them wherever the runs keep their results.
+HOLDS_DIR = "runs"
 # Admin calls go straight to loopback, never through a proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -250,6 +256,39 @@ def down(config: Config, timeout_s: float = 60.0) -> list[str]:
     if directory.exists():
         done += _clean_leftovers(directory)
     return done
+
+
+@contextlib.contextmanager
+def hold(config: Config, run_id: str, command: str) -> Iterator[None]:
+    """While open, the run is named as one using the cloud (`local down` refuses meanwhile)."""
+    directory = config.local_dir / HOLDS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / run_id
+    me = psutil.Process()
+    path.write_text(json.dumps({"pid": me.pid, "started": me.create_time(), "command": command}))
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def holders(config: Config) -> list[tuple[str, str, int]]:
+    """The runs using the cloud now, (run id, command, pid); a file whose process is gone (a
+    SIGKILLed run), or is another that took its pid, is removed."""
+    directory = config.local_dir / HOLDS_DIR
+    found = []
+    for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+        try:
+            info = json.loads(path.read_text())
+            pid = int(info["pid"])
+            alive = abs(psutil.Process(pid).create_time() - float(info["started"])) < 0.01
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            alive = False
+        if alive and process_alive(pid):
+            found.append((path.name, str(info.get("command", "")), pid))
+        else:
+            path.unlink(missing_ok=True)
+    return found
 
 
 def _clean_leftovers(directory: Path) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from amibake import config
+from amibake import config, pipelines
 from amibake.cli import main
 from amibake.connect import connect
 from amibake.local import control, sandbox
@@ -70,37 +70,38 @@ def test_up_refuses_settings_other_than_the_running_clouds(
 
 
 def test_down_while_a_run_uses_the_cloud_names_it_and_stops_only_with_force(
-    own_cloud: Path, capsys: pytest.CaptureFixture[str]
+    own_cloud: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stopping the cloud under a run fails it midway, unsaid: the run is named, nothing stops,
-    and --force stops it anyway. A run whose process is gone holds nothing up."""
+    and --force stops it anyway. A run whose process is gone holds nothing up, and the runs are
+    found wherever their results go (`local down` run from another directory)."""
     assert main(["local", "up"]) == 0
     daemon = control.find(config.load())
     assert daemon is not None
     capsys.readouterr()
-    journal = config.load().results_dir / "journal.sqlite"
     hold = (
-        "import sys, time; from amibake.journal import Journal; "
-        "Journal(__import__('pathlib').Path(sys.argv[1])).start_run("
-        "sys.argv[2], 'fleet bench fb-x', 'local', 'us-east-1'); print('in', flush=True); "
-        "time.sleep(120)"
+        "import sys, time; from amibake import config; from amibake.local import control; "
+        "held = control.hold(config.load(), sys.argv[1], 'fleet bench fb-x'); held.__enter__(); "
+        "print('in', flush=True); time.sleep(120)"
     )
 
     def running(run_id: str) -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [sys.executable, "-c", hold, str(journal), run_id], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", hold, run_id], stdout=subprocess.PIPE, text=True
         )
         assert process.stdout is not None and process.stdout.readline() == "in\n"
         return process
 
-    first = running("r-first")
+    first = running("ab-000000000001")
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(own_cloud.parent / "elsewhere"))
     try:
         assert main(["local", "down"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
-        assert (
-            f"1 run still uses the local cloud: r-first (fleet bench fb-x, pid {first.pid})" in err
+        said = (
+            f"1 run still uses the local cloud: ab-000000000001 (fleet bench fb-x, pid {first.pid})"
         )
+        assert said in err, err
         assert "--force" in err
         assert control.find(config.load()) == daemon  # nothing stopped
     finally:
@@ -109,7 +110,7 @@ def test_down_while_a_run_uses_the_cloud_names_it_and_stops_only_with_force(
     assert main(["local", "down"]) == 0  # its process is gone: nothing holds the cloud
     assert control.find(config.load()) is None
     assert main(["local", "up"]) == 0
-    second = running("r-second")
+    second = running("ab-000000000002")
     try:
         assert main(["local", "down", "--force"]) == 0
         assert control.find(config.load()) is None
@@ -117,6 +118,14 @@ def test_down_while_a_run_uses_the_cloud_names_it_and_stops_only_with_force(
         second.kill()
         second.wait()
     assert leftovers(own_cloud) == []
+
+
+def test_a_run_holds_the_local_cloud_while_it_runs(own_cloud: Path) -> None:
+    """Every run (open_run) names itself in the cloud's directory while open, and not after."""
+    cloud = connect(config.load())
+    with pipelines.open_run(cloud, "amibake build") as context:
+        assert control.holders(cloud.config) == [(context.run_id, "amibake build", os.getpid())]
+    assert control.holders(cloud.config) == []
 
 
 def test_down_after_the_daemon_was_killed_leaves_nothing(own_cloud: Path) -> None:
