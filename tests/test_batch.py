@@ -61,6 +61,15 @@ def test_full_flow_up_job_swap_down(
     assert definition["volumes"] == [{"name": "shared", "host": {"sourcePath": "/shared"}}]
     assert definition["mountPoints"][0]["containerPath"] == "/shared"
 
+    # Terminated while the environment's first host boots: failed at once, and never run (it
+    # was started once the host was up, and showed RUNNING for good).
+    early = client.submit_job(
+        jobName="early",
+        jobQueue="amibake-x86_64",
+        jobDefinition="amibake-trivial-x86_64",
+        containerOverrides={"command": ["/bin/sh", "-c", "echo ran early"]},
+    )["jobId"]
+    client.terminate_job(jobId=early, reason="test")
     job = client.submit_job(
         jobName="probe", jobQueue="amibake-x86_64", jobDefinition="amibake-trivial-x86_64"
     )["jobId"]
@@ -78,6 +87,9 @@ def test_full_flow_up_job_swap_down(
     )["events"]
     assert '"app": "trivial"' in "\n".join(e["message"] for e in events)
     assert described["container"]["exitCode"] == 0
+    terminated = client.describe_jobs(jobs=[early])["jobs"][0]
+    assert terminated["status"] == "FAILED", terminated
+    assert not terminated.get("container", {}).get("logStreamName"), terminated  # never ran
 
     # A command that fails makes a FAILED job with its exit code and Batch's reason.
     failing = client.submit_job(

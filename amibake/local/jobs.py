@@ -189,7 +189,12 @@ class Host:
             return
         instance_id = self._ensure_instance()
         sandbox = self.runner.cloud.sandboxes[instance_id]
-        job.status = "STARTING"
+        with BACKENDS:  # TerminateJob (under the same lock) sees it queued, or starting
+            if job.stop or job.job_stopped:
+                # Terminated while its host booted: failed then as a queued job; never run.
+                self._stop(job, False, job.job_stopped_reason or "terminated before it started")
+                return
+            job.status = "STARTING"
         job.log_stream_name = f"{job.job_definition.name}/default/{uuid.uuid4().hex}"
         job.job_started_at = _now()
         job._start_attempt()
