@@ -30,6 +30,7 @@ from amibake.cloud.calls import (
 from amibake.cloud.ec2 import delete_security_group
 from amibake.cloud.network import find as find_network
 from amibake.errors import CloudError, UserError
+from amibake.progress import Progress
 
 log = logging.getLogger("amibake")
 TAG = "amibake:batch"
@@ -63,6 +64,11 @@ TIME_LIMIT_REASONS = (
     "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT",
 )
 RUNNABLE_LIMIT_S = 1800
+# A terminated job runs on until ECS has stopped its container (SIGTERM, SIGKILL 30 s later by
+# default) and Batch has noticed, and may write its files meanwhile: how long a cleanup waits
+# for terminated jobs to end before it removes what they write to.
+JOBS_STOPPING_S = 120.0
+JOBS_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -697,6 +703,46 @@ def status_text(status: dict[str, Any]) -> str:
 
 def _queue_gone(batch: Any, queue: str) -> bool:
     return not queues(batch, queue)
+
+
+def stop_jobs(batch: Any, queue: str) -> list[str]:
+    """Terminate every job the queue still holds (an array's parent takes its children with
+    it) and wait for them to have stopped; returns those still stopping. Deleting a queue
+    terminates its jobs in time too, but a run's files are removed right after."""
+    ids = [
+        job["jobId"]
+        for status in ACTIVE_JOBS
+        for job in pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=status)
+    ]
+    for job_id in ids:
+        batch.terminate_job(jobId=job_id, reason="amibake: its queue is deleted")
+    return wait_stopped(batch, ids, f"job queue {queue}")
+
+
+def wait_stopped(batch: Any, ids: list[str], what: str) -> list[str]:
+    """Wait, JOBS_STOPPING_S at most, for these (terminated) jobs to end; returns those that
+    have not, said in a warning."""
+    waiting = Progress(f"{what}: waiting for terminated jobs to stop")
+    while ids:
+        described = []
+        for start in range(0, len(ids), 100):  # DescribeJobs takes 100 ids at most
+            described += batch.describe_jobs(jobs=ids[start : start + 100])["jobs"]
+        ids = [j["jobId"] for j in described if j["status"] not in ("SUCCEEDED", "FAILED")]
+        if not ids:
+            break
+        if waiting.elapsed > JOBS_STOPPING_S:
+            log.warning(
+                "%s: %d terminated jobs still not stopped after %.0fs: %s",
+                what,
+                len(ids),
+                JOBS_STOPPING_S,
+                ", ".join(ids[:5]),
+            )
+            break
+        waiting.tick(f"{len(ids)} still stopping")
+        time.sleep(JOBS_POLL_S)
+    waiting.done("stopped")
+    return ids
 
 
 def delete_queue(batch: Any, queue: str) -> None:

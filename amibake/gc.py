@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import botocore.exceptions
 
@@ -65,6 +66,13 @@ def _forget_private_keys(cloud: Cloud, journal: Journal, run_id: str) -> None:
         log.info("removed %s: its key pair is deleted", key_file)
 
 
+def _delete_queue(client: Any, queue: str) -> None:
+    """Its jobs stopped first: a fleet run's files are removed after (fleet kill's sweep), and
+    a job still stopping wrote them on."""
+    batch.stop_jobs(client, queue)
+    batch.delete_queue(client, queue)
+
+
 def delete(
     cloud: Cloud, journal: Journal, leftovers: list[Resource]
 ) -> tuple[list[Resource], list[str]]:
@@ -76,7 +84,7 @@ def delete(
     failures = []
     batch_client = cloud.client("batch")
     actions: dict[str, Callable[[str], object]] = {
-        "job-queue": lambda i: batch.delete_queue(batch_client, i),
+        "job-queue": lambda i: _delete_queue(batch_client, i),
         "compute-environment": lambda i: batch.delete_environment(batch_client, i),
         "fleet": lambda i: delete_fleet(ec2, i, unseen_for_s=unseen[i]),
         "launch-template": lambda i: ec2.delete_launch_template(LaunchTemplateId=i),

@@ -35,7 +35,6 @@ import botocore.exceptions
 
 from amibake import batch as amibake_batch
 from amibake import cpu as cpu_module
-from amibake import progress
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.errors import RemoteError, UserError
@@ -66,12 +65,6 @@ POLL_S = 1.0
 RUNNABLE_TIMEOUT_VARIABLE = "FLEET_BATCH_RUNNABLE_TIMEOUT_S"
 RUNNABLE_TIMEOUT_S = float(amibake_batch.RUNNABLE_LIMIT_S)
 WAITING = ("SUBMITTED", "PENDING", "RUNNABLE")
-ENDED = ("SUCCEEDED", "FAILED")
-# A terminated job runs on until ECS has stopped its container (SIGTERM, SIGKILL 30 s later by
-# default) and Batch has noticed: until then it may write its files into the run's prefix,
-# which is removed after it. The agent stops at SIGTERM; this bounds a wait for one that does
-# not (an image's command), with room for Batch's lag.
-STOPPING_S = 120.0
 # GetLogEvents may answer empty pages (a new token each) before events that follow; the end of
 # the stream is the token coming back as it was sent. Reading stops there, or at these bounds.
 LOG_PAGES = 200
@@ -412,28 +405,14 @@ class Jobs:
             if job_id:
                 client.terminate_job(jobId=job_id, reason="fleet: the run stopped")
         ids = (state.children or [state.array_job]) if state.array_job else []
-        waiting = progress.Progress(f"{state.label}: waiting for terminated jobs to stop")
-        while ids:
-            described = []
-            for start in range(0, len(ids), 100):  # DescribeJobs takes 100 ids at most
-                described += client.describe_jobs(jobs=ids[start : start + 100])["jobs"]
-            ids = [j["jobId"] for j in described if j["status"] not in ENDED]
-            if not ids:
-                break
-            if waiting.elapsed > STOPPING_S:
-                log.warning(
-                    "%s: %d terminated jobs still not stopped after %.0fs; what they write under "
-                    "s3://%s/%s stays until the bucket's lifecycle expires it",
-                    state.label,
-                    len(ids),
-                    STOPPING_S,
-                    state.bucket,
-                    state.prefix,
-                )
-                break
-            waiting.tick(f"{len(ids)} still stopping")
-            time.sleep(POLL_S)
-        waiting.done("stopped")
+        if amibake_batch.wait_stopped(client, ids, state.label):
+            log.warning(
+                "%s: what those jobs write under s3://%s/%s stays until the bucket's lifecycle "
+                "expires it",
+                state.label,
+                state.bucket,
+                state.prefix,
+            )
 
     def _submit(self, state: JobsState) -> None:
         cloud = self.context.cloud

@@ -21,7 +21,9 @@ from amibake.procs import process_alive
 from fleet.results import Results
 
 log = logging.getLogger("amibake")
-STOP_TIMEOUT_S = 180.0  # the controller's own cleanup: terminating and waiting on instances
+# The controller's own cleanup: terminating and waiting on instances, or on Batch jobs (up to
+# amibake.batch.JOBS_STOPPING_S) and then deleting their compute environment.
+STOP_TIMEOUT_S = 300.0
 
 
 # Events that say whether a run is running: a controller started ("controller": a bench's or a

@@ -148,6 +148,24 @@ def test_full_flow_up_job_swap_down(
     ended = _wait_job(client, handles)
     assert time.monotonic() - asked < 10  # its own handler ended it: no SIGKILL waited for
     assert "stopping" in log_of(ended)
+    # An array's parent takes its children with it.
+    array = str(
+        client.submit_job(
+            jobName="array",
+            jobQueue="amibake-x86_64",
+            jobDefinition="amibake-trivial-x86_64",
+            arrayProperties={"size": 2},
+            containerOverrides={
+                "command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 100 & wait"]
+            },
+        )["jobId"]
+    )
+    started(f"{array}:0")
+    time.sleep(0.5)
+    client.terminate_job(jobId=array, reason="test")
+    assert _wait_job(client, array, timeout_s=20)["status"] == "FAILED"
+    children = client.describe_jobs(jobs=[f"{array}:0", f"{array}:1"])["jobs"]
+    assert [(c["status"], c["statusReason"]) for c in children] == [("FAILED", "test")] * 2
 
     # A new image: a new environment swapped into the queue, the old one retired.
     second = _bake(cloud)

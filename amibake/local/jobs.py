@@ -412,7 +412,8 @@ def install(runner: JobRunner) -> None:
     BatchSimpleBackend._mark_job_as_finished = mark  # type: ignore[method-assign]
 
     # TerminateJob of a job not started yet (SUBMITTED, PENDING, RUNNABLE) fails it at once, as
-    # on AWS; moto only flags it, and here it stayed RUNNABLE until its host reached it. (The
+    # on AWS; moto only flags it, and here it stayed RUNNABLE until its host reached it; an
+    # array's parent terminates its children too, as on AWS, where moto flagged the parent. (The
     # simple backend hands every call but submit_job to moto's own BatchBackend.)
     from moto.batch.models import BatchBackend
 
@@ -422,8 +423,12 @@ def install(runner: JobRunner) -> None:
         def terminate_job(self: Any, job_id: str, reason: str) -> None:
             terminate(self, job_id, reason)
             job = self._jobs.get(job_id)
-            if job is not None and job.status in QUEUED and not getattr(job, "_child_jobs", None):
-                stop_job(self, job, False, reason)
+            # An array's parent takes its children with it (the Batch guide's "Array jobs").
+            children = (getattr(job, "_child_jobs", None) or []) if job is not None else []
+            for one in [job, *children] if job is not None else []:
+                one.terminate(reason)  # a running one is stopped by its host
+                if one.status in QUEUED and not getattr(one, "_child_jobs", None):
+                    stop_job(self, one, False, reason)
 
         terminate_job._amibake = True  # type: ignore[attr-defined]
         BatchBackend.terminate_job = terminate_job  # type: ignore[method-assign]

@@ -18,9 +18,10 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from amibake import batch, config, pipelines
+from amibake import batch, config, gc, pipelines, runner
 from amibake.cli import main as main_amibake
 from amibake.cloud import Cloud
+from amibake.journal import Journal
 from amibake.local import control as local_control
 from amibake.local import jobs as local_jobs
 from amibake.runner import Interrupted
@@ -326,21 +327,38 @@ def test_a_run_stopped_after_each_creating_step_leaves_nothing(
 
 
 def test_fleet_kill_mid_job_removes_everything(
-    cloud: Cloud, registered: None, local_dir: Path
+    cloud: Cloud, registered: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_id = new_run(
         cloud, executor="batch", command="sleep 60; echo value=1", metric="value=(\\d+)"
     )
     results = results_of(cloud)
     process = fleet_process("bench", "--resume", run_id)
+    client = cloud.client("batch")
+    jobs: list[str] = []
+    statuses: list[str] = []
+    delete_prefix = batch.delete_prefix
+
+    def at_deletion(cloud: Cloud, bucket: str, prefix: str) -> int:
+        statuses.extend(j["status"] for j in client.describe_jobs(jobs=jobs)["jobs"])
+        return delete_prefix(cloud, bucket, prefix)
+
+    monkeypatch.setattr(batch, "delete_prefix", at_deletion)
     try:
         wait_for(lambda: running_jobs(cloud, run_id), timeout_s=120)
+        queue = run_queue(cloud, run_id)
+        jobs += [
+            j["jobId"]
+            for j in client.list_jobs(jobQueue=queue, jobStatus="RUNNING")["jobSummaryList"]
+        ]
         # SIGKILL: no cleanup by the controller; `fleet kill` must find it all by tag.
         process.kill()
         process.wait(30)
         assert main(["kill", run_id]) == 0
     finally:
         process.kill()
+    # Its jobs had stopped before their files were removed: one still stopping wrote on.
+    assert statuses and set(statuses) <= {"SUCCEEDED", "FAILED"}, statuses
     assert control.status(results, run_id)["state"] == "killed"
     batch_left(cloud, run_id, local_dir)
 
@@ -385,6 +403,37 @@ def test_ctrl_c_mid_job_removes_the_runs_files_once_its_jobs_have_stopped(
     # The agent stops at SIGTERM: the cleanup did not wait out the stop timeout's SIGKILL.
     assert when[1] - when[0] < local_jobs.STOP_TIMEOUT_S, when
     batch_left(cloud, run_id, local_dir)
+
+
+def test_gc_stops_a_queues_jobs_before_it_deletes_the_queue(cloud: Cloud, registered: None) -> None:
+    """A run's queue left with a job running (its controller SIGKILLed): gc terminates its jobs
+    and waits for them to stop. Deleting the queue let the job run on, and fleet kill removed
+    the run's files while it could still write them."""
+    client = cloud.client("batch")
+    environment = next(iter(batch.status(cloud)["compute_environments"]))
+    run_id = runner.new_run_id()
+    name = f"fleet-gc-{run_id.removeprefix('ab-')}"
+    client.create_job_queue(
+        jobQueueName=name,
+        state="ENABLED",
+        priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+        tags={"amibake:run-id": run_id},
+    )
+    batch.wait_valid(client, "job queue", name)
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    journal.created(run_id, "job-queue", name, cloud.config.region, "local")
+    job = client.submit_job(
+        jobName="left",
+        jobQueue=name,
+        jobDefinition="amibake-trivial-x86_64",
+        containerOverrides={"command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]},
+    )["jobId"]
+    wait_for(lambda: client.describe_jobs(jobs=[job])["jobs"][0]["status"] == "RUNNING", 120)
+    found = gc.find(cloud, journal, run_id=run_id)
+    assert [x.kind for x in found] == ["job-queue"]
+    assert gc.delete(cloud, journal, found) == (found, [])
+    assert client.describe_jobs(jobs=[job])["jobs"][0]["status"] == "FAILED"
 
 
 def test_batch_without_registration_is_refused_before_creating_anything(
