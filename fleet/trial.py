@@ -22,7 +22,7 @@ from fleet import bench, container, stats
 from fleet.executor import BenchState, BuildArtifact, Replicate
 from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE
-from fleet.spec import BenchSpec, Metric, metric_from
+from fleet.spec import PLAIN, BenchSpec, Metric, metric_from
 from fleet.tune_spec import TuneSpec, broken_constraint
 
 
@@ -143,7 +143,8 @@ class CloudEvaluator:
             except AmibakeError as exc:
                 return Evaluation("failed", reason=f"build failed: {exc}")
             manifest = dict(artifacts["tuned"].manifest)
-        todo = [Replicate(instance_type, "tuned", i, False) for i in range(self.spec.replicates)]
+        build = "tuned" if artifacts else PLAIN  # an image's trials are "plain", as in bench
+        todo = [Replicate(instance_type, build, i, False) for i in range(self.spec.replicates)]
         try:
             usd = self._measure(f"trial {trial}", trial, params, todo, artifacts)
         except Measured as failed:
@@ -236,7 +237,7 @@ class CloudEvaluator:
             command=spec.command,
             image=spec.image,
             gpus=spec.gpus,
-            builds=tuple(artifacts) or ("tuned",),
+            builds=tuple(artifacts) or (PLAIN,),
             replicates=spec.replicates,
             warmups=0,
             args=space.args({n: v for n, v in params.items() if n not in filled}),
