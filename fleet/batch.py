@@ -43,6 +43,7 @@ from amibake.runner import RunContext, Step
 from fleet import container
 from fleet.executor import (
     AGENT,
+    IDLE,
     BenchState,
     Replicate,
     build_verdict,
@@ -385,6 +386,12 @@ class Jobs:
         self.context = context
 
     def run(self, state: JobsState) -> None:
+        try:
+            self._rounds(state)
+        finally:  # ended or failed midway: nothing runs for it now (the heartbeat stops)
+            state.on_event(state, IDLE)
+
+    def _rounds(self, state: JobsState) -> None:
         rounds = 0
         while state.pending:
             rounds += 1

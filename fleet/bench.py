@@ -30,7 +30,7 @@ from amibake.steps.state import Variant
 from fleet import container, control, prices
 from fleet import plan as planning
 from fleet.batch import JobsState, batch_steps, registered
-from fleet.executor import BenchState, BuildArtifact, Replicate, build_verdict, ssh_steps
+from fleet.executor import IDLE, BenchState, BuildArtifact, Replicate, build_verdict, ssh_steps
 from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.spec import BenchSpec
 
@@ -178,9 +178,12 @@ class Board:
             # What the type is busy with, for the heartbeat: a replicate over SSH; Batch jobs
             # submitted, waiting or running (minutes each, with no line until one changes).
             batch = ("jobs ", "submitted ")
+            if what == IDLE:  # its replicates are over (ended, or failed midway): nothing runs
+                self.running.pop(state.label, None)
+                return
             if what.startswith("running "):
                 self.running[state.label] = (f"{what.removeprefix('running ')} running", at)
-            elif what.startswith(batch):
+            elif what.startswith(batch) and not _all_ended(what):
                 self.running[state.label] = (what, at)
             elif what != "replicate done" or not self.running.get(state.label, ("",))[0].startswith(
                 batch
@@ -245,6 +248,12 @@ class Board:
 
 
 ENDS = ("done", "failed", "stopped")  # a type's last events
+
+
+def _all_ended(jobs_line: str) -> bool:
+    """Whether a "jobs 2 succeeded, 1 failed (...)" line has every job ended."""
+    counts = jobs_line.removeprefix("jobs ").split(" (")[0].split(", ")
+    return all(part.split(" ", 1)[-1] in ("succeeded", "failed") for part in counts)
 
 
 def create(cloud: Cloud, spec: BenchSpec, results: Results) -> str:

@@ -36,6 +36,8 @@ from fleet.results import ReplicateRow
 from fleet.spec import BenchSpec
 
 log = logging.getLogger("amibake")
+# A type's last replicate is over (ended, or failed midway): said to the progress board only.
+IDLE = "idle"
 AGENT = Path(__file__).resolve().parent / "agent"
 WORK = f"{SHARED}/fleet"
 TAIL_LINES = 8
@@ -217,6 +219,12 @@ class Measure:
         self.context = context
 
     def run(self, state: BenchState) -> None:
+        try:
+            self._replicates(state)
+        finally:  # ended or failed midway: nothing runs on it now (the heartbeat stops)
+            state.on_event(state, IDLE)
+
+    def _replicates(self, state: BenchState) -> None:
         remote = state.remote
         assert remote is not None
         imds = self.context.cloud.imds_endpoint

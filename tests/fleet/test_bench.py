@@ -331,7 +331,10 @@ def test_the_board_is_quiet_while_it_speaks_and_when_nothing_runs() -> None:
     board.update(state, "jobs 1 running, 1 runnable")
     board.update(state, "replicate done")  # the other job runs on
     assert board.beat(0.0).startswith("a.large jobs 1 running, 1 runnable for 0s; 2/2")
-    board.update(state, "done")
+    board.update(state, "jobs 2 succeeded")  # the last poll: every job has ended
+    assert board.beat(0.0) == ""
+    board.update(state, "running x-r3")
+    board.update(state, bench.IDLE)  # its replicate failed midway: nothing runs on it now
     assert board.beat(0.0) == ""
     board.close()
 
