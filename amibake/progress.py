@@ -90,7 +90,9 @@ class _Bars:
     def update(self, task: Any, **fields: Any) -> None:
         with self.lock:
             if self.display is not None and task in self.tasks:
-                self.display.update(task, **fields)
+                # Drawn now, not at the next tick of rich's refresh thread: a count that was
+                # removed with its bar before that tick was never shown.
+                self.display.update(task, refresh=True, **fields)
 
     def remove(self, task: Any) -> None:
         with self.lock:
