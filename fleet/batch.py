@@ -272,9 +272,11 @@ now() {  # busybox's date may lack %N: the kernel's uptime has hundredths (a dif
   case "$t" in *N*|"") read -r t _ </proc/uptime 2>/dev/null || t=$(date +%s);; esac; echo "$t"
 }
 start=$(now)
-trap 'exit 143' TERM  # as PID 1 it ignored ECS's SIGTERM, and a terminated job ran on 30 s
+# As PID 1 it ignored ECS's SIGTERM, and a terminated job ran on 30 s: passed on, then ended.
+trap 'kill -TERM "$p" 2>/dev/null; exit 143' TERM
 /bin/sh -c "$FLEET_COMMAND" </dev/null 2>&1 &
-wait $!
+p=$!
+wait "$p"
 code=$?
 end=$(now)
 metric=$(head -c 200 "$FLEET_METRIC_FILE" 2>/dev/null | tr -s ' \\n\\t' '   ')

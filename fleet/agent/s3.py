@@ -34,6 +34,12 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
+if __name__ == "__main__":
+    # The container's PID 1, from its first instruction on: ECS stops a terminated job with
+    # SIGTERM, which PID 1 ignores unless it handles it (and the job ran on 30 s, writing its
+    # files). bootstrap() passes it on to job.py once that runs.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+
 ECS_CREDENTIALS_HOST = "http://169.254.170.2"
 UNSIGNED = "UNSIGNED-PAYLOAD"  # S3 takes it; the body is not hashed twice
 
@@ -183,12 +189,18 @@ def bootstrap() -> int:
     ignore the SIGTERM by which ECS stops a terminated job (PID 1 gets only the signals it
     handles), and the job ran on for the 30 s to SIGKILL, writing its files after the run had
     removed them: it exits instead, and the kernel ends the rest of the container with it."""
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     directory = "/tmp/fleet-" + os.environ["AWS_BATCH_JOB_ID"].replace(":", "-")
     os.makedirs(directory, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(get("payload.tar"))) as tar:
         extract(tar, directory)
-    return subprocess.call([sys.executable, os.path.join(directory, "job.py")])
+    child = subprocess.Popen([sys.executable, os.path.join(directory, "job.py")])
+
+    def stop(*_: object) -> None:
+        child.terminate()  # where the bootstrap is not PID 1, job.py would be left running
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    return child.wait()
 
 
 if __name__ == "__main__":
