@@ -375,6 +375,10 @@ def _stop_container(process: subprocess.Popen[bytes]) -> None:
     """As ECS stops a task's container: SIGTERM to the container's PID 1, SIGKILL to all of it
     once STOP_TIMEOUT_S have passed."""
     init = _container_init(process.pid)
+    deadline = time.monotonic() + 2.0  # nsenter and unshare fork as the container starts
+    while init is None and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        init = _container_init(process.pid)
     if init is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(init, signal.SIGTERM)
