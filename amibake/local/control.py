@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
 
@@ -186,8 +187,13 @@ def _differs(running: Daemon, settings: LocalSettings, wanted: faults.Faults) ->
         )
     for name, have in running.started_with.items():
         want = getattr(settings, name)
-        if str(have) != str(want):
-            return f"local_{name} {have}, not {want} (AMIBAKE_LOCAL_{name.upper()})"
+        same = (
+            ip_network(str(have)) == ip_network(str(want))  # 127.77.0.0/255.255.0.0 is /16
+            if name == "subnet"
+            else str(have) == str(want)
+        )
+        if not same:
+            return f"local_{name} {have}, not {want} (AMIBAKE_LOCAL_{name.upper()} or amibake.toml)"
     return ""
 
 
