@@ -224,6 +224,13 @@ def test_the_recommendation_does_not_trust_one_lucky_run() -> None:
     assert alone is not None and alone.params == lucky and alone.low is None
     assert "noise is unknown" in alone.basis
     assert recommend([(steady, None)]) is None
+    # The interval's noise is named as it was taken: the pool's, or the configuration's own
+    # runs where they spread wider (the basis said "pooled over 8" for an interval of 3 runs).
+    assert "noise pooled over 4 replicates" in (chosen.basis or "")
+    wide = [(steady, v) for v in (10.0, 14.0, 7.0)] + [(lucky, v) for v in (12.0, 12.1)]
+    spread = recommend(wide)
+    assert spread is not None and spread.params == steady, spread
+    assert "its own runs' spread, wider than the 3 replicates' pooled noise" in spread.basis
 
 
 def _runs_table(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
