@@ -178,6 +178,10 @@ ACTIONS: dict[str, list[str]] = {
     "gc": [
         "batch:DeleteComputeEnvironment",
         "batch:DeleteJobQueue",
+        # a run's queue's jobs, stopped before the queue goes (gc.delete)
+        "batch:DescribeJobs",
+        "batch:ListJobs",
+        "batch:TerminateJob",
         "batch:UpdateComputeEnvironment",
         "batch:UpdateJobQueue",
         "ec2:DeleteFleets",

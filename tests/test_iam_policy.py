@@ -17,7 +17,7 @@ import botocore.exceptions
 import botocore.session
 import pytest
 
-from amibake import batch, config, gc, iam_policy, pipelines
+from amibake import batch, config, gc, iam_policy, pipelines, runner
 from amibake.cloud import Cloud
 from amibake.cloud.session import name_denied_action
 from amibake.connect import connect
@@ -90,16 +90,34 @@ def test_every_call_each_command_makes_is_in_its_statement(cloud: Cloud) -> None
         used["bake"] = recorder.take()
         amis = cloud.config.results_dir / "amis.json"
         batch.up(cloud, batch.images_from_bake(amis))
-        batch.status(cloud)
-        batch.down(cloud)
+        environment = next(iter(batch.status(cloud)["compute_environments"]))
         used["batch"] = recorder.take()
+        # A fleet run's queue left with a job in it (its controller SIGKILLed): gc stops the job
+        # before it deletes the queue.
         journal = Journal(cloud.config.results_dir / "journal.sqlite")
+        run_id = runner.new_run_id()
+        left = f"fleet-{run_id.removeprefix('ab-')}"
+        client = cloud.client("batch")
+        client.create_job_queue(
+            jobQueueName=left,
+            state="ENABLED",
+            priority=1,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+            tags={"amibake:run-id": run_id},
+        )
+        batch.wait_valid(client, "job queue", left)
+        journal.created(run_id, "job-queue", left, cloud.config.region, "local")
+        client.submit_job(jobName="left", jobQueue=left, jobDefinition="amibake-trivial-x86_64")
+        recorder.take()  # the test's own calls
         from amibake import inventory
 
         inventory.discover(cloud, journal, everything=True)  # amibake ls, gc --dry-run
         used["ls"] = recorder.take()
         gc.delete(cloud, journal, gc.find(cloud, journal))
         used["gc"] = recorder.take()
+        assert "batch:TerminateJob" in used["gc"], used["gc"]
+        batch.down(cloud)
+        used["batch"] |= recorder.take()
         from fleet import bench, spec
 
         results = bench.results_db(cloud.config.results_dir)
