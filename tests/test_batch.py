@@ -148,7 +148,6 @@ def test_full_flow_up_job_swap_down(
     ended = _wait_job(client, handles)
     assert time.monotonic() - asked < 10  # its own handler ended it: no SIGKILL waited for
     assert "stopping" in log_of(ended)
-    # An array's parent takes its children with it.
     array = str(
         client.submit_job(
             jobName="array",
@@ -162,7 +161,11 @@ def test_full_flow_up_job_swap_down(
     )
     started(f"{array}:0")
     time.sleep(0.5)
+    # Its parent cancels the children still queued; a running one runs on until terminated.
     client.terminate_job(jobId=array, reason="test")
+    children = client.describe_jobs(jobs=[f"{array}:0", f"{array}:1"])["jobs"]
+    assert [c["status"] for c in children] == ["RUNNING", "FAILED"], children
+    client.terminate_job(jobId=f"{array}:0", reason="test")
     assert _wait_job(client, array, timeout_s=20)["status"] == "FAILED"
     children = client.describe_jobs(jobs=[f"{array}:0", f"{array}:1"])["jobs"]
     assert [(c["status"], c["statusReason"]) for c in children] == [("FAILED", "test")] * 2

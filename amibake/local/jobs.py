@@ -417,9 +417,9 @@ def install(runner: JobRunner) -> None:
 
     # TerminateJob of a job not started yet (SUBMITTED, PENDING, RUNNABLE) fails it at once, as
     # on AWS; moto only flags it, and here it stayed RUNNABLE until its host reached it; an
-    # array's parent terminates its children too, as on AWS, where moto flagged the parent. (The
+    # array's parent cancels its queued children, as on AWS, where moto flagged the parent. (The
     # simple backend hands every call but submit_job to moto's own BatchBackend.)
-    from moto.batch.models import BatchBackend
+    from moto.batch.models import BatchBackend, Job
 
     terminate = BatchBackend.terminate_job
     if not getattr(terminate, "_amibake", False):
@@ -427,18 +427,48 @@ def install(runner: JobRunner) -> None:
         def terminate_job(self: Any, job_id: str, reason: str) -> None:
             terminate(self, job_id, reason)
             job = self._jobs.get(job_id)
-            # An array's parent takes its children with it (the Batch guide's "Array jobs").
-            children = (getattr(job, "_child_jobs", None) or []) if job is not None else []
-            for one in [job, *children] if job is not None else []:
-                one.terminate(reason)  # a running one is stopped by its host
-                if one.status in QUEUED and not getattr(one, "_child_jobs", None):
-                    stop_job(self, one, False, reason)
+            if job is None:
+                return
+            children = getattr(job, "_child_jobs", None) or []
+            if job.status in QUEUED and not children:
+                stop_job(self, job, False, reason)
+            # An array's parent cancels its children still queued; those STARTING or RUNNING
+            # run on until terminated one by one (CancelJob's and TerminateJob's API reference).
+            for child in children:
+                if child.status in QUEUED:
+                    child.terminate(reason)
+                    stop_job(self, child, False, reason)
 
         terminate_job._amibake = True  # type: ignore[attr-defined]
         BatchBackend.terminate_job = terminate_job  # type: ignore[method-assign]
 
+    # ListJobs by queue gives an array's parent, not its children (they are listed by
+    # arrayJobId), and each summary says which it is (arrayProperties: size, or index), as on
+    # AWS; moto listed the children among the queue's jobs, unmarked.
+    listing, summary = BatchBackend.list_jobs, Job.describe_short
+    if not getattr(listing, "_amibake", False):
+
+        def list_jobs(
+            self: Any, job_queue_name: Any, array_job_id: Any, *args: Any, **kwargs: Any
+        ) -> list[Any]:
+            jobs = listing(self, job_queue_name, array_job_id, *args, **kwargs)
+            if array_job_id:
+                return jobs
+            return [j for j in jobs if "index" not in (j.array_properties or {})]
+
+        def describe_short(self: Any) -> dict[str, Any]:
+            found = summary(self)
+            if self._child_jobs:
+                found["arrayProperties"] = {"size": len(self._child_jobs)}
+            elif "index" in (self.array_properties or {}):
+                found["arrayProperties"] = {"index": self.array_properties["index"]}
+            return found
+
+        list_jobs._amibake = True  # type: ignore[attr-defined]
+        BatchBackend.list_jobs = list_jobs  # type: ignore[method-assign]
+        Job.describe_short = describe_short  # type: ignore[method-assign]
+
     # DescribeJobs on AWS reports the container's exit code; moto's full describe drops it.
-    from moto.batch.models import Job
 
     details = Job._container_details
     if getattr(details, "_amibake", False):
