@@ -706,14 +706,27 @@ def _queue_gone(batch: Any, queue: str) -> bool:
 
 
 def stop_jobs(batch: Any, queue: str) -> list[str]:
-    """Terminate every job the queue still holds (an array's parent takes its children with
-    it) and wait for them to have stopped; returns those still stopping. Deleting a queue
-    terminates its jobs in time too, but a run's files are removed right after."""
-    ids = [
-        job["jobId"]
-        for status in ACTIVE_JOBS
-        for job in pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=status)
-    ]
+    """Terminate every job the queue still holds and wait for them to have stopped; returns
+    those still stopping. Deleting a queue terminates its jobs in time too, but a run's files
+    are removed right after. An array's children are listed and terminated one by one: its
+    parent cancels those still queued, never those STARTING or RUNNING."""
+    ids: list[str] = []
+    for status in ACTIVE_JOBS:
+        for job in pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=status):
+            ids.append(job["jobId"])
+            if "size" in job.get("arrayProperties", {}):  # a parent (a child has an index)
+                ids += [
+                    child["jobId"]
+                    for state in ACTIVE_JOBS
+                    for child in pages(
+                        batch,
+                        "list_jobs",
+                        "jobSummaryList",
+                        arrayJobId=job["jobId"],
+                        jobStatus=state,
+                    )
+                ]
+    ids = list(dict.fromkeys(ids))
     for job_id in ids:
         batch.terminate_job(jobId=job_id, reason="amibake: its queue is deleted")
     return wait_stopped(batch, ids, f"job queue {queue}")

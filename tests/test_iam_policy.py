@@ -107,7 +107,14 @@ def test_every_call_each_command_makes_is_in_its_statement(cloud: Cloud) -> None
         )
         batch.wait_valid(client, "job queue", left)
         journal.created(run_id, "job-queue", left, cloud.config.region, "local")
-        client.submit_job(jobName="left", jobQueue=left, jobDefinition="amibake-trivial-x86_64")
+        client.submit_job(  # still there when gc lists it (the trivial job ends in a second)
+            jobName="left",
+            jobQueue=left,
+            jobDefinition="amibake-trivial-x86_64",
+            containerOverrides={
+                "command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]
+            },
+        )
         recorder.take()  # the test's own calls
         from amibake import inventory
 

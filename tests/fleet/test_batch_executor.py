@@ -62,11 +62,24 @@ def run_queue(cloud: Cloud, run_id: str) -> str | None:
     return None
 
 
+def queue_jobs(client: Any, queue: str, statuses: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The queue's jobs in these states, an array's children included: ListJobs by queue gives
+    the parent alone (PENDING while its children run), as on AWS."""
+    found = []
+    for status in (*batch.ACTIVE_JOBS, "SUCCEEDED", "FAILED"):
+        for job in client.list_jobs(jobQueue=queue, jobStatus=status)["jobSummaryList"]:
+            if "size" in job.get("arrayProperties", {}):
+                for wanted in statuses:
+                    listed = client.list_jobs(arrayJobId=job["jobId"], jobStatus=wanted)
+                    found += listed["jobSummaryList"]
+            elif status in statuses:
+                found.append(job)
+    return found
+
+
 def running_jobs(cloud: Cloud, run_id: str) -> bool:
     queue = run_queue(cloud, run_id)
-    return bool(queue) and bool(
-        cloud.client("batch").list_jobs(jobQueue=queue, jobStatus="RUNNING")["jobSummaryList"]
-    )
+    return bool(queue) and bool(queue_jobs(cloud.client("batch"), queue, ("RUNNING",)))
 
 
 def batch_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
@@ -275,12 +288,7 @@ def test_a_lost_host_reruns_its_replicate(
             for reservation in reservations:
                 for instance in reservation["Instances"]:
                     queue = run_queue(cloud, run_id)
-                    jobs = (
-                        queue
-                        and cloud.client("batch").list_jobs(jobQueue=queue, jobStatus="RUNNING")[
-                            "jobSummaryList"
-                        ]
-                    )
+                    jobs = queue and queue_jobs(cloud.client("batch"), queue, ("RUNNING",))
                     if jobs:
                         time.sleep(0.5)
                         if how == "terminated":
@@ -347,10 +355,8 @@ def test_fleet_kill_mid_job_removes_everything(
     try:
         wait_for(lambda: running_jobs(cloud, run_id), timeout_s=120)
         queue = run_queue(cloud, run_id)
-        jobs += [
-            j["jobId"]
-            for j in client.list_jobs(jobQueue=queue, jobStatus="RUNNING")["jobSummaryList"]
-        ]
+        assert queue is not None
+        jobs += [j["jobId"] for j in queue_jobs(client, queue, ("RUNNING",))]
         # SIGKILL: no cleanup by the controller; `fleet kill` must find it all by tag.
         process.kill()
         process.wait(30)
@@ -392,8 +398,8 @@ def test_ctrl_c_mid_job_removes_the_runs_files_once_its_jobs_have_stopped(
     def at_deletion(cloud: Cloud, bucket: str, prefix: str) -> int:
         if not queue:  # the take-over's sweep, before anything ran
             return delete_prefix(cloud, bucket, prefix)
-        jobs = client.list_jobs(jobQueue=queue[0], filters=[{"name": "JOB_NAME", "values": ["*"]}])
-        statuses.extend(j["status"] for j in jobs["jobSummaryList"])
+        every = (*batch.ACTIVE_JOBS, "SUCCEEDED", "FAILED")
+        statuses.extend(j["status"] for j in queue_jobs(client, queue[0], every))
         when.append(time.monotonic())
         return delete_prefix(cloud, bucket, prefix)
 
@@ -442,18 +448,22 @@ def test_gc_stops_a_queues_jobs_before_it_deletes_the_queue(
     batch.wait_valid(client, "job queue", name)
     journal = Journal(cloud.config.results_dir / "journal.sqlite")
     journal.created(run_id, "job-queue", name, cloud.config.region, "local")
-    job = client.submit_job(
+    # An array, as a run submits: its parent cancels only the children still queued.
+    array = client.submit_job(
         jobName="left",
         jobQueue=name,
         jobDefinition="amibake-trivial-x86_64",
+        arrayProperties={"size": 2},
         containerOverrides={"command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]},
     )["jobId"]
-    wait_for(lambda: client.describe_jobs(jobs=[job])["jobs"][0]["status"] == "RUNNING", 120)
+    jobs = [array, f"{array}:0", f"{array}:1"]
+    wait_for(lambda: client.describe_jobs(jobs=jobs[1:2])["jobs"][0]["status"] == "RUNNING", 120)
     found = gc.find(cloud, journal, run_id=run_id)
     assert [x.kind for x in found] == ["job-queue"]
     try:
         assert gc.delete(cloud, journal, found) == (found, [])
-        assert client.describe_jobs(jobs=[job])["jobs"][0]["status"] == "FAILED"
+        statuses = [j["status"] for j in client.describe_jobs(jobs=jobs)["jobs"]]
+        assert statuses == ["FAILED"] * 3, statuses
     finally:
         batch.delete_environment(client, environment)
     assert wait_until_clean(local_dir) == []
