@@ -374,18 +374,19 @@ def _local(args: argparse.Namespace) -> int:
 
 def _refuse_while_in_use(cfg: config_module.Config, force: bool) -> None:
     """Stopping the cloud under a run fails it midway (its instances vanish, its cleanup finds
-    nothing to call): a run still going is named, and only --force stops the cloud anyway."""
+    nothing to call): a process still using it is named, and only --force stops it anyway."""
     from amibake.local import control
 
-    runs = [] if force else control.holders(cfg)
-    if not runs:
+    users = [] if force else control.holders(cfg)
+    if not users:
         return
-    named = ", ".join(f"{run_id} ({command}, pid {pid})" for run_id, command, pid in runs[:3])
-    more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+    named = ", ".join(f"{command} (pid {pid})" for command, pid in users[:3])
+    more = f" and {len(users) - 3} more" if len(users) > 3 else ""
+    many = len(users) > 1
     raise UserError(
-        f"{len(runs)} run{'s' if len(runs) > 1 else ''} still use{'' if len(runs) > 1 else 's'} "
-        f"the local cloud: {named}{more}; let them finish or stop them (Ctrl-C, fleet kill), "
-        "or `amibake local down --force`"
+        f"{len(users)} process{'es' if many else ''} still use{'' if many else 's'} the local "
+        f"cloud: {named}{more}; let {'them' if many else 'it'} finish or stop "
+        f"{'them' if many else 'it'} (Ctrl-C, fleet kill), or `amibake local down --force`"
     )
 
 

@@ -10,9 +10,6 @@ call it.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from amibake.cloud.session import Cloud, open_cloud
 from amibake.config import Config
 from amibake.errors import UserError
@@ -22,7 +19,7 @@ def connect(config: Config) -> Cloud:
     """The Cloud for a config; for the local cloud, started when it is not running."""
     if not config.is_local:
         return open_cloud(config)
-    from amibake.local.control import up
+    from amibake.local.control import hold, up
     from amibake.local.daemon import REGIONS
 
     # Its base images exist in these regions only: elsewhere the first launch failed with
@@ -32,17 +29,6 @@ def connect(config: Config) -> Cloud:
             f"the local cloud serves {', '.join(REGIONS)}, not {config.region}: pick one "
             "with --region"
         )
-    return open_cloud(config, up(config).endpoint)  # started unless already running
-
-
-@contextlib.contextmanager
-def holding(config: Config, run_id: str, command: str) -> Iterator[None]:
-    """A run that uses the local cloud says so while it runs: `amibake local down` refuses to
-    stop the cloud under it. On AWS, nothing."""
-    if not config.is_local:
-        yield
-        return
-    from amibake.local.control import hold
-
-    with hold(config, run_id, command):
-        yield
+    daemon = up(config)  # started unless already running
+    hold(config)  # `amibake local down` refuses while this process may still use it
+    return open_cloud(config, daemon.endpoint)

@@ -16,7 +16,6 @@ import botocore.exceptions
 from amibake import bake as bake_module
 from amibake import catalog, recipes, render, runner, sources
 from amibake.cloud import Cloud, tags
-from amibake.connect import holding
 from amibake.errors import AmibakeError, CloudError, UserError
 from amibake.flags import Compiler, for_build
 from amibake.journal import Journal
@@ -131,7 +130,7 @@ def open_run(cloud: Cloud, command: str) -> Iterator[RunContext]:
         log_dir=log_dir,
     )
     state = "failed"
-    with holding(config, run_id, command), run_log(log_dir / "run.log"):
+    with run_log(log_dir / "run.log"):
         runner.opened(context)
         try:
             yield context

@@ -6,6 +6,7 @@ treated as "not running", and whatever the dead daemon left is cleaned before a 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -15,13 +16,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from amibake.config import Config
 from amibake.errors import AmibakeError, EnvironmentProblem, LocalCloudError, UserError
@@ -264,37 +262,60 @@ def down(config: Config, timeout_s: float = 60.0) -> list[str]:
     return done
 
 
-@contextlib.contextmanager
-def hold(config: Config, run_id: str, command: str) -> Iterator[None]:
-    """While open, the run is named as one using the cloud (`local down` refuses meanwhile)."""
-    directory = config.local_dir / HOLDS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / run_id
-    me = psutil.Process()
-    path.write_text(json.dumps({"pid": me.pid, "started": me.create_time(), "command": command}))
+_HELD: set[Path] = set()  # this process's hold files
+
+
+def hold(config: Config) -> None:
+    """This process uses the cloud until it exits: a file in the cloud's `runs/` names it (its
+    pid, its start and its command line), so that `local down` refuses meanwhile; removed at
+    exit, and found dead and removed by `holders` after a SIGKILL. Best effort: a cloud whose
+    directory cannot take it is used all the same."""
+    path = config.local_dir / HOLDS_DIR / str(os.getpid())
+    if path in _HELD:
+        return
+    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "python"
     try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.new")  # whole or absent, never half-written
+        staged.write_text(
+            json.dumps({"pid": os.getpid(), "started": _started(os.getpid()), "command": command})
+        )
+        os.replace(staged, path)
+    except OSError:
+        return
+    _HELD.add(path)
+    atexit.register(path.unlink, missing_ok=True)
 
 
-def holders(config: Config) -> list[tuple[str, str, int]]:
-    """The runs using the cloud now, (run id, command, pid); a file whose process is gone (a
-    SIGKILLed run), or is another that took its pid, is removed."""
+def holders(config: Config) -> list[tuple[str, int]]:
+    """The other processes using the cloud now, (command, pid). The file of one that is gone (a
+    SIGKILL), or whose pid another process took since, is removed."""
     directory = config.local_dir / HOLDS_DIR
     found = []
     for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+        if path.name.startswith(".") or path.name == str(os.getpid()):
+            continue
         try:
             info = json.loads(path.read_text())
-            pid = int(info["pid"])
-            alive = abs(psutil.Process(pid).create_time() - float(info["started"])) < 0.01
-        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-            alive = False
-        if alive and process_alive(pid):
-            found.append((path.name, str(info.get("command", "")), pid))
+            pid, started = int(info["pid"]), str(info["started"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge
+        if started and _started(pid) == started and process_alive(pid):
+            found.append((str(info.get("command", "")), pid))
         else:
             path.unlink(missing_ok=True)
     return found
+
+
+def _started(pid: int) -> str:
+    """When the process started, in clock ticks since boot (/proc/PID/stat's 22nd field): a
+    pid taken by another process since has another; a wall-clock time (psutil's create_time)
+    moved with the clock, and a live run's file was taken for a dead one. "" if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
 
 
 def _clean_leftovers(directory: Path) -> list[str]:

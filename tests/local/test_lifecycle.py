@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from amibake import config, pipelines
+from amibake import config
 from amibake.cli import main
 from amibake.connect import connect
 from amibake.local import control, sandbox
@@ -69,48 +69,46 @@ def test_up_refuses_settings_other_than_the_running_clouds(
     assert json.loads(capsys.readouterr().out) == running
 
 
-def test_down_while_a_run_uses_the_cloud_names_it_and_stops_only_with_force(
+def test_down_while_a_process_uses_the_cloud_names_it_and_stops_only_with_force(
     own_cloud: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stopping the cloud under a run fails it midway, unsaid: the run is named, nothing stops,
-    and --force stops it anyway. A run whose process is gone holds nothing up, and the runs are
-    found wherever their results go (`local down` run from another directory)."""
+    """Stopping the cloud under a run fails it midway, unsaid: a process connected to it (any
+    command: a build, a fleet controller between trials, gc) is named, nothing stops, and
+    --force stops it anyway. One SIGKILLed holds nothing up, and it is found wherever runs keep
+    their results (`local down` run from another directory)."""
     assert main(["local", "up"]) == 0
     daemon = control.find(config.load())
     assert daemon is not None
     capsys.readouterr()
-    hold = (
-        "import sys, time; from amibake import config; from amibake.local import control; "
-        "held = control.hold(config.load(), sys.argv[1], 'fleet bench fb-x'); held.__enter__(); "
-        "print('in', flush=True); time.sleep(120)"
+    uses = (
+        "import sys, time; from amibake import config; from amibake.connect import connect; "
+        "connect(config.load()); print('in', flush=True); time.sleep(120)"
     )
 
-    def running(run_id: str) -> subprocess.Popen[str]:
+    def using() -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [sys.executable, "-c", hold, run_id], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", uses, "fleet-like"], stdout=subprocess.PIPE, text=True
         )
         assert process.stdout is not None and process.stdout.readline() == "in\n"
         return process
 
-    first = running("ab-000000000001")
+    first = using()
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(own_cloud.parent / "elsewhere"))
     try:
         assert main(["local", "down"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
-        said = (
-            f"1 run still uses the local cloud: ab-000000000001 (fleet bench fb-x, pid {first.pid})"
-        )
+        said = f"1 process still uses the local cloud: -c fleet-like (pid {first.pid})"
         assert said in err, err
         assert "--force" in err
         assert control.find(config.load()) == daemon  # nothing stopped
     finally:
-        first.kill()
+        first.kill()  # SIGKILL: its file stays, and is found dead
         first.wait()
     assert main(["local", "down"]) == 0  # its process is gone: nothing holds the cloud
     assert control.find(config.load()) is None
     assert main(["local", "up"]) == 0
-    second = running("ab-000000000002")
+    second = using()
     try:
         assert main(["local", "down", "--force"]) == 0
         assert control.find(config.load()) is None
@@ -120,12 +118,29 @@ def test_down_while_a_run_uses_the_cloud_names_it_and_stops_only_with_force(
     assert leftovers(own_cloud) == []
 
 
-def test_a_run_holds_the_local_cloud_while_it_runs(own_cloud: Path) -> None:
-    """Every run (open_run) names itself in the cloud's directory while open, and not after."""
-    cloud = connect(config.load())
-    with pipelines.open_run(cloud, "amibake build") as context:
-        assert control.holders(cloud.config) == [(context.run_id, "amibake build", os.getpid())]
-    assert control.holders(cloud.config) == []
+def test_a_process_holds_the_cloud_until_it_exits(own_cloud: Path) -> None:
+    """connect() names the process in the cloud's runs/ until it exits; `down` run by the same
+    process is not held up by itself."""
+    config.load()
+    script = (
+        "import sys; from amibake import config; from amibake.connect import connect; "
+        "from amibake.local import control; connect(config.load()); "
+        "print(control.HOLDS_DIR, flush=True); sys.stdin.readline()"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stdin is not None
+    assert process.stdout.readline() == "runs\n"
+    assert [pid for _, pid in control.holders(config.load())] == [process.pid]
+    process.stdin.write("\n")
+    process.stdin.flush()
+    assert process.wait(30) == 0
+    assert control.holders(config.load()) == []
+    assert not (own_cloud / "runs" / str(process.pid)).exists()  # removed at its exit
+    connect(config.load())  # this process holds it too, and is not its own obstacle
+    assert control.holders(config.load()) == []
+    assert (own_cloud / "runs" / str(os.getpid())).exists()
 
 
 def test_down_after_the_daemon_was_killed_leaves_nothing(own_cloud: Path) -> None:
