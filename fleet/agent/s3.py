@@ -193,13 +193,20 @@ def bootstrap() -> int:
     os.makedirs(directory, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(get("payload.tar"))) as tar:
         extract(tar, directory)
-    child = subprocess.Popen([sys.executable, os.path.join(directory, "job.py")])
+    # SIGTERM held back while job.py starts and the handler that passes it on is set: in
+    # between, the import-time handler exited without it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    child = subprocess.Popen(
+        [sys.executable, os.path.join(directory, "job.py")],
+        preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}),
+    )
 
     def stop(*_: object) -> None:
         child.terminate()  # where the bootstrap is not PID 1, job.py would be left running
         os._exit(143)
 
     signal.signal(signal.SIGTERM, stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     return child.wait()
 
 

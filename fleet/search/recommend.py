@@ -128,7 +128,8 @@ def recommend(
     if len(runs) > 2 and float(np.std(runs, ddof=1)) > sd:
         sd, dof = float(np.std(runs, ddof=1)), len(runs) - 1
         # Said as such: "pooled over 8 replicates" stood beside an interval set by 3 runs.
-        noise = f"its own runs' spread, wider than the {pooled.dof} replicates' pooled noise"
+        replicates = f"{pooled.dof} replicate{'s' if pooled.dof > 1 else ''}"
+        noise = f"its own runs' spread, wider than the {replicates}' pooled noise"
     # The recommendation is the best of several candidates by their means, so its own mean is
     # biased towards luck (winner's curse): an interval at 95% for it alone covered its true
     # mean in 24 of 30 searches of the kernels table. Intervals that hold for every candidate
