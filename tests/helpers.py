@@ -273,3 +273,24 @@ def own_local_cloud(
     monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS", faults)
     monkeypatch.setenv("AMIBAKE_LOCAL_FAULTS_SEED", str(seed))
     return config.load()
+
+
+def left_queue(cloud: Cloud, environment: str, run_id: str) -> str:
+    """A fleet run's job queue on `environment`, tagged and journaled as a run leaves it when
+    its controller is SIGKILLed: what gc finds and deletes. Returns its name."""
+    from amibake import batch
+    from amibake.journal import Journal
+
+    client = cloud.client("batch")
+    name = f"fleet-{run_id.removeprefix('ab-')}"
+    client.create_job_queue(
+        jobQueueName=name,
+        state="ENABLED",
+        priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+        tags={"amibake:run-id": run_id},
+    )
+    batch.wait_valid(client, "job queue", name)
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    journal.created(run_id, "job-queue", name, cloud.config.region, "local")
+    return name

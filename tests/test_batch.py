@@ -61,14 +61,19 @@ def test_full_flow_up_job_swap_down(
     assert definition["volumes"] == [{"name": "shared", "host": {"sourcePath": "/shared"}}]
     assert definition["mountPoints"][0]["containerPath"] == "/shared"
 
+    def submit(name: str, script: str) -> str:
+        return str(
+            client.submit_job(
+                jobName=name,
+                jobQueue="amibake-x86_64",
+                jobDefinition="amibake-trivial-x86_64",
+                containerOverrides={"command": ["/bin/sh", "-c", script]},
+            )["jobId"]
+        )
+
     # Terminated while the environment's first host boots: failed at once, and never run (it
     # was started once the host was up, and showed RUNNING for good).
-    early = client.submit_job(
-        jobName="early",
-        jobQueue="amibake-x86_64",
-        jobDefinition="amibake-trivial-x86_64",
-        containerOverrides={"command": ["/bin/sh", "-c", "echo ran early"]},
-    )["jobId"]
+    early = submit("early", "echo ran early")
     client.terminate_job(jobId=early, reason="test")
     job = client.submit_job(
         jobName="probe", jobQueue="amibake-x86_64", jobDefinition="amibake-trivial-x86_64"
@@ -92,12 +97,7 @@ def test_full_flow_up_job_swap_down(
     assert not terminated.get("container", {}).get("logStreamName"), terminated  # never ran
 
     # A command that fails makes a FAILED job with its exit code and Batch's reason.
-    failing = client.submit_job(
-        jobName="fails",
-        jobQueue="amibake-x86_64",
-        jobDefinition="amibake-trivial-x86_64",
-        containerOverrides={"command": ["/bin/sh", "-c", "echo no; exit 3"]},
-    )["jobId"]
+    failing = submit("fails", "echo no; exit 3")
     ended = _wait_job(client, failing)
     assert (ended["status"], ended["container"]["exitCode"]) == ("FAILED", 3)
     assert ended["statusReason"] == "Essential container in task exited"
@@ -105,16 +105,6 @@ def test_full_flow_up_job_swap_down(
     # TerminateJob as ECS stops a container: SIGTERM to its PID 1, which ignores it unless it
     # handles it, and the job ends only when its container has (SIGKILL after the stop timeout).
     # A job not started yet fails at once.
-    def submit(name: str, script: str) -> str:
-        return str(
-            client.submit_job(
-                jobName=name,
-                jobQueue="amibake-x86_64",
-                jobDefinition="amibake-trivial-x86_64",
-                containerOverrides={"command": ["/bin/sh", "-c", script]},
-            )["jobId"]
-        )
-
     def log_of(job: dict) -> str:  # type: ignore[type-arg]
         stream = job["container"]["logStreamName"]
         events = cloud.client("logs").get_log_events(

@@ -24,7 +24,7 @@ from amibake.connect import connect
 from amibake.journal import Journal
 from amibake.local import control
 from tests.container import image as container_image
-from tests.helpers import own_local_cloud
+from tests.helpers import left_queue, own_local_cloud
 from tests.test_build import FIXTURES
 
 SERVICES = ("ec2", "ssm", "sts", "iam", "batch", "s3", "logs", "ecr", "ecs")
@@ -95,19 +95,10 @@ def test_every_call_each_command_makes_is_in_its_statement(cloud: Cloud) -> None
         # A fleet run's queue left with a job in it (its controller SIGKILLed): gc stops the job
         # before it deletes the queue.
         journal = Journal(cloud.config.results_dir / "journal.sqlite")
-        run_id = runner.new_run_id()
-        left = f"fleet-{run_id.removeprefix('ab-')}"
-        client = cloud.client("batch")
-        client.create_job_queue(
-            jobQueueName=left,
-            state="ENABLED",
-            priority=1,
-            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
-            tags={"amibake:run-id": run_id},
-        )
-        batch.wait_valid(client, "job queue", left)
-        journal.created(run_id, "job-queue", left, cloud.config.region, "local")
-        client.submit_job(  # still there when gc lists it (the trivial job ends in a second)
+        left = left_queue(cloud, environment, runner.new_run_id())
+        cloud.client(
+            "batch"
+        ).submit_job(  # still there when gc lists it (the trivial job ends in a second)
             jobName="left",
             jobQueue=left,
             jobDefinition="amibake-trivial-x86_64",

@@ -34,7 +34,7 @@ from tests.fleet.test_bench import (
     results_of,
     wait_for,
 )
-from tests.helpers import wait_until_clean
+from tests.helpers import left_queue, wait_until_clean
 from tests.test_bake import built  # noqa: F401 - the module-scoped artifact fixture
 
 
@@ -438,20 +438,12 @@ def test_gc_stops_a_queues_jobs_before_it_deletes_the_queue(
         serviceRole=like["serviceRole"],
     )["computeEnvironmentArn"]
     batch.wait_valid(client, "compute environment", name)
-    client.create_job_queue(
-        jobQueueName=name,
-        state="ENABLED",
-        priority=1,
-        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
-        tags={"amibake:run-id": run_id},
-    )
-    batch.wait_valid(client, "job queue", name)
+    queue = left_queue(cloud, environment, run_id)
     journal = Journal(cloud.config.results_dir / "journal.sqlite")
-    journal.created(run_id, "job-queue", name, cloud.config.region, "local")
     # An array, as a run submits: its parent cancels only the children still queued.
     array = client.submit_job(
         jobName="left",
-        jobQueue=name,
+        jobQueue=queue,
         jobDefinition="amibake-trivial-x86_64",
         arrayProperties={"size": 2},
         containerOverrides={"command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]},
