@@ -45,6 +45,7 @@ SECURITY_GROUP = "amibake-batch"
 ECS_INSTANCE_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role"
 CONTAINER_IMAGE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
 ACTIVE_JOBS = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+ENDED_JOBS = ("SUCCEEDED", "FAILED")
 # A compute environment made seconds after its roles and instance profile can go INVALID while
 # IAM propagates (terraform-provider-aws #37945, kops#35); AWS leaves it INVALID. It is deleted
 # and made again, this many times at most, waiting a little longer each time.
@@ -732,15 +733,21 @@ def stop_jobs(batch: Any, queue: str) -> list[str]:
     return wait_stopped(batch, ids, f"job queue {queue}")
 
 
+def describe_jobs(batch: Any, ids: list[str]) -> list[dict[str, Any]]:
+    """DescribeJobs of any number of jobs (it takes 100 ids at most a call); a job it no longer
+    knows is left out."""
+    found: list[dict[str, Any]] = []
+    for start in range(0, len(ids), 100):
+        found += batch.describe_jobs(jobs=ids[start : start + 100])["jobs"]
+    return found
+
+
 def wait_stopped(batch: Any, ids: list[str], what: str) -> list[str]:
     """Wait, JOBS_STOPPING_S at most, for these (terminated) jobs to end; returns those that
     have not, said in a warning."""
     waiting = Progress(f"{what}: waiting for terminated jobs to stop")
     while ids:
-        described = []
-        for start in range(0, len(ids), 100):  # DescribeJobs takes 100 ids at most
-            described += batch.describe_jobs(jobs=ids[start : start + 100])["jobs"]
-        ids = [j["jobId"] for j in described if j["status"] not in ("SUCCEEDED", "FAILED")]
+        ids = [j["jobId"] for j in describe_jobs(batch, ids) if j["status"] not in ENDED_JOBS]
         if not ids:
             break
         if waiting.elapsed > JOBS_STOPPING_S:

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--force",
                 action="store_true",
-                help="stop it even while runs use it (they fail, and leave nothing behind)",
+                help="stop it even while other commands use it (they fail midway)",
             )
     build = commands.add_parser("build", help="build a recipe with flags tuned for EC2 families")
     build.add_argument("--family", required=True, help="family or comma-separated families")

@@ -491,16 +491,14 @@ class Jobs:
         waiting_since = time.monotonic()
         while open_ids:
             self.context.check_cancel()
-            described = []
-            for start in range(0, len(open_ids), 100):  # DescribeJobs takes 100 ids at most
-                described += client.describe_jobs(jobs=open_ids[start : start + 100])["jobs"]
+            described = amibake_batch.describe_jobs(client, open_ids)
             counts: dict[str, int] = {}
             reasons: dict[str, int] = {}
             for job in described:
                 counts[job["status"]] = counts.get(job["status"], 0) + 1
                 if job["status"] in WAITING and job.get("statusReason"):
                     reasons[job["statusReason"]] = reasons.get(job["statusReason"], 0) + 1
-                if job["status"] not in ("SUCCEEDED", "FAILED"):
+                if job["status"] not in amibake_batch.ENDED_JOBS:
                     continue
                 open_ids.remove(job["jobId"])
                 replicate = by_id[job["jobId"]]

@@ -33,8 +33,8 @@ from amibake.procs import process_alive
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0  # a daemon asked to stop shuts its sandboxes down first
 LEFTOVER_WAIT_S = 10.0  # for killed sandbox and registry processes to be gone
-# A file per run using the cloud (its pid, start and command), in the cloud's own directory:
-# `local down` finds them wherever the runs keep their results.
+# A file per process using the cloud (its pid, start and command line), in the cloud's own
+# directory: `local down` finds them wherever the commands keep their results.
 HOLDS_DIR = "runs"
 # Admin calls go straight to loopback, never through a proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
