@@ -706,11 +706,20 @@ def _queue_gone(batch: Any, queue: str) -> bool:
     return not queues(batch, queue)
 
 
-def stop_jobs(batch: Any, queue: str) -> list[str]:
-    """Terminate every job the queue still holds and wait for them to have stopped; returns
+def stop_jobs(batch: Any, queues: list[str]) -> list[str]:
+    """Terminate every job these queues still hold and wait for them to have stopped; returns
     those still stopping. Deleting a queue terminates its jobs in time too, but a run's files
-    are removed right after. An array's children are listed and terminated one by one: its
-    parent cancels those still queued, never those STARTING or RUNNING."""
+    are removed right after. All queues' jobs are terminated before the one wait: each stops
+    in up to the stop timeout, and gc of several left runs waited that out a queue at a time."""
+    ids = [job_id for queue in queues for job_id in _terminate_jobs(batch, queue)]
+    what = f"job queue{'s' if len(queues) > 1 else ''} {', '.join(queues)}"
+    return wait_stopped(batch, ids, what)
+
+
+def _terminate_jobs(batch: Any, queue: str) -> list[str]:
+    """Terminate the queue's jobs; returns their ids. An array's children are listed and
+    terminated one by one: its parent cancels those still queued, never those STARTING or
+    RUNNING."""
     ids: list[str] = []
     for status in ACTIVE_JOBS:
         for job in pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=status):
@@ -730,7 +739,7 @@ def stop_jobs(batch: Any, queue: str) -> list[str]:
     ids = list(dict.fromkeys(ids))
     for job_id in ids:
         batch.terminate_job(jobId=job_id, reason="amibake: its queue is deleted")
-    return wait_stopped(batch, ids, f"job queue {queue}")
+    return ids
 
 
 def describe_jobs(batch: Any, ids: list[str]) -> list[dict[str, Any]]:

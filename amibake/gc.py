@@ -66,11 +66,26 @@ def _forget_private_keys(cloud: Cloud, journal: Journal, run_id: str) -> None:
         log.info("removed %s: its key pair is deleted", key_file)
 
 
-def _delete_queue(client: Any, queue: str) -> None:
-    """Its jobs stopped first: a fleet run's files are removed after (fleet kill's sweep), and
-    a job still stopping wrote them on."""
-    batch.stop_jobs(client, queue)
-    batch.delete_queue(client, queue)
+class _Queues:
+    """Left job queues, deleted with their jobs stopped first: a fleet run's files are removed
+    after (fleet kill's sweep), and a job still stopping wrote them on. Every queue's jobs are
+    terminated at the first deletion and waited for once (a job may take the stop timeout,
+    which gc of several left runs waited out a queue at a time); should that fail, that queue
+    is reported and the others stop theirs at their turn."""
+
+    def __init__(self, client: Any, queues: list[str]) -> None:
+        self.client = client
+        self.stopping = queues  # those whose jobs are still to stop
+
+    def delete(self, queue: str) -> None:
+        if queue in self.stopping:
+            together, self.stopping = self.stopping, []
+            try:
+                batch.stop_jobs(self.client, together)
+            except BaseException:
+                self.stopping = [q for q in together if q != queue]
+                raise
+        batch.delete_queue(self.client, queue)
 
 
 def delete(
@@ -84,7 +99,9 @@ def delete(
     failures = []
     batch_client = cloud.client("batch")
     actions: dict[str, Callable[[str], object]] = {
-        "job-queue": lambda i: _delete_queue(batch_client, i),
+        "job-queue": _Queues(
+            batch_client, [x.resource_id for x in leftovers if x.kind == "job-queue"]
+        ).delete,
         "compute-environment": lambda i: batch.delete_environment(batch_client, i),
         "fleet": lambda i: delete_fleet(ec2, i, unseen_for_s=unseen[i]),
         "launch-template": lambda i: ec2.delete_launch_template(LaunchTemplateId=i),

@@ -415,11 +415,12 @@ def test_ctrl_c_mid_job_removes_the_runs_files_once_its_jobs_have_stopped(
 
 
 def test_gc_stops_a_queues_jobs_before_it_deletes_the_queue(
-    cloud: Cloud, registered: None, local_dir: Path
+    cloud: Cloud, registered: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run's queue left with a job running (its controller SIGKILLed): gc terminates its jobs
     and waits for them to stop. Deleting the queue let the job run on, and fleet kill removed
-    the run's files while it could still write them."""
+    the run's files while it could still write them. Two runs' queues: both queues' jobs are
+    terminated before one wait (a queue at a time waited out each one's stop in turn)."""
     client = cloud.client("batch")
     # An environment of its own, like the registered one: a host started on that stayed up for
     # the module's later tests, which found it left over.
@@ -439,23 +440,41 @@ def test_gc_stops_a_queues_jobs_before_it_deletes_the_queue(
     )["computeEnvironmentArn"]
     batch.wait_valid(client, "compute environment", name)
     queue = left_queue(cloud, environment, run_id)
+    other_run = runner.new_run_id()
+    other = left_queue(cloud, environment, other_run)
     journal = Journal(cloud.config.results_dir / "journal.sqlite")
     # An array, as a run submits: its parent cancels only the children still queued.
+    sleeps = {"command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]}
     array = client.submit_job(
         jobName="left",
         jobQueue=queue,
         jobDefinition="amibake-trivial-x86_64",
         arrayProperties={"size": 2},
-        containerOverrides={"command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]},
+        containerOverrides=sleeps,
     )["jobId"]
-    jobs = [array, f"{array}:0", f"{array}:1"]
+    single = client.submit_job(
+        jobName="left",
+        jobQueue=other,
+        jobDefinition="amibake-trivial-x86_64",
+        containerOverrides=sleeps,
+    )["jobId"]
+    jobs = [array, f"{array}:0", f"{array}:1", single]
     wait_for(lambda: client.describe_jobs(jobs=jobs[1:2])["jobs"][0]["status"] == "RUNNING", 120)
-    found = gc.find(cloud, journal, run_id=run_id)
-    assert [x.kind for x in found] == ["job-queue"]
+    found = gc.find(cloud, journal, run_id=run_id) + gc.find(cloud, journal, run_id=other_run)
+    assert [x.kind for x in found] == ["job-queue", "job-queue"]
+    waits: list[list[str]] = []
+    wait_stopped = batch.wait_stopped
+
+    def spy(client: object, ids: list[str], what: str) -> list[str]:
+        waits.append(sorted(ids))
+        return wait_stopped(client, ids, what)
+
+    monkeypatch.setattr(batch, "wait_stopped", spy)
     try:
         assert gc.delete(cloud, journal, found) == (found, [])
         statuses = [j["status"] for j in client.describe_jobs(jobs=jobs)["jobs"]]
-        assert statuses == ["FAILED"] * 3, statuses
+        assert statuses == ["FAILED"] * 4, statuses
+        assert waits == [sorted(jobs)], waits
     finally:
         batch.delete_environment(client, environment)
     assert wait_until_clean(local_dir) == []
