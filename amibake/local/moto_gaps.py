@@ -27,6 +27,7 @@ def apply() -> None:
     _fleet_network()
     _created_subnets_are_not_default()
     _compute_environment_in_a_queue()
+    _job_definition_by_revision()
     _batch_action_names()
     _s3_action_names()
     _spot_prices()
@@ -228,6 +229,31 @@ def _compute_environment_in_a_queue() -> None:
 
     delete._amibake = True  # type: ignore[attr-defined]
     BatchBackend.delete_compute_environment = delete  # type: ignore[method-assign]
+
+
+def _job_definition_by_revision() -> None:
+    """DescribeJobDefinitions takes each of its `jobDefinitions` as an ARN, a name (every
+    revision) or `name:revision` (AWS Batch API reference); moto found nothing by the last, so a
+    revision gc had deregistered, or one still active, looked gone."""
+    from moto.batch.models import BatchBackend
+
+    original = BatchBackend.get_job_definitions
+    if getattr(original, "_amibake", False):
+        return
+
+    def get_job_definitions(self: Any, identifier: str) -> list[Any]:
+        found: list[Any] = original(self, identifier)
+        name, _, revision = identifier.rpartition(":")
+        if found or not name or not revision.isdigit() or identifier.startswith("arn:"):
+            return found
+        return [
+            d
+            for d in self._job_definitions.values()
+            if (d.name, str(d.revision)) == (name, revision)
+        ]
+
+    get_job_definitions._amibake = True  # type: ignore[attr-defined]
+    BatchBackend.get_job_definitions = get_job_definitions  # type: ignore[method-assign]
 
 
 def _template_network(backend: Any, spec: Any) -> tuple[bool | None, list[str]]:

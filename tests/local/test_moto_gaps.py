@@ -139,3 +139,27 @@ def test_a_compute_environment_a_queue_orders_cannot_be_deleted(cloud: Any) -> N
         == []
     )
     iam.delete_role(RoleName="gap-test-batch")
+
+
+def test_a_job_definition_is_described_by_name_and_revision(cloud: Any) -> None:
+    """AWS takes `name:revision` in DescribeJobDefinitions' list, inactive revisions included."""
+    batch = cloud.client("batch")
+    properties = {"image": "busybox", "command": ["true"], "vcpus": 1, "memory": 128}
+    first, second = (
+        batch.register_job_definition(
+            jobDefinitionName="gap-test-definition",
+            type="container",
+            containerProperties=properties,
+        )["revision"]
+        for _ in range(2)
+    )
+
+    def statuses(*wanted: str) -> list[tuple[int, str]]:
+        found = batch.describe_job_definitions(jobDefinitions=list(wanted))["jobDefinitions"]
+        return sorted((d["revision"], d["status"]) for d in found)
+
+    assert statuses(f"gap-test-definition:{first}") == [(first, "ACTIVE")]
+    batch.deregister_job_definition(jobDefinition=f"gap-test-definition:{first}")
+    assert statuses(f"gap-test-definition:{first}") == [(first, "INACTIVE")]
+    assert statuses("gap-test-definition") == [(first, "INACTIVE"), (second, "ACTIVE")]
+    batch.deregister_job_definition(jobDefinition=f"gap-test-definition:{second}")
