@@ -116,6 +116,7 @@ def delete(
         "volume": lambda i: ec2.delete_volume(VolumeId=i),
         "security-group": lambda i: delete_security_group(ec2, i),
         "key-pair": lambda i: ec2.delete_key_pair(KeyName=i),
+        "job-definition": lambda i: batch_client.deregister_job_definition(jobDefinition=i),
     }
     unseen = {x.resource_id: x.unseen_for() for x in leftovers}
     instances = {x.resource_id: unseen[x.resource_id] for x in leftovers if x.kind == "instance"}

@@ -24,6 +24,7 @@ from amibake.errors import UserError
 # What finding amibake's resources reads (gc and ls alike): its describes, by tag and by id.
 _FIND = [
     "batch:DescribeComputeEnvironments",
+    "batch:DescribeJobDefinitions",
     "batch:DescribeJobQueues",
     "ec2:DescribeFleets",
     "ec2:DescribeImages",
@@ -171,13 +172,13 @@ ACTIONS: dict[str, list[str]] = {
     # amibake ls and gc --dry-run: what amibake owns, read only (its sizes and ages included).
     "ls": [
         *_FIND,
-        "batch:DescribeJobDefinitions",
         "s3:ListBucket",  # the job bucket's objects: their count and bytes
         "ssm:GetParameter",  # where the job bucket's name is recorded
     ],
     "gc": [
         "batch:DeleteComputeEnvironment",
         "batch:DeleteJobQueue",
+        "batch:DeregisterJobDefinition",  # a run's, an image run's own (fleet kill)
         # a run's queue's jobs, stopped before the queue goes (gc.delete)
         "batch:DescribeJobs",
         "batch:ListJobs",

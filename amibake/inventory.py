@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -260,6 +260,12 @@ def scan(cloud: Cloud) -> dict[tuple[str, str], Resource]:
                 tags = [{"Key": k, "Value": v} for k, v in item.get("tags", {}).items()]
                 # Free: the instances an environment starts are listed (and priced) as such.
                 add(kind, item[name], {"Tags": tags}, usd_per_hour=0.0)
+    # Free, but a run's (an image run registers its own) is deregistered at its end: one left by
+    # a SIGKILLed run is a leftover, which ls listed for ever and gc never deleted.
+    for definition in every(client, "describe_job_definitions", "jobDefinitions", status="ACTIVE"):
+        tags = [{"Key": k, "Value": v} for k, v in definition.get("tags", {}).items()]
+        revision = f"{definition['jobDefinitionName']}:{definition['revision']}"
+        add("job-definition", revision, {"Tags": tags}, usd_per_month=0.0)
     return found
 
 
@@ -294,6 +300,11 @@ def still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0
         if kind == "job-queue":
             queues = cloud.client("batch").describe_job_queues(jobQueues=[resource_id])
             return any(q.get("status") != "DELETED" for q in queues["jobQueues"])
+        if kind == "job-definition":
+            definitions = cloud.client("batch").describe_job_definitions(
+                jobDefinitions=[resource_id]
+            )
+            return any(d.get("status") == "ACTIVE" for d in definitions["jobDefinitions"])
         if kind == "compute-environment":
             envs = cloud.client("batch").describe_compute_environments(
                 computeEnvironments=[resource_id]
@@ -310,28 +321,9 @@ def still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0
 
 
 def _batch_extras(cloud: Cloud) -> Iterator[Resource]:
-    """What `amibake batch up` registered besides environments and queues: its job definitions
-    and the job bucket, with its objects and bytes. Calls beyond gc's statement: a refusal is
-    said and the rest listed."""
-    try:
-        for definition in every(
-            cloud.client("batch"), "describe_job_definitions", "jobDefinitions", status="ACTIVE"
-        ):
-            tags = definition.get("tags", {})
-            if batch.TAG not in tags and RUN_ID not in tags:
-                continue
-            yield Resource(
-                "job-definition",
-                f"{definition['jobDefinitionName']}:{definition['revision']}",
-                tags.get(RUN_ID, ""),
-                None,
-                BATCH_DOWN if RUN_ID not in tags else "free; deregistered with its run's queue",
-                usd_per_month=0.0,
-            )
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) not in DENIED:
-            raise
-        log.warning("job definitions not listed: %s", exc)
+    """What `amibake batch up` registered besides environments, queues and job definitions: the
+    job bucket, with its objects and bytes. Calls beyond gc's statement: a refusal is said and
+    the rest listed."""
     try:
         name = batch.job_bucket(cloud)
         if name is None or not batch.check_owned(cloud, name):
@@ -369,9 +361,11 @@ def discover(
     found = scan(cloud)
     for entry in journal.alive(run_id=run_id, cloud=cloud.config.cloud):
         key = (entry.kind, entry.resource_id)
+        created = datetime.fromtimestamp(entry.created, UTC)
+        if key in found and found[key].created is None:  # a job definition says no time
+            found[key] = replace(found[key], created=created)
         if key in found or entry.region != cloud.config.region:
             continue
-        created = datetime.fromtimestamp(entry.created, UTC)
         resource = Resource(entry.kind, entry.resource_id, entry.run_id, created)
         if still_there(cloud, entry.kind, entry.resource_id, resource.unseen_for()):
             found[key] = resource

@@ -332,12 +332,15 @@ class ImageDefinition:
         request = image_job_definition(self.context.cloud, state, name, self.context.tags)
         made = self.context.cloud.client("batch").register_job_definition(**request)
         state.job_definition = str(made["jobDefinitionArn"])
+        self.context.created("job-definition", f"{name}:{made['revision']}")
 
     def cleanup(self, state: JobsState) -> None:
         if state.spec.image and state.job_definition:
             self.context.cloud.client("batch").deregister_job_definition(
                 jobDefinition=state.job_definition
             )
+            name, revision = state.job_definition.rsplit("/", 1)[-1].rsplit(":", 1)
+            self.context.deleted("job-definition", f"{name}:{revision}")
             state.job_definition = ""
 
 

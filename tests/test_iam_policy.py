@@ -20,6 +20,7 @@ import pytest
 from amibake import batch, config, gc, iam_policy, pipelines, runner
 from amibake.cloud import Cloud
 from amibake.cloud.session import name_denied_action
+from amibake.cloud.tags import RUN_ID
 from amibake.connect import connect
 from amibake.journal import Journal
 from amibake.local import control
@@ -95,16 +96,23 @@ def test_every_call_each_command_makes_is_in_its_statement(cloud: Cloud) -> None
         # A fleet run's queue left with a job in it (its controller SIGKILLed): gc stops the job
         # before it deletes the queue.
         journal = Journal(cloud.config.results_dir / "journal.sqlite")
-        left = left_queue(cloud, environment, runner.new_run_id())
-        cloud.client(
-            "batch"
-        ).submit_job(  # still there when gc lists it (the trivial job ends in a second)
+        left_run = runner.new_run_id()
+        left = left_queue(cloud, environment, left_run)
+        client = cloud.client("batch")
+        client.submit_job(  # still there when gc lists it (the trivial job ends in a second)
             jobName="left",
             jobQueue=left,
             jobDefinition="amibake-trivial-x86_64",
             containerOverrides={
                 "command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]
             },
+        )
+        # and the job definition of its own an image run registers
+        client.register_job_definition(
+            jobDefinitionName=f"amibake-image-x86_64-{left_run.removeprefix('ab-')}-0",
+            type="container",
+            containerProperties={"image": "busybox", "vcpus": 1, "memory": 128},
+            tags={RUN_ID: left_run},
         )
         recorder.take()  # the test's own calls
         from amibake import inventory
@@ -113,7 +121,7 @@ def test_every_call_each_command_makes_is_in_its_statement(cloud: Cloud) -> None
         used["ls"] = recorder.take()
         gc.delete(cloud, journal, gc.find(cloud, journal))
         used["gc"] = recorder.take()
-        assert "batch:TerminateJob" in used["gc"], used["gc"]
+        assert {"batch:TerminateJob", "batch:DeregisterJobDefinition"} <= used["gc"], used["gc"]
         batch.down(cloud)
         used["batch"] |= recorder.take()
         from fleet import bench, spec

@@ -21,6 +21,7 @@ import pytest
 from amibake import batch, config, gc, pipelines, runner
 from amibake.cli import main as main_amibake
 from amibake.cloud import Cloud
+from amibake.cloud.tags import RUN_ID
 from amibake.journal import Journal
 from amibake.local import control as local_control
 from amibake.local import jobs as local_jobs
@@ -478,6 +479,36 @@ def test_gc_stops_a_queues_jobs_before_it_deletes_the_queue(
     finally:
         batch.delete_environment(client, environment)
     assert wait_until_clean(local_dir) == []
+
+
+def test_gc_deregisters_the_job_definition_a_killed_image_run_left(
+    cloud: Cloud, registered: None
+) -> None:
+    """An image run registers a job definition of its own (fleet.batch.ImageDefinition) and
+    deregisters it at its end; one a SIGKILLed run left is a leftover gc deletes, found by its
+    tag and dated by the journal. Before, ls listed it as kept for ever and gc never saw it."""
+    client = cloud.client("batch")
+    like = client.describe_job_definitions(
+        jobDefinitionName="amibake-trivial-x86_64", status="ACTIVE"
+    )["jobDefinitions"][0]
+    run_id = runner.new_run_id()
+    name = f"amibake-image-x86_64-{run_id.removeprefix('ab-')}-0"
+    made = client.register_job_definition(
+        jobDefinitionName=name,
+        type="container",
+        containerProperties=like["containerProperties"],
+        tags={RUN_ID: run_id},
+    )
+    revision = f"{name}:{made['revision']}"
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    journal.created(run_id, "job-definition", revision, cloud.config.region, "local")
+    found = gc.find(cloud, journal, run_id=run_id)
+    assert [(x.kind, x.resource_id) for x in found] == [("job-definition", revision)]
+    assert found[0].created is not None  # from the journal: Batch says no time
+    assert gc.delete(cloud, journal, found) == (found, [])
+    statuses = client.describe_job_definitions(jobDefinitions=[revision])["jobDefinitions"]
+    assert [d["status"] for d in statuses] == ["INACTIVE"], statuses
+    assert gc.find(cloud, journal, run_id=run_id) == []
 
 
 def test_batch_without_registration_is_refused_before_creating_anything(
