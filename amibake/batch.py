@@ -329,23 +329,26 @@ def check_owned(cloud: Cloud, name: str) -> bool:
 
 
 def _ensure_bucket(cloud: Cloud) -> str:
+    """The job bucket: the recorded one, else a new one recorded before it is made (a bucket
+    made first and interrupted before its record was found by nothing: not ls, gc or `batch
+    down`). Its settings are put on every `up`: one interrupted before them left a bucket used
+    unencrypted, public access not blocked, its objects never expiring."""
     s3 = cloud.client("s3")
     name = job_bucket(cloud)
-    if name is not None and check_owned(cloud, name):
-        return name
-    name = f"amibake-batch-{cloud.config.region}-{secrets.token_hex(8)}"
-    where = cloud.config.region
-    s3.create_bucket(
-        Bucket=name,
-        **(
-            {}
-            if where == "us-east-1"
-            else {"CreateBucketConfiguration": {"LocationConstraint": where}}
-        ),
-    )
-    cloud.ssm.put_parameter(
-        Name=BUCKET_PARAMETER, Value=name, Type="String", Overwrite=True, Tier="Standard"
-    )
+    if name is None or not check_owned(cloud, name):
+        name = f"amibake-batch-{cloud.config.region}-{secrets.token_hex(8)}"
+        cloud.ssm.put_parameter(
+            Name=BUCKET_PARAMETER, Value=name, Type="String", Overwrite=True, Tier="Standard"
+        )
+        where = cloud.config.region
+        s3.create_bucket(
+            Bucket=name,
+            **(
+                {}
+                if where == "us-east-1"
+                else {"CreateBucketConfiguration": {"LocationConstraint": where}}
+            ),
+        )
     s3.put_public_access_block(
         Bucket=name,
         PublicAccessBlockConfiguration={
@@ -822,7 +825,8 @@ def delete_environment(batch: Any, environment: str) -> None:
 
 def down(cloud: Cloud) -> list[str]:
     """Disable and delete the queues, then the compute environments, then the job definitions,
-    the hosts' security group and the bucket: nothing `up` made is left."""
+    the hosts' security group and the bucket: nothing `up` made in the region is left. Its IAM
+    roles stay: IAM is global, and every region's `up` uses the same ones (free)."""
     batch = cloud.client("batch")
     done = []
     mine = [q["jobQueueName"] for q in queues(batch) if q["jobQueueName"].startswith("amibake-")]

@@ -216,6 +216,47 @@ def test_an_interrupted_batch_up_says_what_stays_and_up_again_completes_it(
     assert batch.status(cloud) == {"compute_environments": {}, "queues": {}, "job_definitions": []}
 
 
+def test_batch_up_interrupted_as_its_bucket_is_made_leaves_nothing_down_cannot_find(
+    cloud: Cloud,
+) -> None:
+    """Ctrl-C as CreateBucket returns: the bucket was recorded (SSM) only after it was made, so
+    it was found by nothing, not ls, gc or down. Ctrl-C before its settings: up again used it
+    unencrypted, its public access not blocked, its objects never expiring."""
+    s3 = cloud.client("s3")
+
+    def ours() -> list[str]:
+        return [
+            b["Name"]
+            for b in s3.list_buckets()["Buckets"]
+            if b["Name"].startswith("amibake-batch-")
+        ]
+
+    def interrupt(**_: object) -> None:
+        raise KeyboardInterrupt
+
+    assert ours() == []
+    for call in ("CreateBucket", "PutPublicAccessBlock"):
+        s3.meta.events.register(f"after-call.s3.{call}", interrupt, unique_id="interrupt")
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                batch._ensure_bucket(cloud)
+        finally:
+            s3.meta.events.unregister(f"after-call.s3.{call}", unique_id="interrupt")
+        if call == "CreateBucket":
+            assert len(ours()) == 1
+            assert any(d.startswith("deleted bucket ") for d in batch.down(cloud))
+            assert ours() == []
+    name = batch._ensure_bucket(cloud)  # up again: the bucket it had begun
+    assert ours() == [name]
+    rules = s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
+    assert [r["Expiration"] for r in rules] == [{"Days": 7}], rules
+    encryption = s3.get_bucket_encryption(Bucket=name)["ServerSideEncryptionConfiguration"]
+    assert encryption["Rules"][0]["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    assert s3.get_bucket_tagging(Bucket=name)["TagSet"] == [{"Key": batch.TAG, "Value": "true"}]
+    assert batch.down(cloud) == [f"deleted bucket {name}"]
+    assert ours() == []
+
+
 def test_batch_bad_input(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["batch", "up", "--ami", "ami-0123456789abcdef0"]) == 2
     assert "does not exist" in capsys.readouterr().err
