@@ -290,6 +290,38 @@ def test_an_error_during_the_boot_test_leaves_nothing(
     _assert_bake_left_nothing(cloud, local_dir)
 
 
+@pytest.mark.parametrize("failing", ["tag", "record"])
+def test_an_error_as_the_image_is_kept_leaves_nothing(
+    cloud: Cloud, built: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """The image passed its boot test; marking it kept (amibake:kept) or writing amis.json
+    fails. Before, it counted as kept from before the tag: left, unrecorded, to gc at best."""
+
+    def explode(*_: Any, **__: Any) -> None:
+        raise RuntimeError(f"injected as the image is kept ({failing})")
+
+    def tag_fails(params: dict[str, Any], **_: Any) -> None:
+        if "amibake:kept" in params["body"].values():
+            explode()
+
+    def record_fails(name: str) -> None:
+        if name == "boot-test":  # amis.json is read (checked) before the bake, and read again
+            monkeypatch.setattr(bake, "baked", explode)
+
+    if failing == "tag":
+        cloud.ec2.meta.events.register("before-call.ec2.CreateTags", tag_fails)
+    try:
+        with pytest.raises(RuntimeError, match="injected as the image is kept"):
+            pipelines.bake(
+                cloud,
+                pipelines.BakeRequest(),
+                on_boundary=record_fails if failing == "record" else None,
+            )
+    finally:
+        cloud.ec2.meta.events.unregister("before-call.ec2.CreateTags", tag_fails)
+    _assert_bake_left_nothing(cloud, local_dir)
+
+
 def test_a_failed_boot_test_deregisters_the_image(
     cloud: Cloud, built: None, local_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -383,16 +383,13 @@ class Record:
         self.context = context
 
     def run(self, state: BakeState) -> None:
-        state.keep_image = True
-        # A kept image is the product, not a leftover: marked so gc leaves it, and no longer
-        # tracked by the journal.
+        # A kept image is the product, not a leftover: marked so gc leaves it, recorded, and no
+        # longer tracked by the journal. Kept only once marked and recorded: one whose tag or
+        # record failed was left unrecorded, to gc at best.
         self.context.cloud.ec2.create_tags(
             Resources=[state.image_id, *state.snapshot_ids],
             Tags=[{"Key": tags.KEPT, "Value": "true"}],
         )
-        self.context.deleted("image", state.image_id)
-        for snapshot_id in state.snapshot_ids:
-            self.context.deleted("snapshot", snapshot_id)
         record = {
             "image_id": state.image_id,
             "architecture": state.architecture,
@@ -411,6 +408,10 @@ class Record:
         existing = bake.baked(state.amis_file)  # read (and checked) before the bake too
         state.amis_file.parent.mkdir(parents=True, exist_ok=True)
         state.amis_file.write_text(json.dumps([*existing, record], indent=2))
+        state.keep_image = True
+        self.context.deleted("image", state.image_id)
+        for snapshot_id in state.snapshot_ids:
+            self.context.deleted("snapshot", snapshot_id)
 
     def cleanup(self, state: BakeState) -> None:
         pass
