@@ -21,6 +21,7 @@ import botocore.exceptions
 from amibake import bake, catalog
 from amibake.cloud import Cloud
 from amibake.cloud.calls import (
+    creating,
     describe_image,
     error_code,
     every,
@@ -540,10 +541,11 @@ def ensure_environment(
         if found is None:
             if made:
                 time.sleep(wait_s * made)  # IAM propagates in seconds, at times minutes
-            batch.create_compute_environment(**create)
-            made += 1
-            if on_created is not None:
-                on_created(name)
+            with creating("the compute environment"):
+                batch.create_compute_environment(**create)
+                made += 1
+                if on_created is not None:
+                    on_created(name)
             found = wait_settled(batch, "compute environment", name)
             if found is None:
                 raise CloudError(f"compute environment {name} is gone right after it was made")

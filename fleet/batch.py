@@ -36,7 +36,7 @@ import botocore.exceptions
 from amibake import batch as amibake_batch
 from amibake import cpu as cpu_module
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code
+from amibake.cloud.calls import creating, error_code
 from amibake.errors import RemoteError, UserError
 from amibake.pipelines import MAX_ATTEMPTS
 from amibake.runner import RunContext, Step
@@ -229,17 +229,19 @@ class Environment:
             },
             on_created=made,
         )
-        client.create_job_queue(
-            jobQueueName=name,
-            state="ENABLED",
-            priority=1,
-            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment_arn}],
-            # The queue cancels what waits for capacity that does not come (AWS: 600 s at least).
-            jobStateTimeLimitActions=amibake_batch.time_limit_actions(runnable_timeout_s()),
-            tags=self.context.tags,
-        )
-        state.queue = name
-        self.context.created("job-queue", name)
+        with creating("the job queue"):
+            client.create_job_queue(
+                jobQueueName=name,
+                state="ENABLED",
+                priority=1,
+                computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment_arn}],
+                # The queue cancels what waits for capacity that does not come (AWS: 600 s at
+                # least).
+                jobStateTimeLimitActions=amibake_batch.time_limit_actions(runnable_timeout_s()),
+                tags=self.context.tags,
+            )
+            state.queue = name
+            self.context.created("job-queue", name)
         amibake_batch.wait_valid(client, "job queue", name)
 
     def cleanup(self, state: JobsState) -> None:
@@ -330,9 +332,10 @@ class ImageDefinition:
         architecture = state.family.architecture
         name = f"amibake-image-{architecture}-{state.fleet_run}-{state.slot}"
         request = image_job_definition(self.context.cloud, state, name, self.context.tags)
-        made = self.context.cloud.client("batch").register_job_definition(**request)
-        state.job_definition = str(made["jobDefinitionArn"])
-        self.context.created("job-definition", f"{name}:{made['revision']}")
+        with creating("the job definition"):
+            made = self.context.cloud.client("batch").register_job_definition(**request)
+            state.job_definition = str(made["jobDefinitionArn"])
+            self.context.created("job-definition", f"{name}:{made['revision']}")
 
     def cleanup(self, state: JobsState) -> None:
         if state.spec.image and state.job_definition:
@@ -477,9 +480,10 @@ class Jobs:
         }
         if len(plan) > 1:  # Batch arrays have at least 2 children
             request["arrayProperties"] = {"size": len(plan)}
-        job_id = cloud.client("batch").submit_job(**request)["jobId"]
-        state.array_job = job_id
-        state.children = [f"{job_id}:{i}" for i in range(len(plan))] if len(plan) > 1 else []
+        with creating("the jobs"):
+            job_id = cloud.client("batch").submit_job(**request)["jobId"]
+            state.array_job = job_id
+            state.children = [f"{job_id}:{i}" for i in range(len(plan))] if len(plan) > 1 else []
         state.on_event(state, f"submitted {len(plan)} jobs")
 
     def _follow(self, state: JobsState) -> list[Replicate]:

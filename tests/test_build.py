@@ -252,6 +252,31 @@ def test_an_error_after_any_step_leaves_nothing(cloud: Cloud, local_dir: Path, s
     assert_nothing_left(cloud, run_id, local_dir)
 
 
+@pytest.mark.parametrize(
+    "operation", ["CreateKeyPair", "CreateSecurityGroup", "CreateLaunchTemplate", "CreateFleet"]
+)
+def test_ctrl_c_while_a_create_call_is_in_flight_leaves_nothing(
+    cloud: Cloud, local_dir: Path, operation: str
+) -> None:
+    """Ctrl-C lands as AWS answers a create: held until the run has recorded what was made,
+    then the run unwinds it. Raised inside the call, it left the resource to gc's tag scan, and
+    an instant fleet to nothing."""
+    _fresh(cloud)
+
+    def interrupt(**_: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    cloud.ec2.meta.events.register(f"after-call.ec2.{operation}", interrupt)
+    try:
+        with pytest.raises(Interrupted):
+            pipelines.build(cloud, request())
+    finally:
+        cloud.ec2.meta.events.unregister(f"after-call.ec2.{operation}", interrupt)
+    run_id = journal(cloud).last_run_id()
+    assert run_id is not None and journal(cloud).run_state(run_id) == "interrupted"
+    assert_nothing_left(cloud, run_id, local_dir)
+
+
 def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_dir: Path) -> None:
     from amibake import gc
 

@@ -1,10 +1,15 @@
 """Helpers for the shapes of AWS answers: error codes, retry-until, confirmed deletion, lists
-read to their last page and requests cut to the API's limits."""
+read to their last page, requests cut to the API's limits, and creates not cut off by Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any, TypeVar
 
 import botocore.exceptions
@@ -12,6 +17,7 @@ import botocore.exceptions
 from amibake.errors import CloudError
 
 T = TypeVar("T")
+log = logging.getLogger("amibake")
 
 
 def error_code(exc: BaseException) -> str:
@@ -136,3 +142,33 @@ def default_vpc(ec2: Any) -> str:
     if vpc is None:
         raise no_default_vpc(ec2.meta.region_name)
     return str(vpc["VpcId"])
+
+
+@contextlib.contextmanager
+def creating(what: str) -> Iterator[None]:
+    """Around a create call and the recording of what it made: a Ctrl-C or SIGTERM that lands
+    while the call is in flight is held until the block ends, then raised. Raised inside the
+    call, it left what the call made unknown to the run's cleanup: an instant fleet found by
+    nothing (EC2 lists none without its id), the rest by gc's tag scan at best. A second Ctrl-C
+    stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Ctrl-C reaches only the main thread; runs on workers stop at step boundaries
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if held:
+            raise KeyboardInterrupt
+        held.append(signum)
+        log.warning("finishing %s to record it; Ctrl-C again to stop now (it may be left)", what)
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(signum, hold) for signum in signals]
+    try:
+        yield
+    finally:
+        for signum, handler in zip(signals, previous, strict=True):
+            if handler is not None:  # None: set outside Python, which cannot set it back
+                signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])  # to the handler the block held it from

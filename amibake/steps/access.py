@@ -8,7 +8,7 @@ import logging
 import urllib.request
 
 from amibake.cloud import tags
-from amibake.cloud.calls import ignore_missing, retry_on
+from amibake.cloud.calls import creating, ignore_missing, retry_on
 from amibake.cloud.ec2 import delete_security_group
 from amibake.errors import CloudError
 from amibake.runner import RunContext
@@ -25,14 +25,15 @@ class KeyPair:
 
     def run(self, state: InstanceState) -> None:
         name = f"{self.context.run_id}-{state.slot}"
-        created = self.context.cloud.ec2.create_key_pair(
-            KeyName=name,
-            KeyType="ed25519",
-            TagSpecifications=[tags.specification("key-pair", self.context.tags)],
-        )
-        state.key_name = name
-        state.private_key = created["KeyMaterial"]
-        self.context.created("key-pair", name)
+        with creating("the key pair"):
+            created = self.context.cloud.ec2.create_key_pair(
+                KeyName=name,
+                KeyType="ed25519",
+                TagSpecifications=[tags.specification("key-pair", self.context.tags)],
+            )
+            state.key_name = name
+            state.private_key = created["KeyMaterial"]
+            self.context.created("key-pair", name)
 
     def cleanup(self, state: InstanceState) -> None:
         if not state.key_name:
@@ -73,14 +74,15 @@ class SecurityGroup:
     def run(self, state: InstanceState) -> None:
         ec2 = self.context.cloud.ec2
         vpc = self.context.network().vpc_id
-        created = ec2.create_security_group(
-            GroupName=f"{self.context.run_id}-{state.slot}",
-            Description="amibake build: SSH from the caller only",
-            VpcId=vpc,
-            TagSpecifications=[tags.specification("security-group", self.context.tags)],
-        )
-        state.security_group_id = created["GroupId"]
-        self.context.created("security-group", state.security_group_id)
+        with creating("the security group"):
+            created = ec2.create_security_group(
+                GroupName=f"{self.context.run_id}-{state.slot}",
+                Description="amibake build: SSH from the caller only",
+                VpcId=vpc,
+                TagSpecifications=[tags.specification("security-group", self.context.tags)],
+            )
+            state.security_group_id = created["GroupId"]
+            self.context.created("security-group", state.security_group_id)
         cidr = self.context.shared("caller-cidr", lambda: caller_cidr(self.context))
         retry_on(
             {"InvalidGroup.NotFound"},

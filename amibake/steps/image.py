@@ -20,7 +20,7 @@ from typing import Any
 from amibake import bake, packages
 from amibake import cpu as cpu_module
 from amibake.cloud import tags
-from amibake.cloud.calls import retry_on, wait_until
+from amibake.cloud.calls import creating, retry_on, wait_until
 from amibake.cloud.ec2 import (
     IMAGE_NOT_FOUND,
     NEW_IMAGE_VISIBLE_S,
@@ -175,8 +175,9 @@ class CreateImage:
         for attempt in range(IMAGE_ATTEMPTS):
             if attempt:
                 state.image_request["Name"] += f"-{attempt + 1}"
-            state.image_id = ec2.create_image(**state.image_request)["ImageId"]
-            self.context.created("image", state.image_id)
+            with creating("the image"):
+                state.image_id = ec2.create_image(**state.image_request)["ImageId"]
+                self.context.created("image", state.image_id)
             failed = self._wait(state)
             if not failed:
                 break

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amibake.cloud import tags
-from amibake.cloud.calls import every, ignore_missing, retry_on
+from amibake.cloud.calls import creating, every, ignore_missing, retry_on
 from amibake.cloud.ec2 import (
     NEW_INSTANCE_VISIBLE_S,
     delete_fleet,
@@ -92,38 +92,39 @@ class LaunchTemplate:
             tags.specification("instance", mine),
             tags.specification("volume", self.context.tags),
         ]
-        created = self.context.cloud.ec2.create_launch_template(
-            LaunchTemplateName=f"{self.context.run_id}-{state.slot}",
-            ClientToken=f"{self.context.run_id}-{state.slot}-lt",
-            LaunchTemplateData={
-                "ImageId": state.base_ami,
-                "KeyName": state.key_name,
-                # amibake's SSH group and the account's; a public IPv4 asked for when SSH
-                # dials it (EC2 Fleet's overrides then put the interface in each subnet).
-                **self.context.network().interfaces(state.security_group_id),  # type: ignore[typeddict-item]
-                # IMDSv2 only: a token is required for every metadata call.
-                "MetadataOptions": {
-                    "HttpTokens": "required",
-                    "HttpEndpoint": "enabled",
-                    "HttpPutResponseHopLimit": 1,
+        with creating("the launch template"):
+            created = self.context.cloud.ec2.create_launch_template(
+                LaunchTemplateName=f"{self.context.run_id}-{state.slot}",
+                ClientToken=f"{self.context.run_id}-{state.slot}-lt",
+                LaunchTemplateData={
+                    "ImageId": state.base_ami,
+                    "KeyName": state.key_name,
+                    # amibake's SSH group and the account's; a public IPv4 asked for when SSH
+                    # dials it (EC2 Fleet's overrides then put the interface in each subnet).
+                    **self.context.network().interfaces(state.security_group_id),  # type: ignore[typeddict-item]
+                    # IMDSv2 only: a token is required for every metadata call.
+                    "MetadataOptions": {
+                        "HttpTokens": "required",
+                        "HttpEndpoint": "enabled",
+                        "HttpPutResponseHopLimit": 1,
+                    },
+                    "BlockDeviceMappings": [
+                        {
+                            "DeviceName": "/dev/xvda",
+                            "Ebs": {
+                                "Encrypted": True,
+                                "DeleteOnTermination": True,
+                                "VolumeType": "gp3",
+                                "VolumeSize": 30,
+                            },
+                        }
+                    ],
+                    "TagSpecifications": instance_tags,  # type: ignore[typeddict-item]
                 },
-                "BlockDeviceMappings": [
-                    {
-                        "DeviceName": "/dev/xvda",
-                        "Ebs": {
-                            "Encrypted": True,
-                            "DeleteOnTermination": True,
-                            "VolumeType": "gp3",
-                            "VolumeSize": 30,
-                        },
-                    }
-                ],
-                "TagSpecifications": instance_tags,  # type: ignore[typeddict-item]
-            },
-            TagSpecifications=[tags.specification("launch-template", self.context.tags)],  # type: ignore[list-item]
-        )
-        state.launch_template_id = created["LaunchTemplate"]["LaunchTemplateId"]
-        self.context.created("launch-template", state.launch_template_id)
+                TagSpecifications=[tags.specification("launch-template", self.context.tags)],  # type: ignore[list-item]
+            )
+            state.launch_template_id = created["LaunchTemplate"]["LaunchTemplateId"]
+            self.context.created("launch-template", state.launch_template_id)
 
     def cleanup(self, state: InstanceState) -> None:
         if not state.launch_template_id:
@@ -210,24 +211,25 @@ class LaunchFleet:
         """One CreateFleet: its fleet and instances journaled before anything can fail; its
         Errors returned."""
         request = self._request(state, market, attempt)
-        response = retry_on(
-            NOT_YET_VISIBLE,
-            lambda: self.context.cloud.ec2.create_fleet(**request),
-            within_s=NOT_YET_VISIBLE_S,
-        )
-        fleet_id = response.get("FleetId", "")
-        if fleet_id:
-            self.fleets.append((fleet_id, time.monotonic()))
-            state.fleet_id = fleet_id
-            self.context.created("fleet", fleet_id)
-        for group in response.get("Instances", []):
-            for instance_id in group.get("InstanceIds", []):
-                # Recorded first, before anything can fail: gc must be able to find it.
-                self.context.created("instance", instance_id)
-                if not state.instance_id:
-                    state.instance_id = instance_id
-                    state.instance_type = group.get("InstanceType", "")
-                    state.market = market
+        with creating("the fleet"):
+            response = retry_on(
+                NOT_YET_VISIBLE,
+                lambda: self.context.cloud.ec2.create_fleet(**request),
+                within_s=NOT_YET_VISIBLE_S,
+            )
+            fleet_id = response.get("FleetId", "")
+            if fleet_id:
+                self.fleets.append((fleet_id, time.monotonic()))
+                state.fleet_id = fleet_id
+                self.context.created("fleet", fleet_id)
+            for group in response.get("Instances", []):
+                for instance_id in group.get("InstanceIds", []):
+                    # Recorded first, before anything can fail: gc must be able to find it.
+                    self.context.created("instance", instance_id)
+                    if not state.instance_id:
+                        state.instance_id = instance_id
+                        state.instance_type = group.get("InstanceType", "")
+                        state.market = market
         errors: list[dict[str, str]] = response.get("Errors", [])
         return errors
 
