@@ -1,5 +1,8 @@
 """A new image as EC2 has it: not found for a while, then pending, sometimes failed; and its
-snapshot in use for a moment after the image is deregistered.
+snapshot in use for a moment after the image is deregistered. While pending, its attributes
+cannot be changed (ModifyImageAttribute: InvalidAMIID.Unavailable, "currently pending and may
+not be used for this operation": SUSE-Enceladus/ec2imgutils#45, app-sre/qontract-reconcile#2222)
+and its block device mappings may not name their snapshot yet (bonclay7/aws-amicleaner#114).
 
 Sources: the EC2 API reference, "Eventual consistency in the Amazon EC2 API" (a resource just
 created may not be found by the next call); ansible/ansible#4368 (InvalidAMIID.NotFound right
@@ -18,11 +21,19 @@ from amibake.local.faults import Behaviour, Faults, Reply, Request, query_error
 
 _IMAGE_ID = re.compile(r"<imageId>(ami-[0-9a-f]+)</imageId>")
 _STATE = re.compile(r"<imageState>available</imageState>")
+_SNAPSHOT = re.compile(r"<snapshotId>snap-[0-9a-f]+</snapshotId>")
 # Local delays: AWS's seconds to minutes, shrunk (the product waits on them the same way).
 UNSEEN_S = (0.3, 2.5)  # NotFound after CreateImage
 PENDING_S = (0.5, 3.0)  # pending before available
 IN_USE_S = (0.3, 1.5)  # a deregistered image's snapshot still in use
 FAILED = 0.15  # share of images that end failed
+
+
+def _pending(faults: Faults, image: str, born: float) -> bool:
+    """Pending from when it shows until PENDING_S later (whether it then fails or not)."""
+    n = faults.ordinal("image", image)
+    shows = born + faults.between(*UNSEEN_S, "image", n, "unseen")
+    return faults.now() < shows + faults.between(*PENDING_S, "image", n, "pending")
 
 
 def _images(request: Request) -> list[str]:
@@ -51,6 +62,13 @@ def _before(faults: Faults, request: Request) -> Reply | None:
                 faults.count(BEHAVIOUR.name, "image not found yet")
                 return query_error(
                     "InvalidAMIID.NotFound", f"The image id '[{image}]' does not exist"
+                )
+            if request.action == "ModifyImageAttribute" and _pending(faults, image, born):
+                faults.count(BEHAVIOUR.name, "pending image modified")
+                return query_error(
+                    "InvalidAMIID.Unavailable",
+                    f"The AMI ID '{image}' is currently pending and may not be used for this "
+                    "operation",
                 )
     if request.action == "DeleteSnapshot":
         snapshot = str(request.params.get("SnapshotId", ""))
@@ -91,11 +109,9 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
                     "Client.InternalError",
                     "Client.InternalError: Client error on launch",
                 )
-            elif now < born + faults.between(*UNSEEN_S, "image", n, "unseen") + faults.between(
-                *PENDING_S, "image", n, "pending"
-            ):  # pending from when it shows
+            elif _pending(faults, image, born):
                 faults.count(BEHAVIOUR.name, "image pending")
-                text = _set_state(text, image, "pending")
+                text = _set_state(text, image, "pending", snapshots=False)
         reply = Reply(reply.status, reply.headers, text.encode())
     elif request.action == "DeregisterImage":
         image = str(request.params.get("ImageId", ""))
@@ -120,18 +136,52 @@ def _note_snapshots(faults: Faults, text: str) -> None:
         mine[image] = [s.text or "" for s in item.iterfind(".//{*}snapshotId")]
 
 
-def _set_state(text: str, image: str, state: str, code: str = "", message: str = "") -> str:
+def _set_state(
+    text: str, image: str, state: str, code: str = "", message: str = "", snapshots: bool = True
+) -> str:
     """The image's <imageState> (and a <stateReason> for a failed one) in a DescribeImages
-    answer."""
-    start = text.find(f"<imageId>{image}</imageId>")
-    end = text.find("</item>", start) if start >= 0 else -1
-    if start < 0 or end < 0:
+    answer; without `snapshots`, its block device mappings name none."""
+    span = _item(text, image)
+    if span is None:
         return text
-    part = text[start:end]
-    changed = _STATE.sub(f"<imageState>{state}</imageState>", part, count=1)
+    start, end = span
+    changed = _STATE.sub(f"<imageState>{state}</imageState>", text[start:end], count=1)
+    if not snapshots:
+        changed = _SNAPSHOT.sub("", changed)
     if code:
         changed += f"<stateReason><code>{code}</code><message>{message}</message></stateReason>"
     return text[:start] + changed + text[end:]
+
+
+def _item(text: str, image: str) -> tuple[int, int] | None:
+    """Where the image's <item> of imagesSet begins and its </item> is, in a DescribeImages
+    answer: its block device mappings, items themselves, come before its imageId."""
+    at = text.find(f"<imageId>{image}</imageId>")
+    if at < 0:
+        return None
+    depth, pos = 0, at
+    while True:  # back to the <item> that holds it
+        opened, closed = text.rfind("<item>", 0, pos), text.rfind("</item>", 0, pos)
+        if opened < 0:
+            return None
+        if closed > opened:
+            depth, pos = depth + 1, closed
+        elif depth:
+            depth, pos = depth - 1, opened
+        else:
+            start = opened
+            break
+    depth, pos = 0, at
+    while True:  # on to its </item>
+        opened, closed = text.find("<item>", pos), text.find("</item>", pos)
+        if closed < 0:
+            return None
+        if 0 <= opened < closed:
+            depth, pos = depth + 1, opened + 1
+        elif depth:
+            depth, pos = depth - 1, closed + 1
+        else:
+            return start, closed
 
 
 BEHAVIOUR = Behaviour(
