@@ -40,7 +40,13 @@ def describe_new_image(ec2: Any, image_id: str) -> dict[str, Any]:
 
 
 def snapshots_of(image: dict[str, Any]) -> list[str]:
-    return [m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", []) if "Ebs" in m]
+    """Its snapshots, as far as they are named: a pending image's mappings may name none yet
+    (bonclay7/aws-amicleaner#114)."""
+    return [
+        m["Ebs"]["SnapshotId"]
+        for m in image.get("BlockDeviceMappings", [])
+        if "SnapshotId" in m.get("Ebs", {})
+    ]
 
 
 def delete_image(

@@ -192,18 +192,8 @@ class CreateImage:
         state.phases["snapshot"] = time.monotonic() - started
 
     def _wait(self, state: BakeState) -> str:
-        """Until the image is available: '' then, or why it failed."""
+        """Until the image is available, then IMDSv2 only: '' then, or why it failed."""
         ec2 = self.context.cloud.ec2
-        # IMDSv2 only, for every instance of the image (moto accepts and ignores this). A new
-        # image may not be found yet (EC2 is eventually consistent): retried, as is every call
-        # on it until it shows.
-        retry_on(
-            IMAGE_NOT_FOUND,
-            lambda: ec2.modify_image_attribute(
-                ImageId=state.image_id, ImdsSupport={"Value": "v2.0"}
-            ),
-            within_s=NEW_IMAGE_VISIBLE_S,
-        )
         reason = ""
 
         def available() -> bool:
@@ -216,6 +206,17 @@ class CreateImage:
             return bool(image["State"] == "available")
 
         wait_until(f"image {state.image_id} to become available", available, timeout_s=3600)
+        if not reason:
+            # IMDSv2 only, for every instance of the image (moto accepts and ignores this). Not
+            # before it is available: a pending image's attributes cannot be changed
+            # (InvalidAMIID.Unavailable), and it is pending for minutes.
+            retry_on(
+                IMAGE_NOT_FOUND,
+                lambda: ec2.modify_image_attribute(
+                    ImageId=state.image_id, ImdsSupport={"Value": "v2.0"}
+                ),
+                within_s=NEW_IMAGE_VISIBLE_S,
+            )
         return reason
 
     def _delete(self, state: BakeState) -> None:
