@@ -11,21 +11,28 @@ hashicorp/terraform-provider-aws#21281 (INVALID is terminal: the provider stoppe
 VALID and reports the statusReason). The Batch API reference, DeleteComputeEnvironment: disable
 it and take it out of its job queues first.
 
+And an environment just taken out of its job queue (UpdateJobQueue with another order, or the
+queue deleted) still counts as the queue's for a moment: DeleteComputeEnvironment answers
+ClientException "Cannot delete, found existing JobQueue relationship" though the update succeeded
+(hashicorp/terraform-provider-aws#46925, "AWS Batch has eventual consistency").
+
 Locally: an environment created within FRESH_S of an IAM role or instance profile being made
 (or a role added to a profile) goes INVALID at a seeded rate, and is described so, whatever its
-state, until it is deleted.
+state, until it is deleted. An environment deleted within LINGER_S (seeded) of a queue's update
+or deletion is refused so.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from amibake.local.faults import Behaviour, Faults, Reply, Request
+from amibake.local.faults import Behaviour, Faults, Reply, Request, json_error
 
 # IAM propagation "usually seconds, at times minutes": the window in which a new environment
 # may find its roles or profile not usable yet.
 FRESH_S = 60.0
 INVALID = 0.35  # share of environments created in that window that go INVALID
+LINGER_S = (0.5, 3.0)  # a queue's old relationship to an environment, after its update
 # What changes an IAM principal an environment uses (AttachRolePolicy of a policy already
 # attached changes nothing: amibake repeats it on every `up`).
 IAM_CHANGES = (
@@ -52,10 +59,29 @@ def reason(faults: Faults, n: int, profile: str, service_role: str) -> str:
     )
 
 
+def _before(faults: Faults, request: Request) -> Reply | None:
+    if request.service != "batch" or request.action != "DeleteComputeEnvironment":
+        return None
+    changed = faults.remember("batch-environments:queues").get(request.account)
+    if changed is None:
+        return None
+    when, n = changed
+    if faults.now() < when + faults.between(*LINGER_S, "job-queue-update", n, "linger"):
+        faults.count(BEHAVIOUR.name, "queue relationship lingers")
+        return json_error("ClientException", "Cannot delete, found existing JobQueue relationship")
+    return None
+
+
 def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
     if not reply.ok:
         return reply
     now = faults.now()
+    if request.service == "batch" and request.action in ("UpdateJobQueue", "DeleteJobQueue"):
+        with faults.lock:
+            made = faults.state.setdefault("batch-environments:queue-updates", [0])
+            made[0] += 1
+            n = made[0]
+        faults.remember("batch-environments:queues")[request.account] = (now, n)
     if request.service == "iam" and request.action in IAM_CHANGES:
         faults.remember("batch-environments:iam")[request.account] = now
         return reply
@@ -99,6 +125,10 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
 
 BEHAVIOUR = Behaviour(
     name="batch-environments",
-    source="terraform-provider-aws#37945, #21281; kops#35; metaflow-tools#9; Batch API reference",
+    source=(
+        "terraform-provider-aws#37945, #21281, #46925; kops#35; metaflow-tools#9; "
+        "Batch API reference"
+    ),
+    before=_before,
     after=_after,
 )
