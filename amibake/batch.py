@@ -70,6 +70,9 @@ RUNNABLE_LIMIT_S = 1800
 # default) and Batch has noticed, and may write its files meanwhile: how long a cleanup waits
 # for terminated jobs to end before it removes what they write to.
 JOBS_STOPPING_S = 120.0
+# How long an environment taken out of its queues may still count as theirs (eventual
+# consistency: seconds, terraform-provider-aws#46925; a minute to be sure).
+QUEUE_RELEASED_S = 60.0
 JOBS_POLL_S = 1.0
 
 
@@ -619,7 +622,7 @@ def _retire(batch: Any, queue: str, environment: str) -> None:
         log.warning("%s disabled; delete it once its jobs drain (amibake batch down)", environment)
         return
     wait_settled(batch, "compute environment", environment.rsplit("/", 1)[-1])
-    batch.delete_compute_environment(computeEnvironment=environment)
+    _delete_environment(batch, environment)
 
 
 def _job_definition(batch: Any, app: str, architecture: str, job_role: str) -> str:
@@ -810,6 +813,17 @@ def _detach(batch: Any, environment: str) -> None:
             delete_queue(batch, queue["jobQueueName"])
 
 
+def _delete_environment(batch: Any, environment: str) -> None:
+    """DeleteComputeEnvironment of one out of every queue: the queues' update may not have
+    reached it yet, refused as though still in one (terraform-provider-aws#46925)."""
+    retry_on(
+        {"ClientException"},
+        lambda: batch.delete_compute_environment(computeEnvironment=environment),
+        within_s=QUEUE_RELEASED_S,
+        saying="found existing JobQueue relationship",
+    )
+
+
 def delete_environment(batch: Any, environment: str) -> None:
     """Disable, take out of its queues, delete (AWS terminates its instances), and wait until
     it is gone. An INVALID environment stays INVALID when disabled (terraform-provider-aws
@@ -817,7 +831,7 @@ def delete_environment(batch: Any, environment: str) -> None:
     batch.update_compute_environment(computeEnvironment=environment, state="DISABLED")
     wait_settled(batch, "compute environment", environment)
     _detach(batch, environment)
-    batch.delete_compute_environment(computeEnvironment=environment)
+    _delete_environment(batch, environment)
 
     def gone() -> bool:
         return not environments(batch, environment)

@@ -40,10 +40,12 @@ def retry_on(
     attempts: int = 8,
     first_delay_s: float = 0.2,
     within_s: float | None = None,
+    saying: str = "",
 ) -> T:
     """Retry a call while it fails with one of the codes (eventual consistency, dependencies):
     `attempts` times, or for as long as `within_s` seconds when given (AWS states some waits
-    in time: a new AMI may be NotFound for up to 2.5 minutes).
+    in time: a new AMI may be NotFound for up to 2.5 minutes). With `saying`, only while its
+    message says that (Batch answers every refusal ClientException).
 
     Throttling is retried by botocore itself (standard/adaptive mode); this is for the codes it
     does not retry because they are not transient in general, only right after a create.
@@ -59,7 +61,7 @@ def retry_on(
             over = (
                 time.monotonic() + delay > deadline if deadline is not None else attempt >= attempts
             )
-            if error_code(exc) not in codes or over:
+            if error_code(exc) not in codes or saying not in str(exc) or over:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, WITHIN_POLL_S if deadline is not None else 5.0)

@@ -138,6 +138,29 @@ def test_down_deletes_an_invalid_environment_still_in_its_queue(
     _nothing_registered(cloud)
 
 
+def test_an_environment_just_out_of_its_queue_is_deleted_once_batch_lets_it_go(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    """Its queue deleted, the environment still counts as the queue's for seconds: Delete is
+    refused, "found existing JobQueue relationship" (terraform-provider-aws#46925), and retried.
+    Before, gc, down and fleet's cleanup failed there, the environment left."""
+    # The queue's disabling (1) and deletion (2) linger long; the environment stays VALID.
+    lingers = seed_where(
+        lambda f: (
+            f.between(*batch_environments.LINGER_S, "job-queue-update", 2, "linger") > 2.5
+            and not _invalid(f, 1)
+        )
+    )
+    cloud = faulty("batch-environments", lingers)
+    env_name = _left_over(cloud, _image(cloud))
+    client = cloud.client("batch")
+    batch.delete_environment(client, env_name)  # gc's way: the queue is still there
+    assert batch.environments(client) == [] and batch.queues(client) == []
+    assert met(cloud)["batch-environments"]["queue relationship lingers"] > 0
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
 # --- a new role not yet known to S3 ------------------------------------------------------
 
 
