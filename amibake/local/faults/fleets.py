@@ -53,7 +53,7 @@ class Override:
 
 
 @functools.cache
-def _moto_zones(region: str) -> dict[str, tuple[str, ...]]:
+def moto_zones(region: str) -> dict[str, tuple[str, ...]]:
     """moto's table: instance type -> the AZs that offer it, in order."""
     from moto.ec2.models.instance_types import INSTANCE_TYPE_OFFERINGS
 
@@ -66,7 +66,7 @@ def _moto_zones(region: str) -> dict[str, tuple[str, ...]]:
 def offers(faults: Faults, region: str, instance_type: str, zone: str) -> bool:
     """Whether the AZ offers the type here: moto's table, less the seed's gaps (never the first
     AZ offering it, so the region still offers what moto says it does)."""
-    zones = _moto_zones(region).get(instance_type, ())
+    zones = moto_zones(region).get(instance_type, ())
     if zone not in zones:
         return False
     return zone == zones[0] or not faults.chance(AZ_GAP, "offering", instance_type, zone)
@@ -89,14 +89,14 @@ def requested(request: Request) -> list[Override]:
                 str(request.params.get(prefix + "Version", "")),
                 f.get("InstanceType", ""),
                 f.get("SubnetId", ""),
-                f.get("AvailabilityZone", "") or _zone_of(request, f.get("SubnetId", "")),
+                f.get("AvailabilityZone", "") or zone_of(request, f.get("SubnetId", "")),
                 f.get("Priority", ""),
             )
         )
     return out
 
 
-def _zone_of(request: Request, subnet_id: str) -> str:
+def zone_of(request: Request, subnet_id: str) -> str:
     if not subnet_id:
         return ""
     from moto.ec2.models import ec2_backends
