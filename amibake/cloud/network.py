@@ -43,19 +43,22 @@ class Network:
             interface["SubnetId"] = subnet_id
         return {"NetworkInterfaces": [interface]}
 
-    def subnet_in(self, zones: set[str]) -> str:
-        """A subnet in one of `zones` (where the type is offered), or "" to let EC2 choose
-        among the default VPC's subnets; configured subnets are never left to EC2."""
+    def subnets_in(self, zones: set[str]) -> list[str]:
+        """The subnets in `zones` (where the type is offered), one an AZ, or [""] to let EC2
+        choose among the default VPC's subnets; configured subnets are never left to EC2."""
+        found: dict[str, str] = {}
         for subnet in self.subnets:
             if subnet["AvailabilityZone"] in zones:
-                return str(subnet["SubnetId"])
+                found.setdefault(str(subnet["AvailabilityZone"]), str(subnet["SubnetId"]))
+        if found:
+            return list(found.values())
         if self.configured:
             raise UserError(
                 f"none of subnet_ids ({', '.join(s['SubnetId'] for s in self.subnets)}) is in an "
                 f"availability zone offering the type ({', '.join(sorted(zones)) or 'none'}): "
                 "add a subnet in one of those zones"
             )
-        return ""
+        return [""]
 
 
 def find(ec2: Any, config: Config) -> Network:

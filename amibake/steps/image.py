@@ -17,10 +17,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
+
 from amibake import bake, packages
 from amibake import cpu as cpu_module
 from amibake.cloud import tags
-from amibake.cloud.calls import creating, retry_on, wait_until
+from amibake.cloud.calls import creating, error_code, retry_on, wait_until
 from amibake.cloud.ec2 import (
     IMAGE_NOT_FOUND,
     NEW_IMAGE_VISIBLE_S,
@@ -249,28 +251,49 @@ class BootTest:
         instance_type = state.instance_type or state.family.instance_type(state.size)
         network = self.context.network()
         zones = zones_offering(ec2, [instance_type]).get(instance_type, set())
-        subnet = network.subnet_in(zones)  # named, as the interface carries it
-        reservation = ec2.run_instances(
-            ImageId=state.image_id,
-            InstanceType=instance_type,
-            MinCount=1,
-            MaxCount=1,
-            KeyName=state.key_name,
-            **network.interfaces(state.security_group_id, subnet),
-            MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
-            # Per-launch settings reach the image through user data: the check below reads
-            # them back.
-            UserData=state.boot_user_data,
-            TagSpecifications=[
-                tags.specification(
-                    "instance",
-                    {**self.context.tags, tags.STEP: "boot-test", tags.LABEL: state.label},
-                ),
-                tags.specification("volume", self.context.tags),
-            ],
-        )
-        state.boot_instance_id = reservation["Instances"][0]["InstanceId"]
-        self.context.created("instance", state.boot_instance_id)
+        # Named, as the interface carries it. On-demand capacity is an AZ's: one that has none
+        # refuses (InsufficientInstanceCapacity) and the next may not; a bake that gave up there
+        # had paid for its build and image.
+        subnets = network.subnets_in(zones)
+        for n, subnet in enumerate(subnets, 1):
+            try:
+                with creating("the boot-test instance"):
+                    reservation = ec2.run_instances(
+                        ImageId=state.image_id,
+                        InstanceType=instance_type,
+                        MinCount=1,
+                        MaxCount=1,
+                        KeyName=state.key_name,
+                        **network.interfaces(state.security_group_id, subnet),
+                        MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
+                        # Per-launch settings reach the image through user data: the check
+                        # below reads them back.
+                        UserData=state.boot_user_data,
+                        TagSpecifications=[
+                            tags.specification(
+                                "instance",
+                                {
+                                    **self.context.tags,
+                                    tags.STEP: "boot-test",
+                                    tags.LABEL: state.label,
+                                },
+                            ),
+                            tags.specification("volume", self.context.tags),
+                        ],
+                    )
+                    state.boot_instance_id = reservation["Instances"][0]["InstanceId"]
+                    self.context.created("instance", state.boot_instance_id)
+                break
+            except botocore.exceptions.ClientError as exc:
+                if error_code(exc) != "InsufficientInstanceCapacity" or n == len(subnets):
+                    raise
+                log.warning(
+                    "%s: no %s capacity in the subnet's zone; trying another (%d of %d)",
+                    state.label,
+                    instance_type,
+                    n + 1,
+                    len(subnets),
+                )
         remote = reach(
             self.context.cloud,
             state.boot_instance_id,

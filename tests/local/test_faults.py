@@ -105,6 +105,30 @@ def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_i
     assert len([x for x in left if x.startswith("snapshot")]) == 1
 
 
+def test_a_boot_test_refused_for_capacity_in_its_zone_launches_in_another(
+    faulty: Callable[[str, int], Cloud],
+) -> None:
+    """RunInstances of the boot test refused InsufficientInstanceCapacity in the first subnet's
+    zone (HTTP 500, which botocore retries in vain first, about 13 s): the bake launches it in
+    another zone's subnet. Before, it failed after its build and image were paid for."""
+    from amibake.local.faults import fleets, on_demand_capacity
+
+    def first_zone_short(f: Any) -> bool:
+        first = fleets.moto_zones("us-east-1")["c5a.large"][0]
+        return on_demand_capacity.short(f, "us-east-1", "c5a.large", first)
+
+    cloud = faulty("on-demand-capacity", seed_where(first_zone_short))
+    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    assert pipelines.build(cloud, request)[0].ok
+    outcome = pipelines.bake(cloud, pipelines.BakeRequest(families=["c5a"]))[0]
+    assert outcome.ok, outcome.error
+    assert met(cloud)["on-demand-capacity"]["no on-demand capacity in the AZ"] >= 1
+    from amibake.journal import Journal
+
+    run_id = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
+    assert run_id is not None and tagged_alive(cloud, run_id) == []
+
+
 def test_spot_reclaim_mid_build_reruns_it_on_a_new_instance(
     faulty: Callable[[str, int], Cloud], tmp_path: Path
 ) -> None:
