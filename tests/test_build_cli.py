@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -225,6 +226,60 @@ def no_aws_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     results = tmp_path / "results"
     monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(results))
     return results
+
+
+def test_expired_or_unrenewable_credentials_are_said_before_anything_is_made(
+    no_aws_credentials: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session token from the environment ends, and botocore cannot renew it: a run that
+    outlived it could not clean up (hashicorp/packer#7045). Already expired: one line, exit 2.
+    Else a warning; none for keys that do not end."""
+    from datetime import UTC, datetime, timedelta
+
+    from amibake import config
+    from amibake.cloud.session import open_cloud
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token")
+    ended = datetime.now(UTC) - timedelta(minutes=5)
+    monkeypatch.setenv("AWS_CREDENTIAL_EXPIRATION", ended.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert main(["build", "--family", "c5a", "--recipe", "kernels"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("amibake: error: the AWS credentials expired at ") and "renew" in err
+    assert len(err.splitlines()) == 1, err
+    assert not (no_aws_credentials / "journal.sqlite").exists()  # no run began
+
+    caplog.set_level(logging.WARNING, logger="amibake")
+    ends = datetime.now(UTC) + timedelta(minutes=30, seconds=30)
+    monkeypatch.setenv("AWS_CREDENTIAL_EXPIRATION", ends.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    open_cloud(config.load())  # no call is made: connecting asks nothing of AWS
+    assert [r.getMessage()[:55] for r in caplog.records] == [
+        "the AWS credentials expire in 30 min and cannot be rene"
+    ]
+    caplog.clear()
+    monkeypatch.delenv("AWS_CREDENTIAL_EXPIRATION")
+    open_cloud(config.load())
+    assert "session token that cannot be renewed" in caplog.text
+    caplog.clear()
+    monkeypatch.delenv("AWS_SESSION_TOKEN")
+    open_cloud(config.load())
+    assert caplog.records == []
+
+
+def test_a_refusal_for_expired_credentials_says_how_to_renew_them() -> None:
+    from amibake.cloud.session import name_expired_credentials
+
+    parsed = {"Error": {"Code": "ExpiredToken", "Message": "The security token is expired"}}
+    name_expired_credentials(parsed)
+    assert parsed["Error"]["Message"].startswith("The security token is expired (AWS credentials")
+    assert "amibake gc" in parsed["Error"]["Message"]
+    other = {"Error": {"Code": "AccessDenied", "Message": "no"}}
+    name_expired_credentials(other)
+    assert other["Error"]["Message"] == "no"
 
 
 def test_no_aws_credentials_is_one_line_before_anything_is_recorded(

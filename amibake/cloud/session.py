@@ -6,12 +6,15 @@ cloud accepts any) and the SSH address lookup differ.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import boto3
 import botocore.config
+import botocore.credentials
 import botocore.exceptions
 
 from amibake import iam_policy, service_models
@@ -20,6 +23,7 @@ from amibake.config import Config
 from amibake.cpu import Cpu, this_machine
 from amibake.errors import CloudError, UserError
 
+log = logging.getLogger("amibake")
 # "403": a HEAD request's denial has no body, so botocore has only the status for a code.
 DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403"}
 
@@ -34,6 +38,48 @@ def name_denied_action(parsed: dict[str, Any], model: Any, **_: Any) -> None:
         return
     action = iam_policy.action_of(model.service_model.signing_name, model.name)
     error["Message"] = f"{message} (not authorized to perform: {action}; see amibake iam-policy)"
+
+
+# Refused for credentials that have run out (STS's, and the services' own spelling of it).
+EXPIRED = {"ExpiredToken", "ExpiredTokenException", "RequestExpired"}
+RENEW = (
+    "renew them (a new session token, or a profile with sso_session or role_arn, which renew "
+    "themselves), then amibake gc removes what a run left"
+)
+
+
+def name_expired_credentials(parsed: dict[str, Any], **_: Any) -> None:
+    """A refusal for expired credentials says what to do: a run that outlived its session token
+    could not clean up (hashicorp/packer#7045: a token ran out while an AMI was pending)."""
+    error = parsed.get("Error") or {}
+    if error.get("Code") in EXPIRED:
+        error["Message"] = f"{error.get('Message') or 'expired'} (AWS credentials: {RENEW})"
+
+
+def check_lifetime(credentials: Any) -> None:
+    """Temporary credentials botocore cannot renew (a session token from the environment or a
+    credentials file) end mid-run, and the run then cannot clean up: refused when already
+    expired, else said once. A profile with SSO, role_arn or credential_process renews them."""
+    expiry = getattr(credentials, "_expiry_time", None)  # AWS_CREDENTIAL_EXPIRATION
+    renews = isinstance(credentials, botocore.credentials.RefreshableCredentials)
+    if renews and credentials.method != "env":
+        return
+    if expiry is not None:
+        left = (expiry - datetime.now(UTC)).total_seconds()
+        if left <= 0:
+            raise UserError(f"the AWS credentials expired at {expiry:%Y-%m-%d %H:%M} UTC: {RENEW}")
+        log.warning(
+            "the AWS credentials expire in %d min and cannot be renewed: a run still going then "
+            "cannot clean up; %s",
+            left // 60,
+            RENEW,
+        )
+    elif credentials.token:
+        log.warning(
+            "the AWS credentials are a session token that cannot be renewed: a run that outlives "
+            "it cannot clean up; %s",
+            RENEW,
+        )
 
 
 @dataclass
@@ -80,6 +126,7 @@ class Cloud:
                 ),
             )
             made.meta.events.register("after-call.*.*", name_denied_action)
+            made.meta.events.register("after-call.*.*", name_expired_credentials)
             if service == "s3":
                 # Every S3 call names the account that must own the bucket: a bucket of the
                 # same name held by someone else is refused (403), never written to or read.
@@ -180,6 +227,8 @@ def open_cloud(config: Config, local_endpoint: str | None = None) -> Cloud:
             raise UserError(f"{exc}; pick one from ~/.aws/config or unset --profile") from None
         # Asked now, not at the first call: by then a run may be recorded (a fleet bench run
         # stayed "created" for good) for a command that never could have run.
-        if session.get_credentials() is None:
+        credentials = session.get_credentials()
+        if credentials is None:
             raise UserError(NO_CREDENTIALS)
+        check_lifetime(credentials)
     return Cloud(config=config, session=session, endpoint_url=endpoint)
