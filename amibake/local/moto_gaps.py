@@ -26,6 +26,7 @@ def apply() -> None:
     _terminate_once()
     _fleet_network()
     _created_subnets_are_not_default()
+    _default_vpc_reaches_the_internet()
     _compute_environment_in_a_queue()
     _job_definition_by_revision()
     _batch_action_names()
@@ -203,6 +204,30 @@ def _created_subnets_are_not_default() -> None:
 
     create_subnet._amibake = True  # type: ignore[attr-defined]
     SubnetBackend.create_subnet = create_subnet  # type: ignore[method-assign]
+
+
+def _default_vpc_reaches_the_internet() -> None:
+    """AWS's default VPC has an internet gateway attached and a route 0.0.0.0/0 to it in its main
+    route table ("Default VPCs", VPC user guide); moto's had neither, so a subnet's way out could
+    not be told from a private subnet's."""
+    from moto.ec2.models.vpcs import VPCBackend
+
+    original = VPCBackend.create_default_vpc
+    if getattr(original, "_amibake", False):
+        return
+
+    def create_default_vpc(self: Any) -> Any:
+        vpc = original(self)
+        gateway = self.create_internet_gateway()
+        self.attach_internet_gateway(gateway.id, vpc.id)
+        main = next(
+            t for t in self.route_tables.values() if t.vpc_id == vpc.id and t.main_association_id
+        )
+        self.create_route(main.id, "0.0.0.0/0", gateway_id=gateway.id)
+        return vpc
+
+    create_default_vpc._amibake = True  # type: ignore[attr-defined]
+    VPCBackend.create_default_vpc = create_default_vpc  # type: ignore[method-assign]
 
 
 def _compute_environment_in_a_queue() -> None:
