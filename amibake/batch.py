@@ -29,6 +29,7 @@ from amibake.cloud.calls import (
     wait_until,
 )
 from amibake.cloud.ec2 import delete_security_group
+from amibake.cloud.network import Network
 from amibake.cloud.network import find as find_network
 from amibake.errors import CloudError, UserError
 from amibake.progress import Progress
@@ -271,6 +272,7 @@ def _network(cloud: Cloud) -> tuple[list[str], list[str]]:
     amibake's with no inbound rule (jobs need none), and the account's security_group_ids."""
     ec2 = cloud.ec2
     network = find_network(ec2, cloud.config)
+    _check_way_out(ec2, network, cloud.config.region)
     vpc = network.vpc_id
     subnets = [str(s["SubnetId"]) for s in network.subnets]
     groups = ec2.describe_security_groups(
@@ -290,6 +292,47 @@ def _network(cloud: Cloud) -> tuple[list[str], list[str]]:
         ],
     )
     return subnets, [str(created["GroupId"]), *network.groups]
+
+
+def _check_way_out(ec2: Any, network: Network, region: str) -> None:
+    """Batch's hosts register with ECS and pull their work over the network: from a subnet_ids
+    subnet with no way out (no public IPv4 by default beside a route to an internet gateway, no
+    0.0.0.0/0 route through a NAT gateway, transit gateway or NAT instance, no ECS endpoint in
+    the VPC) they start, are billed, and never take a job (the Batch user guide, "Compute
+    environments": "must have access to the Amazon ECS service endpoint"). The default VPC's
+    subnets have one by construction."""
+    if not network.configured:
+        return
+    where = [{"Name": "vpc-id", "Values": [network.vpc_id]}]
+    endpoints = every(ec2, "describe_vpc_endpoints", "VpcEndpoints", Filters=where)
+    if any(e.get("ServiceName") == f"com.amazonaws.{region}.ecs" for e in endpoints):
+        return
+    tables = list(every(ec2, "describe_route_tables", "RouteTables", Filters=where))
+    main: dict[str, Any] = next(
+        (t for t in tables if any(a.get("Main") for a in t.get("Associations", []))), {}
+    )
+    table_of = {
+        a["SubnetId"]: t for t in tables for a in t.get("Associations", []) if a.get("SubnetId")
+    }
+    for subnet in network.subnets:
+        routes = [
+            r
+            for r in table_of.get(subnet["SubnetId"], main).get("Routes", [])
+            if r.get("DestinationCidrBlock") == "0.0.0.0/0" and r.get("State") != "blackhole"
+        ]
+        through = ("NatGatewayId", "TransitGatewayId", "NetworkInterfaceId", "InstanceId")
+        if any(r.get(k) for r in routes for k in through):
+            continue
+        if subnet.get("MapPublicIpOnLaunch") and any(
+            str(r.get("GatewayId", "")).startswith("igw-") for r in routes
+        ):
+            continue
+        raise UserError(
+            f"subnet {subnet['SubnetId']} (subnet_ids) gives Batch's hosts no way to ECS: no "
+            "0.0.0.0/0 route through a NAT gateway, no public IPv4 by default with an internet "
+            "gateway route, no ECS endpoint in its VPC; its hosts would be billed and never take "
+            "a job: add a NAT gateway route, or name other subnets"
+        )
 
 
 # Where the job bucket's name is recorded in the account and region: its name has a random

@@ -90,8 +90,10 @@ ACTIONS: dict[str, list[str]] = {
         "ec2:CreateTags",
         "ec2:DescribeImages",
         "ec2:DeleteSecurityGroup",
+        "ec2:DescribeRouteTables",  # subnet_ids' way out to ECS (batch._check_way_out)
         "ec2:DescribeSecurityGroups",
         "ec2:DescribeSubnets",
+        "ec2:DescribeVpcEndpoints",
         "ec2:DescribeVpcs",
         "iam:AddRoleToInstanceProfile",
         "iam:AttachRolePolicy",

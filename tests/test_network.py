@@ -220,6 +220,40 @@ def test_a_wrong_subnet_or_group_is_one_line_and_creates_nothing(
     assert len(own_cloud.ec2.describe_security_groups()["SecurityGroups"]) == groups
 
 
+def test_batch_takes_subnets_with_a_way_to_ecs_and_refuses_the_rest(own_cloud: Cloud) -> None:
+    """A subnet_ids subnet must let Batch's hosts reach ECS: a public address by default and a
+    route to the internet gateway, or a NAT route (the test above), or an ECS endpoint."""
+    from amibake import batch
+    from amibake.cloud.network import find
+
+    network = _organisation_network(own_cloud)
+    ec2 = own_cloud.ec2
+    cloud = _with(own_cloud, subnet_ids=network["subnets"][:1])
+    subnet = network["subnets"][0]
+    with pytest.raises(UserError, match=f"subnet {subnet} .* no way to ECS"):
+        batch._check_way_out(ec2, find(ec2, cloud.config), cloud.config.region)
+    ec2.modify_subnet_attribute(SubnetId=subnet, MapPublicIpOnLaunch={"Value": True})
+    with pytest.raises(UserError, match="no way to ECS"):  # a public address, no route out
+        batch._check_way_out(ec2, find(ec2, cloud.config), cloud.config.region)
+    table = ec2.create_route_table(VpcId=network["vpc"])["RouteTable"]["RouteTableId"]
+    ec2.associate_route_table(RouteTableId=table, SubnetId=subnet)
+    gateway = ec2.describe_internet_gateways(
+        Filters=[{"Name": "attachment.vpc-id", "Values": [network["vpc"]]}]
+    )["InternetGateways"][0]["InternetGatewayId"]
+    ec2.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", GatewayId=gateway)
+    batch._check_way_out(ec2, find(ec2, cloud.config), cloud.config.region)  # public: taken
+    ec2.modify_subnet_attribute(SubnetId=subnet, MapPublicIpOnLaunch={"Value": False})
+    with pytest.raises(UserError, match="no way to ECS"):
+        batch._check_way_out(ec2, find(ec2, cloud.config), cloud.config.region)
+    ec2.create_vpc_endpoint(
+        VpcId=network["vpc"],
+        ServiceName=f"com.amazonaws.{cloud.config.region}.ecs",
+        VpcEndpointType="Interface",
+        SubnetIds=[subnet],
+    )
+    batch._check_way_out(ec2, find(ec2, cloud.config), cloud.config.region)  # private: taken
+
+
 @pytest.mark.e2e
 def test_batch_registers_in_the_subnets_and_groups_named_without_a_default_vpc(
     own_cloud: Cloud,
@@ -232,6 +266,28 @@ def test_batch_registers_in_the_subnets_and_groups_named_without_a_default_vpc(
         batch.up(own_cloud, [image])
     network = _organisation_network(own_cloud)
     cloud = _with(own_cloud, subnet_ids=network["subnets"], security_group_ids=(network["group"],))
+    # Its subnets give no public address and route nowhere out: Batch's hosts would start, be
+    # billed, and never reach ECS to take a job. Refused before anything is made.
+    with pytest.raises(UserError, match=f"subnet {network['subnets'][0]} .* no way to ECS"):
+        batch.up(cloud, [image])
+    groups = cloud.ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [batch.SECURITY_GROUP]}]
+    )["SecurityGroups"]
+    assert groups == [] and batch.job_bucket(cloud) is None
+    ec2 = cloud.ec2  # a NAT gateway in the VPC, the way out of its main route table
+    address = ec2.allocate_address(Domain="vpc")["AllocationId"]
+    nat = ec2.create_nat_gateway(SubnetId=network["subnets"][0], AllocationId=address)
+    main = ec2.describe_route_tables(
+        Filters=[
+            {"Name": "vpc-id", "Values": [network["vpc"]]},
+            {"Name": "association.main", "Values": ["true"]},
+        ]
+    )["RouteTables"][0]
+    ec2.create_route(
+        RouteTableId=main["RouteTableId"],
+        DestinationCidrBlock="0.0.0.0/0",
+        NatGatewayId=nat["NatGateway"]["NatGatewayId"],
+    )
     batch.up(cloud, [image])
     client = cloud.client("batch")
     resources = [
