@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -20,7 +21,8 @@ from amibake.errors import ConfigError, UserError
 
 CLOUDS = ("aws", "local")
 RETRY_MODES = ("standard", "adaptive")
-# AWS region codes: us-east-1, ap-southeast-2, us-gov-west-1, eusc-de-east-1. Checked here
+# AWS region codes: us-east-1, ap-southeast-2 (us-gov-west-1, eusc-de-east-1 too, which are
+# refused as other partitions' below). Checked here
 # because botocore's own refusal ("region_name '5' doesn't match a supported format") names
 # neither the setting nor where it came from, and a well-formed typo only fails at connect time.
 REGION = re.compile(r"[a-z]{2,4}(-[a-z]+)+-\d{1,2}")
@@ -124,12 +126,29 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
         return None
 
 
+@functools.cache
+def _partition(region: str) -> str:
+    """The AWS partition of a region code (aws, aws-us-gov, aws-cn, ...), as botocore's
+    endpoint data has it; a code it does not know takes the pattern it matches."""
+    from amibake import service_models  # botocore's data, read once a process
+
+    return str(service_models.session().get_partition_for_region(region))
+
+
 def _validate(cfg: Config, problems: list[str]) -> None:
     if cfg.cloud not in CLOUDS:
         problems.append(f"cloud must be one of {', '.join(CLOUDS)}, got {cfg.cloud!r}")
     if not REGION.fullmatch(cfg.region):
         problems.append(
             f"region must be an AWS region code such as us-east-1 or eu-west-1, got {cfg.region!r}"
+        )
+    elif (partition := _partition(cfg.region)) != "aws":
+        # GovCloud's, China's, the sovereign clouds' ARNs begin arn:aws-us-gov: and so on, and
+        # their service names and prices differ: amibake's IAM policy, bucket policy and price
+        # catalog are the commercial partition's, and would fail there half-way.
+        problems.append(
+            f"region {cfg.region} is in AWS's {partition} partition: amibake works in the "
+            "commercial partition's regions (us-east-1, eu-west-1, ...) only"
         )
     if cfg.retry_mode not in RETRY_MODES:
         problems.append(

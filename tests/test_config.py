@@ -45,9 +45,14 @@ def test_semantic_validation(tmp_path: Path) -> None:
     for region in ("us-east1", "5", "US-EAST-1", "us-east-1 "):
         with pytest.raises(ConfigError, match=f"region must be an AWS region code.*{region!r}"):
             config.load({"region": region}, toml_path=tmp_path / "none.toml", environ={})
-    for region in ("us-east-1", "ap-southeast-2", "us-gov-west-1", "eusc-de-east-1"):
+    for region in ("us-east-1", "ap-southeast-2", "mx-central-1"):
         loaded = config.load({"region": region}, toml_path=tmp_path / "none.toml", environ={})
         assert loaded.region == region
+    # Well formed, but another partition's: its ARNs (arn:aws-us-gov:...), service names and
+    # prices are not the ones amibake's policies and catalog name, and a run failed half-way.
+    for region, partition in (("us-gov-west-1", "aws-us-gov"), ("cn-north-1", "aws-cn")):
+        with pytest.raises(ConfigError, match=f"region {region} is in AWS's {partition} partition"):
+            config.load({"region": region}, toml_path=tmp_path / "none.toml", environ={})
 
 
 def test_a_name_given_as_a_number_in_the_file_is_refused(tmp_path: Path) -> None:
