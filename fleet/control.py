@@ -275,11 +275,16 @@ def sweep(cloud: Cloud, results: Results, run_id: str) -> tuple[list[str], list[
 
 
 def _sweep_bucket(cloud: Cloud, results: Results, run_id: str) -> list[str]:
-    """The run's files in the Batch job bucket (payloads, monitor CSVs), if it used Batch."""
+    """The run's files in the Batch job bucket (payloads, monitor CSVs), if it used Batch: a
+    bench's, or a tune's, whose trials are measured as its own run's jobs (fleet/{tune}/...)."""
     from fleet.spec import BenchSpec
 
     record = results.require(run_id)
-    if record["kind"] != "bench" or BenchSpec.from_json(record["spec"]).executor != "batch":
+    if record["kind"] == "bench":
+        executor = BenchSpec.from_json(record["spec"]).executor
+    else:
+        executor = str(record["spec"].get("executor", "ssh"))
+    if executor != "batch":
         return []
     bucket = batch.job_bucket(cloud)
     if bucket is None or not batch.check_owned(cloud, bucket):

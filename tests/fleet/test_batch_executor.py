@@ -511,6 +511,24 @@ def test_gc_deregisters_the_job_definition_a_killed_image_run_left(
     assert gc.find(cloud, journal, run_id=run_id) == []
 
 
+def test_fleet_kill_sweeps_a_batch_tune_runs_files_from_the_job_bucket(
+    cloud: Cloud, registered: None
+) -> None:
+    """A tune's trials are measured as jobs of its own run, their files under fleet/TUNE/ in the
+    job bucket: fleet kill of a dead tune controller removes them, as of a bench run. Before,
+    only a bench run's were swept, and a tune's stayed until the bucket's 7-day expiry."""
+    results = results_of(cloud)
+    run_id = runner.new_run_id()
+    results.create_run(run_id, "tune", {"executor": "batch", "trials": 3}, "local", "us-east-1")
+    bucket = batch.job_bucket(cloud)
+    key = f"fleet/{run_id}/fleet-x/payload.tar"
+    cloud.client("s3").put_object(Bucket=bucket, Key=key, Body=b"payload")
+    assert bucket_files(cloud, run_id) == [key]
+    deleted, failures = control.sweep(cloud, results, run_id)
+    assert failures == [] and deleted == [f"1 files under s3://{bucket}/fleet/{run_id}/"], deleted
+    assert bucket_files(cloud, run_id) == []
+
+
 def test_batch_without_registration_is_refused_before_creating_anything(
     cloud: Cloud, capsys: pytest.CaptureFixture[str]
 ) -> None:
