@@ -124,39 +124,33 @@ def test_up_gives_up_on_an_environment_that_stays_invalid_in_one_line_leaving_no
     _nothing_registered(cloud)
 
 
-def test_down_deletes_an_invalid_environment_still_in_its_queue(
-    faulty: Faulty,  # noqa: F811
-) -> None:
-    # Disabling an INVALID environment leaves it INVALID: deletion must not wait for VALID.
-    cloud = faulty("batch-environments", seed_where(lambda f: _invalid(f, 1)))
-    env_name = _left_over(cloud, _image(cloud))
-    client = cloud.client("batch")
-    batch.delete_environment(client, env_name)  # gc's way: the queue is still there
-    assert batch.environments(client) == [] and batch.queues(client) == []
-    assert met(cloud)["batch-environments"]["described invalid"] > 0
-    batch.down(cloud)
-    _nothing_registered(cloud)
+def _lingers(f: faults.Faults) -> bool:
+    """The queue's disabling (1) and deletion (2) linger long; the environment stays VALID."""
+    between = f.between(*batch_environments.LINGER_S, "job-queue-update", 2, "linger")
+    return between > 2.5 and not _invalid(f, 1)
 
 
-def test_an_environment_just_out_of_its_queue_is_deleted_once_batch_lets_it_go(
+@pytest.mark.parametrize(
+    ("seed_for", "met_as"),
+    [(lambda f: _invalid(f, 1), "described invalid"), (_lingers, "queue relationship lingers")],
+    ids=["invalid", "queue-lingers"],
+)
+def test_an_environment_still_in_its_queue_is_deleted(
     faulty: Faulty,  # noqa: F811
+    seed_for: Callable[[faults.Faults], bool],
+    met_as: str,
 ) -> None:
-    """Its queue deleted, the environment still counts as the queue's for seconds: Delete is
-    refused, "found existing JobQueue relationship" (terraform-provider-aws#46925), and retried.
-    Before, gc, down and fleet's cleanup failed there, the environment left."""
-    # The queue's disabling (1) and deletion (2) linger long; the environment stays VALID.
-    lingers = seed_where(
-        lambda f: (
-            f.between(*batch_environments.LINGER_S, "job-queue-update", 2, "linger") > 2.5
-            and not _invalid(f, 1)
-        )
-    )
-    cloud = faulty("batch-environments", lingers)
+    """gc's way: the queue is still there. Disabling an INVALID environment leaves it INVALID,
+    so deletion must not wait for VALID. And once out of its queue, the environment still
+    counts as the queue's for seconds: Delete is refused "found existing JobQueue relationship"
+    (terraform-provider-aws#46925), and retried; before, gc, down and fleet's cleanup failed
+    there, the environment left."""
+    cloud = faulty("batch-environments", seed_where(seed_for))
     env_name = _left_over(cloud, _image(cloud))
     client = cloud.client("batch")
-    batch.delete_environment(client, env_name)  # gc's way: the queue is still there
+    batch.delete_environment(client, env_name)
     assert batch.environments(client) == [] and batch.queues(client) == []
-    assert met(cloud)["batch-environments"]["queue relationship lingers"] > 0
+    assert met(cloud)["batch-environments"][met_as] > 0
     batch.down(cloud)
     _nothing_registered(cloud)
 
