@@ -91,6 +91,18 @@ def test_the_scan_names_each_feature_the_instructions_need(tmp_path: Path) -> No
         "-mpopcnt",
     )
     assert set(isa.scan(counted.parent, [counted.name]).features) == {"popcnt"}
+    # A static program carries glibc's longjmp and libgcc's unwinder, whose shadow-stack code
+    # (RDSSP, a no-op without CET) runs on every x86-64 CPU: it was reported as cet_ss, which no
+    # /proc/cpuinfo names, and the program judged to run nowhere.
+    static = compile_c(
+        tmp_path,
+        "x86_64",
+        "#include <setjmp.h>\nstatic jmp_buf b;\n"
+        "int main(void) { if (!setjmp(b)) longjmp(b, 1); return 0; }",
+        "-O2",
+        "-static",
+    )
+    assert "cet_ss" not in isa.scan(static.parent, [static.name]).features
 
 
 def test_the_scan_reads_arm64_and_skips_what_runs_as_a_no_op(tmp_path: Path) -> None:
