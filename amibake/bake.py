@@ -32,6 +32,8 @@ USERDATA_DIR = ROOT / "userdata_templates"
 DATA_DIR = "/usr/local/data"
 LIBEXEC = "/usr/local/libexec/amibake"
 UNITS = ("amibake-shared-tmpfs.service", "amibake-stage.service")
+# Drop-ins for the base image's own units: path on the instance -> template.
+DROP_INS = {"/etc/systemd/system/ecs.service.d/amibake.conf": "ecs-after-stage.conf.j2"}
 SCRIPTS = ("shared-tmpfs", "stage")
 MIN_TMPFS_MB = 256
 BOOT_TEST_CLUSTER = "amibake-boot-test"  # set through user data, read back by the boot test
@@ -295,6 +297,8 @@ def render_files(
             render(UNITS_DIR / f"{unit}.j2", **variables),
             0o644,
         )
+    for path, template in DROP_INS.items():
+        files[path] = (render(UNITS_DIR / template, **variables), 0o644)
     for script in SCRIPTS:
         text = render(UNITS_DIR / f"{script}.sh.j2", **variables)
         checks.shell(text, f"{script}.sh.j2")

@@ -91,7 +91,13 @@ def test_rendered_units_and_scripts_pass_their_checks() -> None:
         "/etc/systemd/system/amibake-stage.service",
         "/usr/local/libexec/amibake/shared-tmpfs",
         "/usr/local/libexec/amibake/stage",
+        "/etc/systemd/system/ecs.service.d/amibake.conf",
     }
+    # The agent waits for the stage, and does not start when it failed: Before= alone started it.
+    drop_in = files["/etc/systemd/system/ecs.service.d/amibake.conf"][0].splitlines()
+    assert {"Requires=amibake-stage.service", "After=amibake-stage.service"} <= set(drop_in)
+    staging = files["/etc/systemd/system/amibake-stage.service"][0]
+    assert "Before=ecs.service cloud-final.service" in staging.splitlines()
     stage = files["/usr/local/libexec/amibake/stage"][0]
     assert "imds=http://169.254.169.254" in stage  # the real endpoint by default
     # Of sapphirerapids (53 features), skylake_avx512 (33) and zen3 (32), zen3 asks least.

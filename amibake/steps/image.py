@@ -100,7 +100,7 @@ class Install:
             for a in state.artifacts
         ]
         for index, (path, (_, mode)) in enumerate(state.files.items()):
-            lines.append(f"install -m {mode:o} {staging}/{index}.file {shlex.quote(path)}")
+            lines.append(f"install -D -m {mode:o} {staging}/{index}.file {shlex.quote(path)}")
             if path.endswith(".service"):
                 lines.append(f"ln -sf {path} {wants}/{Path(path).name}")
         manifest = {a.installed: a.manifest for a in state.artifacts}
