@@ -16,7 +16,7 @@ from typing import Any
 
 import archspec.cpu
 
-from amibake import catalog
+from amibake import catalog, cpu, isa
 from amibake.cloud import Cloud
 from amibake.cloud.calls import describe_image
 from amibake.cloud.ec2 import delete_image, describe_instance_types, snapshots_of
@@ -218,6 +218,33 @@ def from_tune(results_dir: Path, run: str) -> dict[str, Any]:
     return read_json(path, f"run `fleet report {run}`, which writes it anew", shape)
 
 
+def needs(artifact: Artifact) -> frozenset[str]:
+    """The features a CPU needs to run the build: its scan's (archspec's names), or, for a
+    manifest from before the scan, the ones its target lets gcc emit from plain C."""
+    if "isa_features" in artifact.manifest:
+        return frozenset(artifact.manifest["isa_features"])
+    target = archspec.cpu.TARGETS[artifact.target]
+    return cpu.normalized(frozenset(target.features)) & isa.data(artifact.architecture).codegen
+
+
+def candidates(artifacts: list[Artifact]) -> dict[str, list[tuple[str, str]]]:
+    """Per app, the builds a CPU of a family the image has no build for may take, the newest
+    target first (the build for the newest CPU it can run), each with what it needs as
+    /proc/cpuinfo names it: the stage unit takes the first whose needs the CPU has. The build
+    needing the least taken blind ran AVX-512 code on an AMD Milan (a c6i build on a c6a)."""
+    cpuinfo = {archspec_name: linux for linux, archspec_name in cpu.CPUINFO_ALIASES.items()}
+    found: dict[str, list[tuple[str, str]]] = {}
+
+    def newest_first(artifact: Artifact) -> tuple[int, int, str]:
+        target = archspec.cpu.TARGETS[artifact.target]
+        return (-len(target.features), -len(needs(artifact)), artifact.family)
+
+    for artifact in sorted(artifacts, key=newest_first):
+        line = " ".join(sorted(cpuinfo.get(f, f) for f in needs(artifact)))
+        found.setdefault(artifact.app, []).append((artifact.family, line))
+    return dict(sorted(found.items()))
+
+
 def fallbacks(artifacts: list[Artifact]) -> dict[str, str]:
     """Per app, the family whose build needs the fewest ISA features (those its instructions
     need, as its scan found them; then its target's): the best bet for a CPU the image has no
@@ -289,7 +316,7 @@ def render_files(
         "data_dir": DATA_DIR,
         "imds_endpoint": imds_endpoint,
         "architecture": architecture,
-        "fallbacks": fallbacks(artifacts),
+        "candidates": candidates(artifacts),
     }
     files: dict[str, tuple[str, int]] = {}
     for unit in UNITS:

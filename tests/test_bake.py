@@ -3,11 +3,13 @@ when a bake fails or is killed."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,92 @@ def test_rendered_units_and_scripts_pass_their_checks() -> None:
     assert "kernels_c6a.tar.xz" in stage
     unit = files["/etc/systemd/system/amibake-shared-tmpfs.service"][0]
     assert "Before=ecs.service" in unit and "AMIBAKE_RESERVE_MB_PER_VCPU=700" in unit
+
+
+class _Imds(http.server.BaseHTTPRequestHandler):
+    """IMDSv2 as the stage script asks it: a token, then the instance type."""
+
+    instance_type = ""
+
+    def do_PUT(self) -> None:
+        self._answer("token")
+
+    def do_GET(self) -> None:
+        self._answer(self.instance_type)
+
+    def _answer(self, text: str) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(text.encode())
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+ZEN3 = "fpu sse2 pni ssse3 sse4_1 sse4_2 popcnt avx avx2 fma bmi1 bmi2"  # an AMD Milan's flags
+SPR = f"{ZEN3} avx512f avx512bw avx512vl avx512_vpopcntdq avx512_bf16"  # a Sapphire Rapids'
+
+
+BUILDS = {
+    "c6i": ("icelake", ["avx512f", "avx512bw", "avx512vl", "avx2"]),
+    "c7a": ("zen4", ["avx512f", "avx512vl", "avx512_vpopcntdq", "avx512_bf16", "avx2"]),
+    "c6a": ("zen3", ["avx2", "fma", "sse3"]),
+}
+
+
+@pytest.mark.parametrize(
+    ("image", "instance_type", "flags", "staged"),
+    [
+        ("c6i c7a c6a", "c6i.large", ZEN3, "c6i"),  # its family's own build, as built for it
+        ("c6i c7a c6a", "c7i.large", SPR, "c7a"),  # none for it: the newest target it runs
+        ("c6i c7a c6a", "m6a.large", ZEN3, "c6a"),  # c6i's and c7a's need AVX-512: not Milan's
+        # Neither runs on Milan: nothing staged and the unit fails (the agent stays down). The
+        # build needing fewest features, taken blind, was c6i's: SIGILL at its first AVX-512.
+        ("c6i c7a", "m6a.large", ZEN3, None),
+        ("c6i c7a c6a", "t2.large", "fpu sse2 pni", None),
+    ],
+)
+def test_the_stage_takes_a_build_this_cpu_runs(
+    tmp_path: Path, image: str, instance_type: str, flags: str, staged: str | None
+) -> None:
+    """Run the rendered stage script against CPUs given as data."""
+    data = tmp_path / "data"
+    data.mkdir()
+    artifacts = []
+    for family in image.split():
+        target, needs = BUILDS[family]
+        tree = tmp_path / family
+        tree.mkdir()
+        (tree / "built-for").write_text(family)
+        path = data / f"kernels_{family}.tar.xz"
+        subprocess.run(["tar", "-cJf", str(path), "-C", str(tree), "."], check=True)
+        manifest = {"isa_features": needs}
+        artifacts.append(bake.Artifact("kernels", family, "x86_64", target, path, manifest))
+    _Imds.instance_type = instance_type
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Imds)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        script = bake.render_files(artifacts, "x86_64", 700, endpoint)[f"{bake.LIBEXEC}/stage"][0]
+        cpuinfo, shared = tmp_path / "cpuinfo", tmp_path / "shared"
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        # The instance's paths, here the test's own.
+        for real, here in (
+            ("/proc/cpuinfo", cpuinfo),
+            ("/shared/", f"{shared}/"),
+            ("/var/log/amibake/", f"{tmp_path}/log/"),
+            (bake.DATA_DIR, data),
+        ):
+            script = script.replace(real, str(here))
+        ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    if staged is None:
+        assert ran.returncode == 1 and not (shared / "kernels").exists(), ran.stdout
+        assert "no kernels build in this image runs on this CPU" in ran.stderr
+    else:
+        assert ran.returncode == 0, ran.stderr
+        assert (shared / "kernels" / "built-for").read_text() == staged, ran.stdout
 
 
 def test_both_architectures_render_and_check_together() -> None:
