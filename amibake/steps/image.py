@@ -32,13 +32,12 @@ from amibake.cloud.ec2 import (
     zones_offering,
 )
 from amibake.cloud.reach import reach
-from amibake.errors import CloudError, RemoteError
-from amibake.runner import RunContext
+from amibake.errors import RemoteError
+from amibake.runner import Rerun, RunContext
 from amibake.steps.launch import terminate_launched
 from amibake.steps.state import InstanceState
 
 log = logging.getLogger("amibake")
-IMAGE_ATTEMPTS = 2  # an image that ends failed is made once more before the bake gives up
 
 
 @dataclass(kw_only=True)
@@ -174,21 +173,16 @@ class CreateImage:
                 tags.specification("snapshot", self.context.tags),
             ],
         }
-        for attempt in range(IMAGE_ATTEMPTS):
-            if attempt:
-                state.image_request["Name"] += f"-{attempt + 1}"
-            with creating("the image"):
-                state.image_id = ec2.create_image(**state.image_request)["ImageId"]
-                self.context.created("image", state.image_id)
-            failed = self._wait(state)
-            if not failed:
-                break
-            log.warning(
-                "image %s failed (%s): deleting it and making another", state.image_id, failed
-            )
-            self._delete(state)
-        else:
-            raise CloudError(f"image {state.image_id} failed {IMAGE_ATTEMPTS} times: {failed}")
+        with creating("the image"):
+            state.image_id = ec2.create_image(**state.image_request)["ImageId"]
+            self.context.created("image", state.image_id)
+        failed = self._wait(state)
+        if failed:
+            # Not made again of this instance: CreateImage rebooted it (its default), and
+            # cloud-init, systemd and the agent wrote their state anew after the hygiene (one
+            # machine-id for every host of the image, the bake key authorized again). A fresh
+            # instance, installed and cleaned anew; the failed image goes with the unwinding.
+            raise Rerun(f"image {state.image_id} failed ({failed})")
         for snapshot_id in state.snapshot_ids:
             self.context.created("snapshot", snapshot_id)
         state.phases["snapshot"] = time.monotonic() - started

@@ -83,8 +83,20 @@ def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_i
     cloud = faulty("image-consistency", seed)
     request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
     assert pipelines.build(cloud, request)[0].ok
-    outcome = pipelines.bake(cloud, pipelines.BakeRequest(families=["c5a"]))[0]
+    imaged: list[str] = []
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        imaged.append(params["InstanceId"])
+
+    cloud.ec2.meta.events.register("provide-client-params.ec2.CreateImage", record)
+    try:
+        outcome = pipelines.bake(cloud, pipelines.BakeRequest(families=["c5a"]))[0]
+    finally:
+        cloud.ec2.meta.events.unregister("provide-client-params.ec2.CreateImage", record)
     assert outcome.ok, outcome.error
+    # The second image is of a fresh instance, cleaned anew: CreateImage had rebooted the first,
+    # and its boot wrote back what the hygiene removed (machine-id, cloud-init, the bake key).
+    assert len(imaged) == 2 and imaged[0] != imaged[1], imaged
     done = met(cloud)["image-consistency"]
     # IMDSv2 set once the image is available: a pending image's attributes cannot change, and
     # it is pending for minutes on AWS (here seconds, so a retry hid it).
