@@ -36,6 +36,11 @@ UNITS = ("amibake-shared-tmpfs.service", "amibake-stage.service")
 DROP_INS = {"/etc/systemd/system/ecs.service.d/amibake.conf": "ecs-after-stage.conf.j2"}
 SCRIPTS = ("shared-tmpfs", "stage")
 MIN_TMPFS_MB = 256
+# What a fresh instance's /proc/meminfo says is available at boot, of its nominal memory: the
+# kernel and firmware keep some (ECS's docs: an 8 GiB m4.large shows 7985 MiB in all) and the
+# boot's own processes more. The size check at bake time judges a shape by this, as its tmpfs
+# unit will at boot (by MemAvailable).
+AVAILABLE_AT_BOOT = 0.85
 BOOT_TEST_CLUSTER = "amibake-boot-test"  # set through user data, read back by the boot test
 
 
@@ -291,8 +296,10 @@ def check_shapes(cloud: Cloud, families: list[str], reserve: int) -> None:
     types = [catalog.family(f).instance_type(s) for f in families for s in catalog.family(f).sizes]
     described = describe_instance_types(cloud.ec2, types)
     for shape in sorted(described, key=lambda t: t["MemoryInfo"]["SizeInMiB"])[:1]:
+        # By nominal memory, a reserve passed here that every such host's tmpfs unit refused.
+        available = int(shape["MemoryInfo"]["SizeInMiB"] * AVAILABLE_AT_BOOT)
         try:
-            tmpfs_mb(shape["MemoryInfo"]["SizeInMiB"], shape["VCpuInfo"]["DefaultVCpus"], reserve)
+            tmpfs_mb(available, shape["VCpuInfo"]["DefaultVCpus"], reserve)
         except UserError as exc:
             raise UserError(f"{shape['InstanceType']}: {exc}") from None
 

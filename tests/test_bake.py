@@ -79,6 +79,14 @@ def test_tmpfs_size_for_several_shapes() -> None:
         bake.tmpfs_mb(4096, 2, 3000)
 
 
+def test_the_size_check_judges_a_shape_by_what_is_available_at_boot(cloud: Cloud) -> None:
+    """A c7i.large is 4096 MiB, of which about 85% is available at boot: a reserve of 1700 MiB
+    a vCPU leaves 696 MiB of the nominal memory, but none of what its tmpfs unit will find."""
+    bake.check_shapes(cloud, ["c7i"], 700)
+    with pytest.raises(UserError, match=r"^c7i\.large: .* leaves -?\d+ MiB for /shared"):
+        bake.check_shapes(cloud, ["c7i"], 1700)
+
+
 def _artifacts() -> list[bake.Artifact]:
     return [
         bake.Artifact("kernels", f, "x86_64", t, Path(f"/x/kernels_{f}.tar.xz"), {})
