@@ -38,6 +38,20 @@ def normalized(flags: set[str] | frozenset[str]) -> frozenset[str]:
     return frozenset(CPUINFO_ALIASES.get(flag, flag) for flag in flags)
 
 
+# Features a target's CPUs have, and its gcc -march enables, that archspec's list leaves out:
+# GCC's manual puts AVX-VNNI and AVX512-FP16 under -march=sapphirerapids, and an m7i's
+# /proc/cpuinfo shows both (ggml-org/llama.cpp#2555). Without them a correct c7i build (gcc 12
+# turns int8 dot products into vpdpbusd) was refused as beyond its target.
+ARCHSPEC_OMITS = {"sapphirerapids": frozenset({"avx_vnni", "avx512_fp16"})}
+
+
+def target_features(target: archspec.cpu.Microarchitecture) -> frozenset[str]:
+    """What a CPU of the target has, in /proc/cpuinfo's names: archspec's list and what it
+    leaves out (ARCHSPEC_OMITS), for the target and its ancestors."""
+    extra = [ARCHSPEC_OMITS.get(t.name, frozenset()) for t in (target, *target.ancestors)]
+    return normalized(frozenset(target.features)).union(*extra)
+
+
 @dataclass(frozen=True)
 class Cpu:
     architecture: str  # x86_64 or arm64, as EC2 says

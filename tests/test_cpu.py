@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import archspec.cpu
 import pytest
 
 from amibake import catalog, cpu, flags, isa, recipes
@@ -103,6 +104,25 @@ def test_the_scan_names_each_feature_the_instructions_need(tmp_path: Path) -> No
         "-static",
     )
     assert "cet_ss" not in isa.scan(static.parent, [static.name]).features
+
+
+def test_a_build_for_a_target_may_use_what_its_march_enables(tmp_path: Path) -> None:
+    """gcc turns an int8 dot product into AVX-VNNI's vpdpbusd under -march=sapphirerapids,
+    which every Sapphire Rapids has though archspec's list leaves it out: the build check
+    held it beyond the c7i's target and refused a correct build."""
+    spr = archspec.cpu.TARGETS["sapphirerapids"]
+    dot = (
+        "unsigned char a[4096]; signed char b[4096];\n"
+        "int main(void) { int s = 0; for (int i = 0; i < 4096; i++) s += a[i] * b[i];\n"
+        "  return s; }\n"
+    )
+    program = compile_c(tmp_path, "x86_64", dot, "-O3", "-march=sapphirerapids")
+    needs = set(isa.scan(program.parent, [program.name]).features)
+    assert "avx_vnni" in needs, needs  # with Debian's gcc 12, which make install adds
+    assert needs & isa.known_features("x86_64") <= cpu.target_features(spr), needs
+    assert {"avx_vnni", "avx512_fp16"} <= cpu.target_features(spr)
+    # Its descendants have them too; an older target is not given them.
+    assert "avx_vnni" not in cpu.target_features(archspec.cpu.TARGETS["icelake"])
 
 
 def test_the_scan_reads_arm64_and_skips_what_runs_as_a_no_op(tmp_path: Path) -> None:

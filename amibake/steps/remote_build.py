@@ -234,7 +234,7 @@ class Verify:
         # PREFETCHW or RDTSCP for any): the others are still checked against each CPU.
         beyond = sorted(
             (needs & isa.known_features(state.family.architecture))
-            - cpu_module.normalized(frozenset(target.features))
+            - cpu_module.target_features(target)
         )
         if beyond:
             raise RemoteError(
