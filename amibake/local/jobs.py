@@ -375,7 +375,9 @@ def _stop_container(process: subprocess.Popen[bytes]) -> None:
     """As ECS stops a task's container: SIGTERM to the container's PID 1, SIGKILL to all of it
     once STOP_TIMEOUT_S have passed."""
     init = _container_init(process.pid)
-    deadline = time.monotonic() + 2.0  # nsenter and unshare fork as the container starts
+    # nsenter and unshare fork as the container starts: seconds on a loaded host (2 s ran out
+    # for a plain user's user namespace while CI shared the cores).
+    deadline = time.monotonic() + 10.0
     while init is None and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
         init = _container_init(process.pid)
