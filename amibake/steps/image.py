@@ -115,7 +115,9 @@ class Install:
 
 
 HYGIENE = r"""
-if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+# Under systemd (sd_booted's test): is-system-running, asked before, is false on a degraded
+# system (any failed unit), and the agent then kept running while its state was removed.
+if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
   systemctl stop ecs || true
 fi
 rm -rf /var/lib/ecs/data/*
