@@ -79,6 +79,13 @@ def family_target(family: Family) -> archspec.cpu.Microarchitecture:
     return max((archspec.cpu.TARGETS[n] for n in candidates), key=lambda t: (_depth(t), t.name))
 
 
+# Flags archspec's spelling of a target for an older compiler leaves out, though the target's
+# CPUs have them (its own feature list names them) and that compiler takes them: for gcc before
+# 12.3, zen4 is -march=znver3 plus AVX-512 flags without VPOPCNTDQ, BF16 and GFNI, so a c7a
+# build (AL2023's gcc is 11) never used vpopcntq on a Genoa.
+ARCHSPEC_OMITS = {("zen4", "-march=znver3"): "-mavx512vpopcntdq -mavx512bf16 -mgfni"}
+
+
 def for_family(family: Family, compiler: Compiler) -> Flags:
     target = family_target(family)
     ladder = [target, *sorted(target.ancestors, key=lambda t: (-_depth(t), t.name))]
@@ -89,6 +96,9 @@ def for_family(family: Family, compiler: Compiler) -> Flags:
             continue
         if not cflags and candidate.vendor != "generic":
             continue
+        for (name, spelled), extra in ARCHSPEC_OMITS.items():
+            if candidate.name == name and spelled in cflags.split():
+                cflags = f"{cflags} {extra}"
         return Flags(family.name, target.name, candidate.name, compiler, cflags)
     raise UserError(f"{compiler} cannot target any microarchitecture of family {family.name}")
 

@@ -16,8 +16,11 @@ TABLE = [
     ("c6g", "gcc@11.4.1", "neoverse_n1", "neoverse_n1", "-mcpu=neoverse-n1"),
     ("c7i", "gcc@11.4.1", "sapphirerapids", "sapphirerapids", "-march=sapphirerapids"),
     ("c7a", "gcc@13.2.0", "zen4", "zen4", "-march=znver4"),
-    # gcc before 12.3 has no -march=znver4: archspec spells zen4 as znver3 plus AVX-512.
+    # gcc before 12.3 has no -march=znver4: archspec spells zen4 as znver3 plus AVX-512, less
+    # VPOPCNTDQ, BF16 and GFNI, which Genoa has (flags.ARCHSPEC_OMITS adds them back).
     ("c7a", "gcc@12.2.0", "zen4", "zen4", "-mavx512f"),
+    ("c7a", "gcc@11.4.1", "zen4", "zen4", "-mavx512vpopcntdq"),
+    ("c7a", "gcc@12.2.0", "zen4", "zen4", "-mgfni"),
     # gcc 10.2 knows neither zen4 nor zen3 (10.3+): the best it can do is zen2.
     ("c7a", "gcc@10.2.1", "zen4", "zen2", "-march=znver2"),
     ("c7i", "gcc@10.2.1", "sapphirerapids", "icelake", "-march=icelake-client"),
@@ -114,3 +117,10 @@ def test_missing_features_reads_linux_cpuinfo_names() -> None:
     )
     assert flags.missing_features("zen2", zen2_cpuinfo) == []
     assert "avx512f" in flags.missing_features("sapphirerapids", zen2_cpuinfo)
+
+
+def test_the_flags_added_back_are_only_for_the_older_spelling() -> None:
+    new = flags.for_family(catalog.family("c7a"), flags.Compiler.parse("gcc@13.2.0"))
+    assert new.cflags.split() == ["-march=znver4", "-mtune=znver4"]  # znver4 has them all
+    old = flags.for_family(catalog.family("c6a"), flags.Compiler.parse("gcc@11.4.1"))
+    assert "-mavx512bf16" not in old.cflags.split()  # zen3: not Genoa's
