@@ -375,8 +375,8 @@ def _stop_container(process: subprocess.Popen[bytes]) -> None:
     """As ECS stops a task's container: SIGTERM to the container's PID 1, SIGKILL to all of it
     once STOP_TIMEOUT_S have passed."""
     init = _container_init(process.pid)
-    # nsenter and unshare fork as the container starts: seconds on a loaded host (2 s ran out
-    # for a plain user's user namespace while CI shared the cores).
+    # nsenter and unshare fork as the container starts: a user namespace's setup can take
+    # seconds on a loaded host, and waiting longer costs nothing when PID 1 shows sooner.
     deadline = time.monotonic() + 10.0
     while init is None and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
