@@ -115,13 +115,3 @@ def for_build(family: Family, compiler: Compiler, generic: bool = False) -> Flag
     target = archspec.cpu.TARGETS[GENERIC_TARGET[family.architecture]]
     cflags = target.optimization_flags(compiler.name, compiler.series)
     return Flags(family.name, target.name, target.name, compiler, cflags)
-
-
-# Linux's /proc/cpuinfo names for features that archspec (which reads CPUID) names otherwise.
-_CPUINFO_ALIASES = {"pni": "sse3"}
-
-
-def missing_features(target_name: str, cpuinfo_flags: set[str]) -> list[str]:
-    """What a CPU with these /proc/cpuinfo flags lacks to run code built for the target."""
-    have = {_CPUINFO_ALIASES.get(flag, flag) for flag in cpuinfo_flags}
-    return sorted(archspec.cpu.TARGETS[target_name].features - have)

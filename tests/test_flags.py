@@ -75,50 +75,6 @@ def test_compiler_spelling_errors(text: str) -> None:
         flags.Compiler.parse(text)
 
 
-def test_missing_features_reads_linux_cpuinfo_names() -> None:
-    zen2_cpuinfo = set(
-        [
-            "fpu",
-            "sse",
-            "sse2",
-            "pni",
-            "ssse3",
-            "sse4_1",
-            "sse4_2",
-            "avx",
-            "avx2",
-            "fma",
-            "f16c",
-            "bmi1",
-            "bmi2",
-            "popcnt",
-            "aes",
-            "pclmulqdq",
-            "movbe",
-            "abm",
-            "sse4a",
-            "mmx",
-            "mmxext",
-            "clflushopt",
-            "clwb",
-            "clzero",
-            "adx",
-            "rdrand",
-            "rdseed",
-            "sha_ni",
-            "xsavec",
-            "xsaveopt",
-            "xsaves",
-            "xsave",
-            "fsgsbase",
-            "cx16",
-            "lahf_lm",
-        ]
-    )
-    assert flags.missing_features("zen2", zen2_cpuinfo) == []
-    assert "avx512f" in flags.missing_features("sapphirerapids", zen2_cpuinfo)
-
-
 def test_the_flags_added_back_are_only_for_the_older_spelling() -> None:
     new = flags.for_family(catalog.family("c7a"), flags.Compiler.parse("gcc@13.2.0"))
     assert new.cflags.split() == ["-march=znver4", "-mtune=znver4"]  # znver4 has them all
