@@ -400,7 +400,9 @@ def _reap(pid: int) -> None:
 
 
 def _cmdline(pid: int) -> str:
+    """The process's command line, or "" once it is gone: a process that exits while it is read
+    answers ESRCH (ProcessLookupError), not ENOENT (a teardown in CI failed so)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return ""

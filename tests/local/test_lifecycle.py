@@ -313,3 +313,20 @@ def test_without_root_local_up_says_what_is_missing() -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "needs root" in lines[0] or "unshare" in lines[0]
+
+
+def test_a_process_that_exits_while_its_command_line_is_read_matches_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """/proc/PID/cmdline of a process exiting as it is read answers ESRCH: `local down`'s sweep
+    for leftover registries raised ProcessLookupError (a CI teardown failed so)."""
+
+    def exiting(self: Path) -> bytes:
+        if self.name == "cmdline":
+            raise ProcessLookupError(3, "No such process")
+        return b""
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "read_bytes", exiting)
+        assert control._cmdline(os.getpid()) == ""
+        assert control.registry_processes(tmp_path) == []
