@@ -251,14 +251,13 @@ def candidates(artifacts: list[Artifact]) -> dict[str, list[tuple[str, str]]]:
 
 
 def fallbacks(artifacts: list[Artifact]) -> dict[str, str]:
-    """Per app, the family whose build needs the fewest ISA features (those its instructions
-    need, as its scan found them; then its target's): the best bet for a CPU the image has no
-    build for (no single target is guaranteed to run on every CPU)."""
+    """Per app, the family whose build needs the fewest ISA features (needs(); then its
+    target's): the bake runs and boot-tests on it, where each app's least demanding build runs.
+    A CPU of a family the image has no build for takes one by its features (candidates())."""
 
     def demand(artifact: Artifact) -> tuple[int, int, int, str]:
         target = archspec.cpu.TARGETS[artifact.target]
-        needs = len(artifact.manifest.get("isa_features", target.features))
-        return (needs, len(target.features), len(target.ancestors), artifact.family)
+        return (len(needs(artifact)), len(target.features), len(target.ancestors), artifact.family)
 
     best: dict[str, Artifact] = {}
     for artifact in artifacts:

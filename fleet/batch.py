@@ -342,8 +342,8 @@ class ImageDefinition:
             self.context.cloud.client("batch").deregister_job_definition(
                 jobDefinition=state.job_definition
             )
-            name, revision = state.job_definition.rsplit("/", 1)[-1].rsplit(":", 1)
-            self.context.deleted("job-definition", f"{name}:{revision}")
+            # Journaled as name:revision, the end of its ARN.
+            self.context.deleted("job-definition", state.job_definition.rsplit("/", 1)[-1])
             state.job_definition = ""
 
 
