@@ -194,8 +194,12 @@ def approve(
 ) -> None:
     """Say what will run and spend (`show`, on stderr), and ask "Proceed?" where a terminal is
     attached (--yes skips it). With none, an estimate above THRESHOLD_USD needs --yes, or a cap
-    (`cap_flag`, when the command has one): refused in one line that gives the figures."""
-    refused = not (yes or terminal() or capped or estimate.usd <= THRESHOLD_USD)
+    (`cap_flag`, when the command has one): refused in one line that gives the figures. So does
+    one with an unpriced type, whatever the priced lines sum to: its dollars are unknown, not
+    none, and a cap cannot count what it has no price for."""
+    unpriced = bool(estimate.unpriced)
+    cheap = estimate.usd <= THRESHOLD_USD and not unpriced
+    refused = not (yes or terminal() or (capped and not unpriced) or cheap)
     if not refused:
         print(show, file=sys.stderr, flush=True)
     if yes:
@@ -208,6 +212,12 @@ def approve(
         return
     if not refused:
         return
+    if unpriced:
+        raise UserError(
+            f"the estimate has no price for {', '.join(estimate.unpriced)} "
+            f"({estimate.hours:.3g} instance-hours in all), and there is no terminal to ask: "
+            "pass --yes to run it anyway"
+        )
     ways = f"--yes to run it, or {cap_flag} USD to cap its spend" if cap_flag else "--yes to run it"
     raise UserError(
         f"the estimate is ${estimate.usd:.2f} ({estimate.hours:.3g} instance-hours), above "

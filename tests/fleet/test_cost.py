@@ -179,6 +179,27 @@ def test_a_large_estimate_without_a_terminal_needs_yes_or_a_cap(
     assert iam.list_roles(PathPrefix=SPOT_ROLE_PATH)["Roles"] == []
 
 
+def test_an_unpriced_type_without_a_terminal_needs_yes_even_when_capped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unpriced lines add no dollars to the sum: counted as free, 64 hours of a type without a
+    price passed the gate below THRESHOLD_USD, and a cap, which cannot count them, let it by."""
+    monkeypatch.setattr(cost, "terminal", lambda: False)
+    priced = cost.Line("c7i.large: 1 replicate", "c7i.large", 1, 0.1, 0.1)
+    unpriced = cost.Line("x9.48xlarge: 8 replicates", "x9.48xlarge", 8, 64.0, None)
+    cost.approve(cost.Estimate("a cheap run", [priced]), "shown", yes=False)
+    assert "shown" in capsys.readouterr().err
+    estimate = cost.Estimate("a run", [priced, unpriced])
+    assert estimate.usd <= cost.THRESHOLD_USD
+    for capped in (False, True):
+        with pytest.raises(cost.UserError) as refused:
+            cost.approve(estimate, "shown", yes=False, capped=capped, cap_flag="--max-cost")
+        said = str(refused.value)
+        assert "no price for x9.48xlarge" in said and "--yes" in said and "\n" not in said
+    assert "shown" not in capsys.readouterr().err
+    cost.approve(estimate, "shown", yes=True)  # asked for, it runs
+
+
 def test_dry_run_says_what_would_run_and_creates_nothing(
     cloud: Cloud,
     capsys: pytest.CaptureFixture[str],
