@@ -1,6 +1,8 @@
-"""Medians with bootstrap intervals, noise flags, and rankings that say "cannot tell apart"."""
+"""Medians with intervals, noise flags, and rankings that say "cannot tell apart"."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -60,3 +62,41 @@ def test_the_worst_tenth_of_searches_that_found_nothing_feasible_is_inf_not_nan(
     values = [1.0, 1.2, 1.05, 1.5, 1.1, 1.3]
     assert stats.quantile(values, 0.9) == pytest.approx(float(np.quantile(values, 0.9)))
     assert stats.quantile([1.0] * 9 + [np.inf], 0.5) == 1.0
+
+
+def test_the_interval_of_three_runs_covers_the_true_median_at_its_confidence() -> None:
+    """A bench's default is 3 replicates. The bootstrap alone made their [min, max] of them, a
+    "95%" interval that covered the true median in 3 of 4 benches."""
+    rng = np.random.default_rng(5)
+    trials = 400
+    covered = 0
+    for seed in range(trials):
+        runs = np.exp(rng.normal(math.log(100.0), 0.05, 3))  # log-normal: its median is 100
+        summary = stats.summarize(list(runs), seed=seed, resamples=500)
+        covered += summary.low <= 100.0 <= summary.high
+    assert covered >= 0.92 * trials, covered / trials
+
+
+def test_identical_builds_are_seldom_called_different() -> None:
+    rng = np.random.default_rng(6)
+    trials = 300
+    apart = 0
+    for seed in range(trials):
+        one, two = (np.exp(rng.normal(0.0, 0.05, 3)) for _ in range(2))
+        summary = stats.ratio(one, two, seed=seed, resamples=500)
+        assert summary.low <= summary.median <= summary.high
+        apart += not summary.low <= 1.0 <= summary.high
+    assert apart <= 0.08 * trials, apart / trials
+
+
+def test_a_wide_interval_that_reaches_the_best_ranks_first_with_it() -> None:
+    """Ranked against its group's leader alone, d ranked 2nd behind a tight c, and the answer
+    named a alone as the cheapest although d may well be cheaper."""
+    a = stats.Summary(3, 100.5, 100.0, 101.0, 0.01)
+    c = stats.Summary(3, 104.5, 104.0, 105.0, 0.01)
+    d = stats.Summary(3, 120.0, 60.0, 300.0, 0.5)
+    ranked = {r.name: r.rank for r in stats.rank({"a": a, "c": c, "d": d})}
+    assert ranked == {"a": 1, "d": 1, "c": 2}
+    # higher is better: the same rule from the other side
+    ranked = {r.name: r.rank for r in stats.rank({"a": a, "c": c, "d": d}, lower_is_better=False)}
+    assert ranked == {"d": 1, "c": 1, "a": 2}
