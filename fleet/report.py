@@ -78,6 +78,14 @@ def summarize(
     speed."""
     emulated = emulated or set()
     measured = rows[(rows.state == "ok") & (rows.warmup == 0)]
+    # A replicate that failed (an error, a timeout) is not in the figures, and the slow runs are
+    # the ones that time out: its count goes beside them, and the answer and the page say it.
+    failures = (
+        rows[(rows.state == "failed") & (rows.warmup == 0)]
+        .groupby(["instance_type", "build"])
+        .size()
+        .to_dict()
+    )
     out = []
     summaries: dict[str, stats.Summary] = {}
     costs: dict[str, stats.Summary] = {}
@@ -105,6 +113,7 @@ def summarize(
                 "type": instance_type,
                 "build": build,
                 "n": summary.n,
+                "failed": int(failures.get((instance_type, build), 0)),
                 "median": summary.median,
                 "ci_low": summary.low,
                 "ci_high": summary.high,
@@ -152,11 +161,12 @@ def work_unit(metric: Metric, unit: str = "") -> str:
 
 def per_units(usd_per_unit: float, unit: str) -> str:
     """A cost per unit of work as people read it: "$0.12 per 1M frames", not "1.2e-07 USD per
-    unit"; scaled by thousands until the dollars read with two significant digits."""
+    unit"; scaled by thousands until the dollars are at least a cent, to three significant digits
+    (at two, $0.002849 and $0.002751 a run both read "$2.8 per 1k runs" ranked 1 and 2)."""
     scales = ((1.0, "1"), (1e3, "1k"), (1e6, "1M"), (1e9, "1G"))
     count, label = next(((c, n) for c, n in scales if usd_per_unit * c >= 0.01), scales[-1])
     plural = "s" if label != "1" and unit in ("run", "unit") else ""
-    return f"${usd_per_unit * count:.2g} per {label} {unit}{plural}"
+    return f"${usd_per_unit * count:.3g} per {label} {unit}{plural}"
 
 
 def answer(frame: pd.DataFrame, metric: Metric, unit: str = "") -> str:
@@ -183,7 +193,22 @@ def answer(frame: pd.DataFrame, metric: Metric, unit: str = "") -> str:
             parts.append(f"{what}: {names[first.index[0]]}")
     if parts and (native.n < 2).any():
         parts.append("one replicate: no interval, ranked by single runs")
+    ranked_first = native[(native.cost_rank == 1) | (native.speed_rank == 1)]
+    for index, row in ranked_first[_failed(ranked_first) > 0].iterrows():
+        parts.append(f"{names[index]}: {_failures(row)}")
     return "answer: " + ("; ".join(parts) if parts else "nothing ranked")
+
+
+def _failed(frame: pd.DataFrame) -> pd.Series:
+    """Each row's failed replicates (0 for a frame made before the column was)."""
+    if "failed" not in frame:
+        return pd.Series(0, index=frame.index)
+    return frame["failed"].fillna(0).astype(int)
+
+
+def _failures(row: pd.Series) -> str:
+    tried = int(row.n) + int(row.failed)
+    return f"{int(row.failed)} of its {tried} replicates failed, and are not in its figures"
 
 
 def readable(frame: pd.DataFrame, metric: Metric, unit: str = "") -> pd.DataFrame:
@@ -216,6 +241,9 @@ def readable(frame: pd.DataFrame, metric: Metric, unit: str = "") -> pd.DataFram
             "cost rank": frame.cost_rank.map(lambda v: "-" if v is None or pd.isna(v) else int(v)),
         }
     )
+    failed = _failed(frame)
+    if failed.any():  # beside n: the runs the figures leave out
+        shown.insert(3, "failed", failed)
     if frame.emulated.any():  # ranked apart: say which ranking a row is in
         shown.insert(2, "runs", frame.emulated.map({True: "emulated", False: "native"}))
     return shown
@@ -239,7 +267,11 @@ def headline(
     if priced.empty:
         best = native.sort_values("speed_rank").iloc[0]
         return f"Fastest: {best.type} {best.build} (no prices: no cost ranking)."
-    best = priced.iloc[0]
+    # The pick ran every replicate: one whose runs failed (a timeout, out of memory) measured
+    # cheap on the runs that finished, and is named beside the pick, not as it.
+    reliable = priced[_failed(priced) == 0]
+    best = reliable.iloc[0] if not reliable.empty else priced.iloc[0]
+    passed_over = priced.loc[: best.name].drop(index=best.name)
     seconds = [metric.seconds_per_unit(v) for v in (best.ci_low, best.ci_high)]
     if best.n > 1:
         said = [
@@ -254,14 +286,23 @@ def headline(
             f"{best.seconds_per_unit:.4g} s per {unit}, from one replicate: no interval, so "
             "run more replicates before trusting the ranking."
         ]
+    if _failed(priced)[best.name]:
+        said.append(f"Every type's runs failed in part: {_failures(best)}.")
+    for _, row in passed_over.iterrows():
+        said.append(
+            f"{row.type} {row.build} measured {per_units(row.usd_per_unit, unit)}, but "
+            f"{_failures(row)}."
+        )
     tied = priced[(priced.cost_rank == best.cost_rank) & (priced.index != best.name)]
+    tied = tied.drop(index=passed_over.index, errors="ignore")
     if not tied.empty:
         said.append(
             "It cannot be told apart from "
             + ", ".join(tied.type + " " + tied.build)
             + " on cost: their intervals overlap."
         )
-    others = priced[priced.index != best.name]
+    # The saving against the next best that the data tells apart: against a tied one it is noise.
+    others = priced[(priced.cost_rank > best.cost_rank) & ~priced.index.isin(passed_over.index)]
     if not others.empty:
         runner = others.iloc[0]
         saving = 1 - best.usd_per_unit / runner.usd_per_unit
@@ -285,7 +326,7 @@ def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str,
     errors = [frame["median"] - frame.ci_low, frame.ci_high - frame["median"]]
     axes.bar(labels, frame["median"], yerr=errors, capsize=4, color="#1f77b4")
     axes.set_ylabel(f"{'throughput' if metric.higher_is_better else 'time'} ({metric.unit})")
-    axes.set_title("Median per type and build, with bootstrap 95% intervals")
+    axes.set_title("Median per type and build, with 95% intervals")
     plots["Throughput per type"] = png(figure)
 
     priced = frame.dropna(subset=["usd_per_unit"])

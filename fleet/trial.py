@@ -304,7 +304,8 @@ class CloudEvaluator:
         # Each replicate's loss too: the recommendation pools them with the other trials' (a
         # search whose every trial ran 3 replicates had no interval from one loss per trial).
         losses = [float(v) for v in per_replicate]
-        interval = [summary.low, summary.high]
+        # One replicate has no interval: a point read as one claimed a certainty it lacks.
+        interval = [summary.low, summary.high] if summary.n > 1 else None
         manifest = {**manifest, "interval": interval, "n": summary.n, "losses": losses}
         if loss is None:
             return Evaluation(

@@ -115,3 +115,55 @@ def test_one_replicate_is_said_to_have_no_interval() -> None:
     table = readable(summarize(rows, RUNTIME), RUNTIME)
     shown = dict(zip(table.type, table["95% interval"], strict=True))
     assert shown["a.large"] == "none (n=1)" and " .. " in shown["b.large"], shown
+
+
+def _runs(*rows: tuple[str, str, float | None]) -> pd.DataFrame:
+    """Replicate rows: type, state, seconds (None for a failed run)."""
+    return pd.DataFrame(
+        [
+            {"instance_type": t, "build": "plain", "state": state, "warmup": 0, "metric": m}
+            | {"price_usd_hour": 0.1, "market": "spot"}
+            for t, state, m in rows
+        ]
+    )
+
+
+def test_a_type_whose_replicates_failed_is_named_with_its_failures_not_picked_silently() -> None:
+    """Two of b.large's three runs timed out; the one that finished was the fastest run of all.
+    The answer called it the cheapest, and the page recommended it, without a word of the two."""
+    rows = _runs(
+        *(("a.large", "ok", m) for m in (100.0, 101.0, 102.0)),
+        ("b.large", "ok", 80.0),
+        ("b.large", "failed", None),
+        ("b.large", "failed", None),
+    )
+    frame = summarize(rows, RUNTIME)
+    counts = dict(zip(frame.type, frame.failed, strict=True))
+    assert counts == {"a.large": 0, "b.large": 2}
+    table = readable(frame, RUNTIME)
+    assert list(table.columns[:4]) == ["type", "build", "n", "failed"]
+    said = answer(frame, RUNTIME)
+    assert "b.large plain: 2 of its 3 replicates failed, and are not in its figures" in said, said
+    page = headline(frame, RUNTIME)
+    assert page.startswith("Recommended: a.large plain"), page
+    assert "b.large plain measured $2.22 per 1k runs, but 2 of its 3 replicates failed" in page
+    # with no failure, no column and no word of it
+    clean = summarize(rows[rows.instance_type == "a.large"], RUNTIME)
+    assert "failed" not in readable(clean, RUNTIME).columns
+    assert "failed" not in answer(clean, RUNTIME) and "failed" not in headline(clean, RUNTIME)
+
+
+def test_the_saving_is_against_the_next_best_told_apart_not_a_tied_one() -> None:
+    frame = _summary(("m.large", 1, 2e-5), ("c.large", 1, 2.1e-5), ("r.large", 3, 8e-5))
+    said = headline(frame, RUNTIME)
+    assert "It cannot be told apart from c.large tuned on cost" in said
+    assert "It costs 75% less than the next best, r.large tuned." in said, said
+    assert "It costs 5% less" not in said
+    alone = _summary(("m.large", 1, 2e-5), ("c.large", 1, 2.1e-5))
+    assert "less than the next best" not in headline(alone, RUNTIME)
+
+
+def test_close_costs_read_apart() -> None:
+    """At two significant digits both read "$2.8 per 1k runs", ranked 1 and 2."""
+    assert per_units(0.002849, "run") == "$2.85 per 1k runs"
+    assert per_units(0.002751, "run") == "$2.75 per 1k runs"
