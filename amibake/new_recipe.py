@@ -94,8 +94,9 @@ def write(
     if build is not None and build not in BUILD_SYSTEMS:
         raise UserError(f"--build {build}: choose one of {', '.join(BUILD_SYSTEMS)}")
     for artifact in artifacts or []:
-        if Path(artifact).is_absolute() or ".." in Path(artifact).parts or not artifact:
-            raise UserError(f"--artifact {artifact!r}: a path under the install prefix, e.g. bin/x")
+        problem = recipes.artifact_problem(artifact)
+        if problem:
+            raise UserError(f"--artifact: {problem}")
     if source_tree.is_git_url(origin):
         if not commit:
             raise UserError(

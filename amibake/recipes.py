@@ -19,7 +19,7 @@ from typing import Any
 
 from amibake import checks, packages, source_tree, tomlfile
 from amibake.catalog import ARCHITECTURES
-from amibake.errors import UnknownNameError, UserError
+from amibake.errors import UnknownNameError, UserError, did_you_mean
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "build_recipes"
 # {NAME} in a bench command: a parameter of [bench.parameters], filled with its value when the
@@ -29,6 +29,16 @@ _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 # tune file's parameter of that name must match (fleet.space has the same four).
 PARAMETER_KINDS = ("int", "uniform", "loguniform", "categorical")
 SOURCE_KEYS = ("path", "archives", "git", "commit")
+# The keys of each table: a misspelt one (base_cflag, comand) was read as absent, and the build
+# ran at -O2 with no smoke test, without a word.
+TABLE_KEYS = {
+    "build": ("template", "base_cflags", "artifacts", "tmpfs_max_mb", "dispatched"),
+    "smoke": ("command", "expect"),
+    "bench": ("command", "metric", "parameters"),
+}
+ARCHIVE_KEYS = ("filename", "sha256", "url")
+# An archive's file name, as the build host's work directory receives it: a name, never a path.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_+~][A-Za-z0-9._+~-]*")
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,17 @@ class Recipe:
         return h.hexdigest()
 
 
+def artifact_problem(artifact: object) -> str:
+    """Why a path cannot be an artifact (a path under the build's install prefix), or ''. An
+    absolute one or one with .. was scanned from the controller's own files."""
+    if not isinstance(artifact, str) or not artifact:
+        return f"{artifact!r} is not a path"
+    path = Path(artifact)
+    if path.is_absolute() or ".." in path.parts:
+        return f"{artifact!r} is not a path under the install prefix, e.g. bin/x"
+    return ""
+
+
 def available(root: Path = RECIPES_DIR) -> list[str]:
     return sorted(p.parent.name for p in root.glob("*/recipe.toml"))
 
@@ -138,10 +159,19 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         "smoke",
         "bench",
     }
-    problems += [f"unknown key {k!r}" for k in data if k not in known]
+    problems += [f"unknown key {k!r}{did_you_mean(k, known)}" for k in data if k not in known]
     source = need(data, "source", dict, "")
     build = need(data, "build", dict, "")
     smoke = data.get("smoke", {})
+    if not isinstance(smoke, dict):
+        problems.append('smoke must be a table: [smoke] command = "...", expect = "..."')
+        smoke = {}
+    for table, keys in TABLE_KEYS.items():
+        given = {"build": build, "smoke": smoke}.get(table, data.get(table, {}))
+        if isinstance(given, dict):
+            problems += [
+                f"{table}: unknown key {k!r}{did_you_mean(k, keys)}" for k in given if k not in keys
+            ]
     architectures = tuple(need(data, "architectures", list, ""))
     for arch in architectures:
         if arch not in ARCHITECTURES:
@@ -150,19 +180,39 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     inside = (directory / template).resolve().is_relative_to(directory.resolve())
     if template and not inside:
         problems.append(f"build.template: {template} is not inside the recipe's folder")
-    elif template and not (directory / template).exists():
-        problems.append(f"build.template: {template} not found beside the recipe")
+    elif template and not (directory / template).is_file():
+        problems.append(f"build.template: {template} is not a file beside the recipe")
     source_path = None
     archives: list[Archive] = []
     if "path" in source:
         source_path = (directory / str(source["path"])).resolve()
         if not source_path.exists():
             problems.append(f"source.path: {source_path} does not exist")
-    for i, entry in enumerate(source.get("archives", [])):
+        elif not source_path.is_dir():
+            problems.append(f"source.path: {source_path} is not a directory (the source tree)")
+    entries = source.get("archives", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        problems.append(
+            'source.archives must be tables: [[source.archives]] filename = "...", sha256 = "..."'
+        )
+        entries = []
+    for i, entry in enumerate(entries):
+        where = f"source.archives[{i}]"
+        problems += [
+            f"{where}: unknown key {k!r}{did_you_mean(k, ARCHIVE_KEYS)}"
+            for k in entry
+            if k not in ARCHIVE_KEYS
+        ]
         sha = str(entry.get("sha256", ""))
         if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-            problems.append(f"source.archives[{i}].sha256 must be 64 lowercase hex digits")
-        archives.append(Archive(str(entry.get("filename", "")), sha, str(entry.get("url", ""))))
+            problems.append(f"{where}.sha256 must be 64 lowercase hex digits")
+        filename = entry.get("filename")
+        if not isinstance(filename, str) or not _FILE_NAME.fullmatch(filename):
+            problems.append(
+                f"{where}.filename {filename!r} must be a file's name (letters, digits, . _ + ~ -; "
+                "no /): the archive as the build host receives it"
+            )
+        archives.append(Archive(str(filename), sha, str(entry.get("url", ""))))
     git_url, git_commit = str(source.get("git", "")), str(source.get("commit", ""))
     if git_url and not source_tree.FULL_COMMIT.fullmatch(git_commit):
         problems.append("source.git needs source.commit, the full 40-hex commit to build")
@@ -212,6 +262,18 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     if not isinstance(dispatched, list) or not all(isinstance(d, str) for d in dispatched):
         problems.append('build.dispatched must be a list of CPU feature names, e.g. ["bmi2"]')
         dispatched = []
+    artifacts = need(build, "artifacts", list, "build.")
+    if isinstance(build.get("artifacts"), list) and not artifacts:
+        problems.append(
+            'build.artifacts lists nothing: name what the build installs, e.g. ["bin/x"]'
+        )
+    for artifact in artifacts:
+        problem = artifact_problem(artifact)
+        if problem:
+            problems.append(f"build.artifacts: {problem}")
+    base_cflags = build.get("base_cflags", "-O2")
+    if not isinstance(base_cflags, str):
+        problems.append('build.base_cflags must be a string of compiler flags, e.g. "-O3"')
     tmpfs_max = build.get("tmpfs_max_mb")
     if tmpfs_max is not None and (not isinstance(tmpfs_max, int) or tmpfs_max < 64):
         problems.append("build.tmpfs_max_mb must be an integer of at least 64")
@@ -224,8 +286,8 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         architectures=architectures,
         packages=package_lists["packages"],
         template=template,
-        base_cflags=str(build.get("base_cflags", "-O2")),
-        artifacts=tuple(str(a) for a in need(build, "artifacts", list, "build.")),
+        base_cflags=str(base_cflags),
+        artifacts=tuple(str(a) for a in artifacts),
         tmpfs_max_mb=tmpfs_max,
         source_path=source_path,
         archives=tuple(archives),

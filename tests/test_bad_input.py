@@ -177,8 +177,8 @@ AMIBAKE = [
     case("amibake recipe new x --from {tmp} --commit " + "0" * 40,
          "--commit goes with a git URL; --from {tmp} is a directory"),
     case("amibake recipe new x --from {tmp} --build scons", "argument --build: invalid choice"),
-    case("amibake recipe new x --from {tmp} --artifact ../x", "--artifact '../x': a path under "
-         "the install prefix"),
+    case("amibake recipe new x --from {tmp} --artifact ../x", "--artifact: '../x' is not a path "
+         "under the install prefix"),
     case("amibake recipe new ../x --from {tmp}", "recipe '../x' is not a plain name"),
     case("amibake recipe new 'a b' --from {tmp}", "recipe 'a b' is not a plain name"),
     case("amibake recipe new kernels --from {tmp}", "recipe kernels already exists in {recipes}: "

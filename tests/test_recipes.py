@@ -43,7 +43,90 @@ def test_structural_problems_are_reported_together(tmp_path: Path) -> None:
     with pytest.raises(UserError) as caught:
         recipes.load("trivial", recipe.parent)
     assert "'sparc' is not one of" in str(caught.value)
-    assert "nope.j2 not found" in str(caught.value)
+    assert "nope.j2 is not a file beside the recipe" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        # a misspelt key of a table was read as absent: -O2 and no smoke test, without a word
+        (
+            ("base_cflags", "base_cflag"),
+            "build: unknown key 'base_cflag'; did you mean base_cflags?",
+        ),
+        (('command = "bin/hello"', 'comand = "bin/hello"'), "smoke: unknown key 'comand'"),
+        (("[smoke]\n", '[bench]\ncommnd = "x"\n[smoke]\n'), "bench: unknown key 'commnd'"),
+        # a wrong type was an AttributeError's traceback
+        (('path = "src"', 'archives = "x.tar.gz"'), "source.archives must be tables"),
+        (('path = "src"', "archives = [1]"), "source.archives must be tables"),
+        # the build's template a directory: a jinja2 TemplateNotFound at --dry-run
+        (('template = "build.sh.j2"', 'template = "."'), ". is not a file beside the recipe"),
+        # a source path that is a file packed an empty tarball and cached it
+        (('path = "src"', 'path = "build.sh.j2"'), "build.sh.j2 is not a directory"),
+        # an absolute artifact was scanned from the controller's own /usr/bin
+        (
+            ('["bin/hello"]', '["/usr/bin/true", "../x"]'),
+            "build.artifacts: '/usr/bin/true' is not a path under the install prefix",
+        ),
+        (('["bin/hello"]', '["bin/hello", "../x"]'), "'../x' is not a path under the install"),
+        (('["bin/hello"]', "[]"), "build.artifacts lists nothing"),
+        (('base_cflags = "-O2"', "base_cflags = 3"), "build.base_cflags must be a string"),
+        # an archive's name became a path on the build host: {work}/../../root/.bashrc
+        (
+            (
+                '[source]\npath = "src"',
+                '[[source.archives]]\nfilename = "../../root/.bashrc"\nsha256 = "' + "0" * 64 + '"',
+            ),
+            "source.archives[0].filename '../../root/.bashrc' must be a file's name",
+        ),
+        (
+            (
+                '[source]\npath = "src"',
+                '[[source.archives]]\nfilename = "x.tar.gz"\nsha = "' + "0" * 64 + '"',
+            ),
+            "source.archives[0]: unknown key 'sha'",
+        ),
+    ],
+)
+def test_a_recipe_s_tables_are_checked_key_by_key(
+    tmp_path: Path, change: tuple[str, str], said: str
+) -> None:
+    recipe = copy_recipe(tmp_path)
+    text = (recipe / "recipe.toml").read_text()
+    assert change[0] in text, change
+    (recipe / "recipe.toml").write_text(text.replace(change[0], change[1], 1))
+    with pytest.raises(UserError) as caught:
+        recipes.load("trivial", recipe.parent)
+    message = str(caught.value)
+    assert said in message and "\n" not in message, message
+
+
+def test_a_smoke_test_given_as_a_string_is_refused_in_one_line(tmp_path: Path) -> None:
+    """It was an AttributeError's traceback."""
+    recipe = copy_recipe(tmp_path)
+    text = (recipe / "recipe.toml").read_text()
+    table = '[smoke]\ncommand = "bin/hello"\nexpect = "hello from"\n'
+    assert table in text
+    (recipe / "recipe.toml").write_text('smoke = "bin/hello"\n' + text.replace(table, ""))
+    with pytest.raises(UserError, match="smoke must be a table"):
+        recipes.load("trivial", recipe.parent)
+
+
+def test_an_archive_named_as_debian_names_one_loads(tmp_path: Path) -> None:
+    recipe = copy_recipe(tmp_path)
+    text = (
+        (recipe / "recipe.toml")
+        .read_text()
+        .replace(
+            '[source]\npath = "src"',
+            '[[source.archives]]\nfilename = "libzstd_1.5.4+dfsg2.orig.tar.xz"\nsha256 = "'
+            + "a" * 64
+            + '"',
+        )
+    )
+    (recipe / "recipe.toml").write_text(text)
+    loaded = recipes.load("trivial", recipe.parent)
+    assert loaded.archives[0].filename == "libzstd_1.5.4+dfsg2.orig.tar.xz"
 
 
 def test_package_names_a_shell_would_split_are_refused(tmp_path: Path) -> None:
