@@ -71,6 +71,19 @@ def test_structural_problems_are_reported_together(tmp_path: Path) -> None:
         (('["bin/hello"]', '["bin/hello", "../x"]'), "'../x' is not a path under the install"),
         (('["bin/hello"]', "[]"), "build.artifacts lists nothing"),
         (('base_cflags = "-O2"', "base_cflags = 3"), "build.base_cflags must be a string"),
+        # written into the script's shell: split the flags, or ran as a command
+        (
+            ('base_cflags = "-O2"', """base_cflags = '-O2 -DVERSION="1.2 beta"'"""),
+            """build.base_cflags: '-DVERSION="1.2' has a character the build script's shell reads""",
+        ),
+        (
+            ('base_cflags = "-O2"', """base_cflags = '-O3"; touch /tmp/x; echo "'"""),
+            "build.base_cflags: '-O3\";' has a character",
+        ),
+        (
+            ('base_cflags = "-O2"', "base_cflags = '-Wl,-rpath,$ORIGIN/../lib'"),
+            "'-Wl,-rpath,$ORIGIN/../lib' has a character",
+        ),
         # an archive's name became a path on the build host: {work}/../../root/.bashrc
         (
             (
