@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amibake import checks, packages, source_tree, tomlfile
+from amibake import checks, packages, render, source_tree, tomlfile
 from amibake.catalog import ARCHITECTURES
 from amibake.errors import UnknownNameError, UserError, did_you_mean
 
@@ -102,10 +102,12 @@ class Recipe:
         return self.directory / "recipe.toml"
 
     def digest(self) -> str:
-        """Hash of what defines the build: the recipe file and its template."""
+        """Hash of what defines the build: the recipe file, its template and every template
+        that one includes (an edit to an included file reused the stale artifact)."""
         h = hashlib.sha256()
-        for path in (self.file, self.directory / self.template):
-            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        for path in (self.file, *render.referenced(self.directory / self.template)):
+            name = path.relative_to(self.directory).as_posix()
+            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
         return h.hexdigest()
 
 

@@ -52,6 +52,32 @@ def render(template: Path, **variables: Any) -> str:
         raise UserError(f"{template}:{exc.lineno}: {exc.message}") from None
 
 
+def referenced(template: Path) -> list[Path]:
+    """The template and every template it includes, imports or extends, transitively: what its
+    render depends on. A name computed at render time (`{% include name %}`) could be any
+    template beside it: then all of them (*.j2) are."""
+    from jinja2 import meta
+
+    environment = _environment(template.parent)
+    found: dict[Path, None] = {}
+    pending = [template.name]
+    while pending:
+        name = pending.pop()
+        path = template.parent / name
+        if path in found or not path.is_file():
+            continue
+        found[path] = None
+        try:
+            names = list(meta.find_referenced_templates(environment.parse(path.read_text())))
+        except jinja2.TemplateSyntaxError as exc:
+            raise UserError(f"{path}:{exc.lineno}: {exc.message}") from None
+        if None in names:
+            found.update(dict.fromkeys(sorted(template.parent.rglob("*.j2"))))
+            break
+        pending += [n for n in names if n is not None]
+    return sorted(found)
+
+
 class Checks:
     """External checkers of rendered files (bash -n, shellcheck, systemd-analyze verify), all
     started at once and left to run: each is a process of 10-50 ms, which a bake paid one after

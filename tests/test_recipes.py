@@ -260,3 +260,27 @@ def test_source_add_refuses_a_file_no_recipe_accepts(
         sources.add(stray)
     cache = tmp_path / "cache"
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_the_cache_key_covers_the_templates_the_build_template_includes(tmp_path: Path) -> None:
+    """Only the recipe file and the template were hashed: an edit to a file the template
+    includes reused the artifact built from the old one."""
+    recipe = copy_recipe(tmp_path)
+    template = recipe / "build.sh.j2"
+    template.write_text(template.read_text() + '{% include "common.sh.j2" %}\n')
+    (recipe / "common.sh.j2").write_text('{% import "macros.j2" as m %}echo common\n')
+    (recipe / "macros.j2").write_text("{% macro x() %}x{% endmacro %}\n")
+    (recipe / "unrelated.j2").write_text("echo unrelated\n")
+    loaded = recipes.load("trivial", recipe.parent)
+    before = loaded.digest()
+    (recipe / "unrelated.j2").write_text("echo changed\n")
+    assert loaded.digest() == before  # not included: not part of the build
+    for included in ("common.sh.j2", "macros.j2"):  # included, and included by an included one
+        (recipe / included).write_text((recipe / included).read_text() + "# edited\n")
+        assert loaded.digest() != before, included
+        before = loaded.digest()
+    # a name chosen at render time could be any template beside it: all of them count
+    template.write_text(template.read_text() + "{% include pick %}\n")
+    before = loaded.digest()
+    (recipe / "unrelated.j2").write_text("echo changed again\n")
+    assert loaded.digest() != before
