@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import tarfile
 from dataclasses import dataclass, field
@@ -322,15 +323,27 @@ def pack_directory(path: Path, *, gitignore: bool = True) -> bytes:
     files are those git would commit (.gitignore respected, amibake.source_tree), so a build
     output or an editor's file left in the tree neither ships nor changes the hash."""
     buffer = io.BytesIO()
+    names = source_tree.files(path, gitignore=gitignore)
+    if not names:  # an empty tarball was packed, cached and built from, for a build that failed
+        raise UserError(
+            f"{path}: no file to ship: the tree is empty, or its .gitignore (or an enclosing "
+            "repository's) excludes every file"
+        )
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
-        for name in source_tree.files(path, gitignore=gitignore):
+        for name in names:
             file = path / name
-            info = tar.gettarinfo(str(file), arcname=name.as_posix())
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
+            # Made by hand, as git records a file: a regular file 0644 or 0755 (executable), or
+            # a link. From the file's own stat, a checkout under another umask (0664) or a file
+            # hard-linked elsewhere (a LNKTYPE member) hashed apart and was built again.
+            info = tarfile.TarInfo(name.as_posix())
+            if file.is_symlink():
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, os.readlink(file), 0o777
+                tar.addfile(info)
+                continue
             try:
                 with file.open("rb") as handle:
+                    stat = os.fstat(handle.fileno())
+                    info.size, info.mode = stat.st_size, 0o755 if stat.st_mode & 0o111 else 0o644
                     tar.addfile(info, handle)
             except OSError as exc:  # a file without read permission ended in a traceback
                 raise UserError(

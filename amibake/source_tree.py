@@ -45,14 +45,20 @@ def is_git_url(text: str) -> bool:
 
 def files(directory: Path, *, gitignore: bool = True) -> list[Path]:
     """The files of the tree that ship, relative to it, sorted; .gitignore respected unless
-    told otherwise (a tree git exported is already exactly what was committed)."""
+    told otherwise (a tree git exported is already exactly what was committed). A symbolic
+    link ships as a link, whatever it points to: a link to a directory (include -> src) was
+    left out, and the build failed on the instance for a header it did not have."""
     if not gitignore:
-        found = [p.relative_to(directory) for p in directory.rglob("*") if p.is_file()]
+        found = [p.relative_to(directory) for p in directory.rglob("*") if _ships(p)]
         return sorted(found)
     listed = _git_listed(directory)
     if listed is None:
         listed = _matched(directory)
-    return sorted(p for p in listed if (directory / p).is_file())
+    return sorted(p for p in listed if _ships(directory / p))
+
+
+def _ships(path: Path) -> bool:
+    return path.is_symlink() or path.is_file()
 
 
 def _git_listed(directory: Path) -> list[Path] | None:
@@ -70,9 +76,29 @@ def _git_listed(directory: Path) -> list[Path] | None:
             capture_output=True,
             check=True,
         )
+        staged = subprocess.run(
+            ["git", "-C", str(directory), "ls-files", "-z", "--stage"],
+            capture_output=True,
+            check=True,
+        )
     except (FileNotFoundError, subprocess.CalledProcessError):
         return None  # no git here, or one that will not read this tree: match by hand
-    return [Path(os.fsdecode(name)) for name in listed.stdout.split(b"\0") if name]
+    found = [Path(os.fsdecode(name)) for name in listed.stdout.split(b"\0") if name]
+    # A submodule is one entry to git (a gitlink, mode 160000), a directory here: its files are
+    # what it has checked out, as its own work tree says. They were left out without a word.
+    for entry in staged.stdout.split(b"\0"):
+        mode, _, name = entry.partition(b"\t")
+        if not mode.startswith(b"160000 "):
+            continue
+        sub = Path(os.fsdecode(name))
+        inner = _git_listed(directory / sub) if (directory / sub / ".git").exists() else None
+        if not inner:
+            raise UserError(
+                f"{directory / sub}: a git submodule that is not checked out, so its files "
+                f"cannot ship: run `git -C {directory} submodule update --init {sub}`"
+            )
+        found += [sub / p for p in inner]
+    return found
 
 
 def _matched(directory: Path) -> list[Path]:
@@ -117,8 +143,13 @@ def _matched(directory: Path) -> list[Path]:
         def joined(name: str, rel: str = rel) -> str:
             return f"{rel}/{name}" if rel else name
 
-        dirs[:] = sorted(d for d in dirs if d != ".git" and not ignored(joined(d), True))
-        kept += [Path(joined(n)) for n in names if not ignored(joined(n), False)]
+        # os.walk lists a link to a directory among the directories and does not enter it:
+        # it ships as the link it is
+        links = [d for d in dirs if (Path(here) / d).is_symlink()]
+        dirs[:] = sorted(
+            d for d in dirs if d != ".git" and d not in links and not ignored(joined(d), True)
+        )
+        kept += [Path(joined(n)) for n in [*names, *links] if not ignored(joined(n), False)]
     return kept
 
 

@@ -7,6 +7,7 @@ runs here."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -132,6 +133,64 @@ def test_a_directory_recipe_ships_the_tree_less_what_gitignore_excludes(
     assert recipe.source_path == src
     assert recipe.packages == ("gcc", "make", "cmake")
     assert shipped(recipe) == [".gitignore", "CMakeLists.txt", "hello.c"]
+
+
+@pytest.mark.parametrize("kind", ["plain", "git", "exported"])
+def test_a_link_to_a_directory_ships_as_the_link(tmp_path: Path, kind: str) -> None:
+    """include -> src was left out (is_file() of a link to a directory is False), and the build
+    failed on the instance for a header it did not have."""
+    src = project(tmp_path / "hello", "make")
+    (src / "src").mkdir()
+    (src / "src" / "hello.h").write_text("#define GREETING 1\n")
+    (src / "include").symlink_to("src")
+    if kind == "git":
+        git(src, "init", "-q")
+    names = source_tree.files(src, gitignore=kind != "exported")
+    assert Path("include") in names and Path("src/hello.h") in names, names
+    with tarfile.open(fileobj=io.BytesIO(recipes.pack_directory(src))) as tar:
+        link = tar.getmember("include")
+        assert link.issym() and link.linkname == "src"
+
+
+def test_a_submodule_ships_its_files_and_one_not_checked_out_is_named(tmp_path: Path) -> None:
+    """A submodule is one gitlink entry to git and a directory here: its files were left out
+    without a word."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "lib.c").write_text("int lib(void) { return 1; }\n")
+    git(lib, "init", "-q")
+    git(lib, "add", ".")
+    git(lib, "commit", "-qm", "lib")
+    src = project(tmp_path / "hello", "make")
+    git(src, "init", "-q")
+    git(src, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib")
+    names = source_tree.files(src)
+    assert Path("vendor/lib/lib.c") in names and Path(JUNK) not in names, names
+    git(src, "submodule", "deinit", "-q", "-f", "vendor/lib")  # no longer checked out
+    with pytest.raises(UserError) as refused:
+        source_tree.files(src)
+    said = str(refused.value)
+    assert "vendor/lib: a git submodule that is not checked out" in said and "\n" not in said
+    assert "submodule update --init vendor/lib" in said
+
+
+def test_the_source_hash_follows_content_not_mode_bits_or_links(tmp_path: Path) -> None:
+    """A checkout under another umask (0664) or a file hard-linked elsewhere hashed apart."""
+    one, two = (project(tmp_path / n, "make") for n in ("one", "two"))
+    (one / "hello.c").chmod(0o664)
+    os.link(one / "Makefile", tmp_path / "elsewhere")
+    assert recipes.pack_directory(one) == recipes.pack_directory(two)
+    (two / "hello.c").chmod(0o755)  # executable is content, as git records it
+    assert recipes.pack_directory(one) != recipes.pack_directory(two)
+
+
+def test_a_tree_with_nothing_to_ship_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / ".gitignore").write_text("*\n")
+    (empty / "ignored.c").write_text("int x;\n")
+    with pytest.raises(UserError, match="no file to ship"):
+        recipes.pack_directory(empty)
 
 
 def test_the_same_tree_is_the_same_cache_key_and_an_edit_a_new_one(
