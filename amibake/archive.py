@@ -24,7 +24,32 @@ def unpack(tar: tarfile.TarFile, directory: Path) -> None:
             tar.extractall(directory, filter="data")
         except tarfile.FilterError as error:  # one error, whichever Python refused it
             raise RemoteError(f"{label}: {error}") from None
-        return
+    else:
+        _extract_checked(tar, directory, label)
+    _no_link_out(directory, label)
+
+
+def _no_link_out(directory: Path, label: str) -> None:
+    """Each member's link is checked as it is made, but links made later can carry an earlier
+    one out: `a -> p/x/../..`, then `p -> .`, left `a` naming the directory's parent under
+    both checks. Every link is read again once all are made; those that lead out are removed."""
+    root = os.path.realpath(directory)
+    out = []
+    for here, dirs, names in os.walk(directory):
+        for name in [*dirs, *names]:
+            path = os.path.join(here, name)
+            if os.path.islink(path):
+                real = os.path.realpath(path)
+                if real != root and not real.startswith(root + os.sep):
+                    out.append(path)
+    for path in out:
+        os.unlink(path)
+    if out:
+        where = os.path.relpath(out[0], directory)
+        raise RemoteError(f"{label}: {where!r} links outside {directory} through other links")
+
+
+def _extract_checked(tar: tarfile.TarFile, directory: Path, label: str) -> None:
     root = os.path.realpath(directory)
 
     def inside(path: str) -> bool:

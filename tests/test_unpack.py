@@ -46,6 +46,12 @@ def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple[tarfil
     return info, b""
 
 
+def _dir(name: str) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, 0o755
+    return info, b""
+
+
 def _device(name: str) -> tuple[tarfile.TarInfo, bytes]:
     info = tarfile.TarInfo(name)
     info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
@@ -59,6 +65,8 @@ REFUSED = {
     "relative-symlink-out": [_file("a/keep"), _link("a/link", "../../outside")],
     "hardlink-out": [_link("hard", "/etc/passwd", tarfile.LNKTYPE)],
     "through-a-link": [_link("up", ".."), _file("up/escaped")],
+    # each link inside as it is made; `a` leads out once `p` exists
+    "out-through-a-later-link": [_link("a", "p/x/../.."), _dir("x"), _link("p", ".")],
     "device": [_device("null")],
 }
 
@@ -88,6 +96,9 @@ def test_what_would_land_outside_or_is_a_device_is_refused(
         with pytest.raises((tarfile.TarError, RemoteError)):
             UNPACKERS[unpacker](_archive(*REFUSED[case]), target)
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "outside").exists()
+    # and no link that leads out is left behind
+    for link in (p for p in target.rglob("*") if p.is_symlink()):
+        assert link.resolve().is_relative_to(target.resolve()), link
     assert not Path("/tmp/absolute-from-tar").exists()
 
 

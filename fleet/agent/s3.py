@@ -154,8 +154,22 @@ def extract(tar: tarfile.TarFile, directory: str) -> None:
     owned by whoever unpacks them."""
     if hasattr(tarfile, "data_filter"):
         tar.extractall(directory, filter="data")
-        return
-    tar.extractall(directory, members=_checked(tar, directory))
+    else:
+        tar.extractall(directory, members=_checked(tar, directory))
+    # Links made later can carry an earlier one out (a -> p/x/../.., then p -> .), past the
+    # check of each as it is made: every link is read again once all are (amibake.archive).
+    root = os.path.realpath(directory)
+    out = []
+    for here, dirs, names in os.walk(directory):
+        for name in dirs + names:
+            path = os.path.join(here, name)
+            real = os.path.realpath(path)
+            if os.path.islink(path) and real != root and not real.startswith(root + os.sep):
+                out.append(path)
+    for path in out:
+        os.unlink(path)
+    if out:
+        raise tarfile.TarError(f"{out[0]!r} links outside {directory} through other links")
 
 
 def _checked(tar: tarfile.TarFile, directory: str) -> Iterator[tarfile.TarInfo]:
