@@ -113,9 +113,9 @@ def table_text(listed: list[dict[str, Any]]) -> str:
     return tabulate(shown, headers="keys", floatfmt=".4f", disable_numparse=[2], colalign=align)
 
 
-def build(table: Path, source: str, date: str, region: str) -> dict[str, Any]:
-    """A snapshot document from a table with InstanceType, vCPUs, MemoryGiB, Price, SpotPrice,
-    Region, AvailabilityZone columns (one row per type and zone)."""
+def build(tables: list[Path], source: str, date: str, region: str) -> dict[str, Any]:
+    """A snapshot document from tables with InstanceType, vCPUs, MemoryGiB, Price, SpotPrice,
+    Region, AvailabilityZone columns (one row per type and zone), read in turn."""
     needed = {
         "InstanceType",
         "vCPUs",
@@ -126,33 +126,34 @@ def build(table: Path, source: str, date: str, region: str) -> dict[str, Any]:
         "AvailabilityZone",
     }
     prices: dict[str, dict[str, Any]] = {}
-    with table.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = needed - set(reader.fieldnames or [])
-        if missing:
-            raise PriceError(f"{table}: missing columns {', '.join(sorted(missing))}")
-        for line, row in enumerate(reader, start=2):
-            if row["Region"] != region:
-                continue
-            try:
-                entry = prices.setdefault(
-                    row["InstanceType"],
-                    {
-                        "vcpus": float(row["vCPUs"]),
-                        "memory_gib": float(row["MemoryGiB"]),
-                        "on_demand": float(row["Price"]),
-                        "spot": {},
-                    },
-                )
-                if row["SpotPrice"]:
-                    entry["spot"][row["AvailabilityZone"]] = float(row["SpotPrice"])
-            except ValueError as exc:
-                raise PriceError(f"{table}:{line}: {exc}") from None
+    for table in tables:
+        with table.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = needed - set(reader.fieldnames or [])
+            if missing:
+                raise PriceError(f"{table}: missing columns {', '.join(sorted(missing))}")
+            for line, row in enumerate(reader, start=2):
+                if row["Region"] != region:
+                    continue
+                try:
+                    entry = prices.setdefault(
+                        row["InstanceType"],
+                        {
+                            "vcpus": float(row["vCPUs"]),
+                            "memory_gib": float(row["MemoryGiB"]),
+                            "on_demand": float(row["Price"]),
+                            "spot": {},
+                        },
+                    )
+                    if row["SpotPrice"]:
+                        entry["spot"][row["AvailabilityZone"]] = float(row["SpotPrice"])
+                except ValueError as exc:
+                    raise PriceError(f"{table}:{line}: {exc}") from None
     return {
         "region": region,
         "source": source,
         "date": date,
-        "generated_by": f"python -m fleet.prices build {table.name}",
+        "generated_by": "python -m fleet.prices build " + " ".join(t.name for t in tables),
         "note": "Spot prices move hourly: this is a default for offline use, not a quote.",
         "prices": {t: prices[t] for t in sorted(prices)},
     }
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fleet.prices")
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("build", help="build the shipped snapshot from a price table")
-    make.add_argument("table", type=Path)
+    make.add_argument("tables", type=Path, nargs="+", metavar="table")
     make.add_argument("--source", required=True, help="where the table came from")
     make.add_argument("--date", required=True, help="when its prices were taken (YYYY-MM-DD)")
     make.add_argument("--region", default="us-east-1")
@@ -400,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     make.add_argument("--out", type=Path, default=shipped)
     args = parser.parse_args(argv)
     try:
-        document = build(args.table, args.source, args.date, args.region)
+        document = build(args.tables, args.source, args.date, args.region)
     except (PriceError, OSError) as exc:
         print(f"fleet.prices: error: {exc}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ FALLBACK_USD_PER_VCPU_HOUR = 0.05  # with no catalog to fit: about an m type's
 MODERN = 7  # the generation from which an AMD vCPU is a whole core (priced above Intel's)
 FAMILY = re.compile(r"^(?P<cls>[a-z]+?)(?P<gen>\d+)(?P<attrs>[a-z-]*)$")
 # GiB of memory per vCPU by class letter, where the catalog does not know the type.
+PRICED_CLASSES = ("c", "m", "r")  # the classes whose catalog prices price the types it lacks
 MEMORY_PER_VCPU = {"c": 2.0, "m": 4.0, "r": 8.0, "x": 16.0, "z": 8.0, "t": 4.0, "i": 8.0, "d": 8.0}
 TYPE_FEATURES = (
     "log2_vcpus", "log2_gib_per_vcpu", "generation", "amd", "graviton", "intel",
@@ -78,7 +79,13 @@ def _price_model() -> tuple[float, float, dict[tuple[str, bool], float]]:
 
     families: dict[str, list[tuple[float, float]]] = {}
     for name, entry in snapshot()["prices"].items():
-        if FAMILY.match(name.partition(".")[0]) and entry["vcpus"]:
+        found = FAMILY.match(name.partition(".")[0])
+        # The general classes as they come (c, m, r): a local disk (d: c5d, i3, d2) or a wider
+        # network (n) is priced on top, and a storage type's dollars per vCPU, 3 to 4 times a
+        # c type's, bent the least-squares line that prices every type the catalog lacks.
+        if found is None or found["cls"] not in PRICED_CLASSES or set(found["attrs"]) & set("dn"):
+            continue
+        if entry["vcpus"]:
             vcpus = float(entry["vcpus"])
             families.setdefault(name.partition(".")[0], []).append(
                 (float(entry["memory_gib"]) / vcpus, float(entry["on_demand"]) / vcpus)

@@ -68,10 +68,10 @@ def test_a_malformed_table_names_file_and_line(tmp_path: Path) -> None:
         "c7i.xlarge,4,8,lots,0.14,us-east-1,use1-az1\n"
     )
     with pytest.raises(prices.PriceError, match=r"prices.csv:3: could not convert"):
-        prices.build(bad, "test", "2026-01-01", "us-east-1")
+        prices.build([bad], "test", "2026-01-01", "us-east-1")
     (tmp_path / "cols.csv").write_text("InstanceType,Price\nc7i.large,1\n")
     with pytest.raises(prices.PriceError, match="missing columns"):
-        prices.build(tmp_path / "cols.csv", "test", "2026-01-01", "us-east-1")
+        prices.build([tmp_path / "cols.csv"], "test", "2026-01-01", "us-east-1")
 
 
 def test_fleet_prices_prints_the_table_with_its_date(capsys: pytest.CaptureFixture[str]) -> None:
