@@ -18,7 +18,7 @@ def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
 
         table = ReplayEvaluator(spec.replay, spec)
         # The search runs what the table holds: a configuration it lacks cannot be looked up
-        spec.space = spec.space.holding(table.configurations())
+        spec.space = spec.space.holding(table.configurations(), table.prices())
         return table
     from fleet.trial import CloudEvaluator
 

@@ -25,6 +25,7 @@ from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.search.recommend import Recommendation, recommend
 from fleet.space import Space
+from fleet.space import key as space_key
 from fleet.tune_spec import TuneSpec
 
 RUN_COLUMNS = ("run", "round")
@@ -73,7 +74,7 @@ class RunsReplay:
             start=2,  # 1: the header
         ):
             clean = self._clean(row)
-            name = engines.key(clean)
+            name = space_key(clean)
             run = (name, str(whole[numbered]))
             if run in seen:
                 # One run twice: rows told apart by a column the space leaves out, or a copy.
@@ -139,7 +140,7 @@ class RunsReplay:
         return out
 
     def __call__(self, trial: int, params: dict[str, Any]) -> Evaluation:
-        runs = self.runs.get(engines.key(params))
+        runs = self.runs.get(space_key(params))
         if runs is None:
             return Evaluation("failed", reason=f"not in the runs table: {params}")
         drawn = runs[int(self.rng.integers(len(runs)))]
@@ -159,7 +160,7 @@ class RunsReplay:
     def true_mean(self, params: dict[str, Any]) -> float:
         """The configuration's mean objective over its runs; inf where those means break a
         constraint (a recommendation the user could not keep) or every run failed."""
-        name = engines.key(params)
+        name = space_key(params)
         if name not in self.truth or replay.broken(self.spec, self.truth[name]):
             return math.inf
         return self.means[name]

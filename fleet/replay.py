@@ -9,6 +9,8 @@ import io
 import itertools
 import logging
 import math
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from amibake.errors import UserError
 from fleet import stats
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
+from fleet.space import key as space_key
 from fleet.tune_spec import (
     MEASURES,
     TuneSpec,
@@ -31,6 +34,10 @@ log = logging.getLogger("amibake")
 # parameters (fleet.replay.configuration_columns: it tries every subset of the columns).
 KEYED_FROM = 8
 MAX_KEY_COLUMNS = 12
+# A column of a table searched without a tune file that says what each configuration costs an
+# hour, by its name (price, hourly, usd_per_hour, cost_per_hour, $/h), not a cost per unit of
+# work: the search's price of each configuration (TuneSpec.price_column).
+PRICE_NAME = re.compile(r"^(?!.*(unit|total)).*(price|hourly|per_?hour|/ ?h(ou)?r?\b)", re.I)
 # The measures a table's rows are read with besides the objective's column: made numbers.
 NUMBERS = ("price_per_hour", "seconds", "rss_mb", "rate")
 # The columns a replay table needs for each constraint to be checked on its rows.
@@ -113,6 +120,8 @@ def check_measures(path: Path, table: pd.DataFrame, spec: TuneSpec, kind: str, r
     needed = {name: "" for name in [column, *spec.space.params]}
     if spec.objective == "cost":
         needed["price_per_hour"] = ""
+    if spec.price_column != "price_per_hour":  # named, not the default a table may leave out
+        needed.setdefault(spec.price_column, " (for price_column)")
     # A constraint whose measure the table lacks would pass every trial unchecked.
     timed = spec.objective in ("runtime", "cost")  # the objective's column is the time
     for constraint in spec.constraints:
@@ -127,7 +136,7 @@ def check_measures(path: Path, table: pd.DataFrame, spec: TuneSpec, kind: str, r
         )
     # Finite numbers or nothing: an empty cell is a configuration whose measurement failed.
     # A -inf metric was taken for the best, and compare printed nan for every ratio.
-    for name in (column, *NUMBERS):
+    for name in dict.fromkeys((column, *NUMBERS, spec.price_column)):
         if name not in table.columns:
             continue
         numbers = pd.to_numeric(table[name], errors="coerce")
@@ -230,15 +239,28 @@ class ReplayEvaluator:
         """The table's configurations in the space's own values: what a search over the table
         can run (Space.holding). A row the space cannot name (a value it does not list) is
         none of them."""
+        return [chosen for chosen, _ in self._named()]
+
+    def prices(self) -> dict[str, float]:
+        """What each configuration costs an hour, by key (Space.holding), where the table has
+        the spec's price column and a price above 0 on the configuration's row: a run's price
+        is known before it runs, whether or not it succeeded."""
+        column = self.spec.price_column
+        out = {}
+        for chosen, row in self._named():
+            value = row.get(column)
+            if isinstance(value, int | float) and math.isfinite(value) and value > 0:
+                out[space_key(chosen)] = float(value)
+        return out
+
+    def _named(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         space = self.spec.space
         named = {name: {str(v): v for v in space.params[name].options()} for name in self.params}
-        out = []
-        for key in self.table:
+        for key, row in self.table.items():
             texts = zip(self.params, key, strict=True)
             chosen = {name: named[name].get(text) for name, text in texts if text != ""}
             if None not in chosen.values() and space.names(chosen):
-                out.append(chosen)
-        return out
+                yield chosen, row
 
     def _measured(self) -> list[float]:
         """The objective of every configuration the table has a measurement for that meets the
@@ -378,6 +400,9 @@ def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> 
             ", ".join(chosen),
             ", ".join(skipped),
         )
+    priced = [n for n in skipped if PRICE_NAME.search(str(n)) and _priced(table[n])]
+    if priced:
+        log.info("%s: %s read as each configuration's price per hour", path, priced[0])
     params = {}
     for name in chosen:
         if table[name].isna().any():
@@ -391,7 +416,15 @@ def space_from_table(path: Path, column: str, exclude: tuple[str, ...] = ()) -> 
             "kind": "categorical",
             "values": [v.item() if hasattr(v, "item") else v for v in values],
         }
-    return {"params": params, "replay": str(path), "replay_column": column, "objective": "metric"}
+    found = {"params": params, "replay": str(path), "replay_column": column, "objective": "metric"}
+    return found | ({"price_column": priced[0]} if priced else {})
+
+
+def _priced(column: pd.Series) -> bool:
+    """Whether a column could be each row's price: a number above 0 on every row (a failed
+    run's price is as known as a finished one's)."""
+    numbers = pd.to_numeric(column, errors="coerce")
+    return bool(numbers.notna().all() and (numbers > 0).all())
 
 
 def compare(
@@ -401,7 +434,7 @@ def compare(
     (what matters here is the sequence of suggestions, not wall time)."""
     optimum = evaluator.optimum()
     scale = abs(optimum) or 1.0
-    space = spec.space.holding(evaluator.configurations())
+    space = spec.space.holding(evaluator.configurations(), evaluator.prices())
     out = []
     for algorithm in algorithms:
         comparison = Comparison(algorithm, [], [], [])

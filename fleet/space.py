@@ -27,6 +27,7 @@ cannot exist. A condition on `arch` is settled by the instance types in play.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -90,6 +91,11 @@ class Param:
         return str(value) if self.stage == "compile" else f"--{self.name} {value}"
 
 
+def key(params: dict[str, Any]) -> str:
+    """A configuration's identity: the same parameters, the same key."""
+    return json.dumps(params, sort_keys=True, default=str)
+
+
 @dataclass
 class Space:
     params: dict[str, Param]
@@ -103,10 +109,21 @@ class Space:
     # and a search over the grid spent half its trials on configurations nobody ran. None:
     # every combination.
     only: list[dict[str, Any]] | None = None
+    # What each configuration costs an hour where a replay table says (its price column), by
+    # configuration (key): the search weighs it as it weighs the catalog's price, which knows
+    # neither the types a public table's authors ran (c4, r3) nor the prices they paid.
+    prices: dict[str, float] = field(default_factory=dict)
 
-    def holding(self, configurations: list[dict[str, Any]]) -> Space:
-        """This space narrowed to `configurations` (each a combination of its values)."""
-        return replace(self, only=[dict(c) for c in configurations])
+    def holding(
+        self, configurations: list[dict[str, Any]], prices: dict[str, float] | None = None
+    ) -> Space:
+        """This space narrowed to `configurations` (each a combination of its values), with
+        what each costs an hour where that is known (`prices`, by key)."""
+        return replace(self, only=[dict(c) for c in configurations], prices=dict(prices or {}))
+
+    def price(self, chosen: dict[str, Any]) -> float | None:
+        """What the configuration costs an hour, where the space was given it."""
+        return self.prices.get(key(self.active(chosen))) if self.prices else None
 
     def names(self, chosen: dict[str, Any]) -> bool:
         """Whether `chosen` is one of this space's configurations: each value one its parameter

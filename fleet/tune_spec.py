@@ -74,6 +74,9 @@ class TuneSpec:
     constraints: dict[str, float] = field(default_factory=dict)
     replay: Path | None = None
     replay_column: str = "metric"
+    # The replay table's column of what each configuration costs an hour (a cluster's or a
+    # node's): the search's price of it, beside or instead of the catalog's.
+    price_column: str = "price_per_hour"
     types: list[str] = field(default_factory=list)
     recipe: str = ""
     replicates: int = 1
@@ -126,7 +129,8 @@ def from_dict(
 
     known = {
         "params", "objective", "algorithm", "seed", "trials", "startup_trials", "parallel",
-        "max_usd", "max_hours", "constraints", "replay", "replay_column", "types", "recipe",
+        "max_usd", "max_hours", "constraints", "replay", "replay_column", "price_column",
+        "types", "recipe",
         "replicates", "name", "executor", "expected_runtime", "max_cost", "gain_replicates",
         "image", "command", "metric", "gpus",
     }  # fmt: skip
@@ -186,8 +190,9 @@ def from_dict(
     replay = data.get("replay")
     if replay is not None and (not isinstance(replay, str) or not replay):
         raise fail("replay", f"must be the path of a CSV table, not {replay!r}")
-    if not isinstance(data.get("replay_column", ""), str):
-        raise fail("replay_column", "must be the name of a column of the replay table")
+    for column in ("replay_column", "price_column"):
+        if not isinstance(data.get(column, ""), str):
+            raise fail(column, "must be the name of a column of the replay table")
     recipe = data.get("recipe")
     container = _container(data, space, fail) if image else {}
     if replay is None and not recipe and not image:
@@ -235,6 +240,7 @@ def from_dict(
         # absolute: a resume from another directory reads the same table
         replay=(base / replay).resolve() if replay else None,
         replay_column=str(data.get("replay_column", "metric")),
+        price_column=str(data.get("price_column", "price_per_hour")),
         types=types,
         recipe=str(data.get("recipe", "")),
         replicates=int(data.get("replicates", 1)),

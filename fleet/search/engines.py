@@ -9,7 +9,6 @@ replays its record through a fresh engine.
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -43,11 +42,6 @@ def make(algorithm: str, space: Space, seed: int, startup: int | None, budget: i
     module, factory = ALGORITHMS[algorithm].split(":")
     engine: Engine = getattr(importlib.import_module(module), factory)(space, seed, startup, budget)
     return engine
-
-
-def key(params: dict[str, Any]) -> str:
-    """A configuration's identity: the same parameters, the same key."""
-    return json.dumps(params, sort_keys=True, default=str)
 
 
 def one_at_a_time(

@@ -9,6 +9,7 @@ counts) are numbers: near values perform alike.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -153,8 +154,7 @@ def explains(name: str) -> bool:
     return facts(name) is not None
 
 
-def _type_row(name: str) -> list[float]:
-    known = facts(name)
+def _type_row(known: TypeFacts | None) -> list[float]:
     if known is None:
         return [math.nan] * len(TYPE_FEATURES)
     return [
@@ -303,6 +303,7 @@ class Encoder:
         if self.totals:
             sized += [True] * len(TOTALS)
         self.sized = np.array(sized, dtype=bool)
+        self.given = self._given_prices(types)
         self.low: np.ndarray | None = None
         self.span: np.ndarray | None = None
 
@@ -312,7 +313,8 @@ class Encoder:
             value = params.get(name)
             if kind == "type":
                 unknown = [math.nan] * len(TYPE_FEATURES)
-                row += _type_row(self._type_name(params, name)) if value is not None else unknown
+                known = self._facts(self._type_name(params, name))
+                row += _type_row(known) if value is not None else unknown
             elif kind == "onehot":
                 row += [float(value == level) for level in self.levels[name]]
             elif value is None:
@@ -327,6 +329,44 @@ class Encoder:
             row += self._totals(params)
         return row
 
+    def _facts(self, name: str) -> TypeFacts | None:
+        """What the name and the catalog say of a type, priced as the space was told where it
+        was (`given`: a replay table's price column)."""
+        known = facts(name)
+        given = self.given.get(name)
+        if known is None or given is None or not known.vcpus:
+            return known
+        return dataclasses.replace(known, usd_per_vcpu_hour=given / known.vcpus)
+
+    def _given_prices(self, types: list[str]) -> dict[str, float]:
+        """Each type's price per node-hour, from the prices the space was given per
+        configuration (Space.prices). With a node count, a table's price is a node's or the
+        cluster's (a published table's "hourly" is the cluster's): read as the one that is the
+        same for each type at every count; none where neither is."""
+        space = self.space
+        if not space.prices or space.only is None or len(types) != 1:
+            return {}
+        scale = self.totals[1] if self.totals else None
+        seen: dict[str, list[tuple[float, float]]] = {}
+        for chosen in space.only:
+            price, count = space.price(chosen), chosen.get(scale) if scale else 1
+            if price is not None and _is_number(count) and count > 0:
+                name = self._type_name(chosen, types[0])
+                seen.setdefault(name, []).append((float(count), price))
+
+        def alike(values: list[float]) -> bool:
+            return max(values) <= min(values) * 1.01
+
+        counted = [pairs for pairs in seen.values() if len(pairs) > 1]
+        of_cluster = all(alike([p / n for n, p in pairs]) for pairs in counted)
+        of_node = all(alike([p for _, p in pairs]) for pairs in counted)
+        if scale and (not counted or of_cluster == of_node):
+            return {}  # a price that follows neither reading, or one no count tells apart
+        return {
+            name: float(np.median([p / n if of_cluster else p for n, p in pairs]))
+            for name, pairs in seen.items()
+        }
+
     def _type_name(self, params: dict[str, Any], name: str) -> str:
         """The instance type a configuration names: its type parameter's value, joined to its
         size parameter's where the type parameter names a family alone."""
@@ -340,7 +380,7 @@ class Encoder:
         is unknown."""
         assert self.totals is not None
         kind, scale = self.totals
-        known = facts(self._type_name(params, kind))
+        known = self._facts(self._type_name(params, kind))
         count = params.get(scale)
         nodes = float(count) if _is_number(count) else math.nan
         if known is None or known.vcpus is None or not nodes > 0:

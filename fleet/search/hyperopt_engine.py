@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from fleet.search.engines import key
 from fleet.search.evaluation import PENALTY
-from fleet.space import Space
+from fleet.space import Space, key
 
 REDRAWS = 50  # suggestions asked for before a configuration already seen is run again
 TPE_REDRAWS = 1  # of them from TPE; the rest are random

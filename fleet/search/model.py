@@ -29,11 +29,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fleet.search.engines import key
 from fleet.search.features import Encoder, has_types
 from fleet.search.recommend import Pooled
 from fleet.search.scaling import Curve
-from fleet.space import Param, Space
+from fleet.space import Param, Space, key
 
 MAX_CANDIDATES = 4000  # a larger or continuous space is searched over this many samples of it
 RACE_FROM = 12  # budgets below this explore to the end: a replicate costs too large a share

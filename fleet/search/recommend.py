@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fleet.search.engines import key
+from fleet.space import key
 
 LEVEL = 0.95
 PENALTY_SE = 1.0  # standard errors added to a mean before ranking: the price of knowing little

@@ -21,6 +21,7 @@ from fleet.search.evaluation import Evaluation
 from fleet.search.features import Encoder, estimated_usd_per_vcpu_hour, facts
 from fleet.search.model import ModelSearch
 from fleet.search.recommend import recommend
+from fleet.space import key as space_key
 from fleet.space import parse
 from fleet.tune_spec import TuneSpec
 
@@ -103,12 +104,12 @@ def test_a_model_finds_a_bowl_s_bottom_sooner_than_chance(algorithm: str) -> Non
 def test_every_engine_suggests_the_same_given_the_same_seed(algorithm: str) -> None:
     first = run(algorithm, bowl, 8, seed=3)
     assert run(algorithm, bowl, 8, seed=3) == first
-    assert len({engines.key(p) for p, _ in first}) == 8  # no configuration twice here
+    assert len({space_key(p) for p, _ in first}) == 8  # no configuration twice here
 
 
 def test_a_deterministic_table_is_replicated_once_then_explored() -> None:
     seen = run("gp", bowl, 15)
-    repeats = len(seen) - len({engines.key(p) for p, _ in seen})
+    repeats = len(seen) - len({space_key(p) for p, _ in seen})
     assert repeats == 1  # the noise check: the same figure twice, so no racing
 
 
@@ -119,7 +120,7 @@ def test_noisy_measurements_are_raced_and_recommended_with_an_interval() -> None
         return bowl(params) * (1 + noise.gauss(0, 0.05))
 
     seen = run("gp", noisy, 24)
-    repeats = len(seen) - len({engines.key(p) for p, _ in seen})
+    repeats = len(seen) - len({space_key(p) for p, _ in seen})
     assert repeats >= 4  # the last third replicates the finalists
     chosen = recommend(seen)
     assert chosen is not None and chosen.runs >= 2 and chosen.low is not None

@@ -6,6 +6,7 @@ design that spreads over processors at mid-size). Instance types are given as da
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from fleet.search.features import (
 )
 from fleet.search.recommend import recommend
 from fleet.space import Param, Space, parse
+from fleet.space import key as space_key
 
 
 @pytest.fixture
@@ -304,6 +306,79 @@ def _cluster_table(path: Path) -> Path:
     return path
 
 
+def _priced_table(path: Path, column: str, per_node: bool) -> Path:
+    """Three types the catalog lacks (c8a, m8i, r8i) at 1, 2 and 4 nodes, priced in `column` as
+    a cluster's price per hour (nodes x the node's) or a node's."""
+    rows = [f"instance_type,workers,runtime,{column},cost"]
+    for i, (t, n) in enumerate(itertools.product(NODE_PRICES, (1, 2, 4))):
+        hourly = NODE_PRICES[t] * (1 if per_node else n)
+        seconds = 1000.0 / n + 30 * n + 7.3 * i
+        cost = seconds * NODE_PRICES[t] * n / 3600
+        rows.append(f"{t},{n},{seconds:.1f},{hourly:.3f},{cost:.6f}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+NODE_PRICES = {"c8a.large": 0.2, "m8i.large": 0.05, "r8i.large": 0.1}  # not what the name says
+
+
+@pytest.mark.parametrize(("column", "per_node"), [("hourly", False), ("price", True)])
+def test_a_table_s_price_column_prices_its_types_for_the_search(
+    tmp_path: Path, column: str, per_node: bool
+) -> None:
+    """A public table's types are often ones the catalog lacks, whose prices the search
+    estimated from the name (c8a's at an AMD 7th generation's): its own price column says
+    what each configuration cost, a node's or the cluster's."""
+    from fleet import tune
+    from fleet.replay import ReplayEvaluator
+
+    path = _priced_table(tmp_path / "runs.csv", column, per_node)
+    raw = space_from_table(path, "cost")
+    assert raw["price_column"] == column and sorted(raw["params"]) == ["instance_type", "workers"]
+    spec = tune.from_dict(raw, str(path))
+    table = ReplayEvaluator(path, spec)
+    encoder = Encoder(spec.space.holding(table.configurations(), table.prices()))
+    assert encoder.given == pytest.approx(NODE_PRICES)
+    rows = encoder.fit(list(encoder.space.grid()))
+    usd = TYPE_FEATURES.index("log_usd_per_vcpu_hour")
+    first = {c["instance_type"]: row for c, row in zip(encoder.space.grid(), rows, strict=True)}
+    # c8a's price per vCPU above m8i's, as the table says (estimated, c8a's is the lower)
+    assert first["c8a.large"][usd] > first["m8i.large"][usd]
+    assert facts("c8a.large").usd_per_vcpu_hour < facts("m8i.large").usd_per_vcpu_hour  # type: ignore[union-attr]
+    # the cluster's price per hour among the totals: the table's, at every count
+    clusters = encoder.clusters(list(encoder.space.grid()))
+    assert clusters is not None
+    for chosen, (_, nodes, usd_per_hour) in zip(encoder.space.grid(), clusters, strict=True):
+        expected = NODE_PRICES[chosen["instance_type"]] * nodes
+        assert usd_per_hour == pytest.approx(expected)
+
+
+def test_a_price_that_follows_neither_a_node_nor_a_cluster_is_not_read_as_one(
+    tmp_path: Path,
+) -> None:
+    from fleet import tune
+    from fleet.replay import ReplayEvaluator
+
+    path = _cluster_table(tmp_path / "runs.csv")  # hourly: 0.1 x nodes + 0.01 x its row
+    raw = space_from_table(path, "cost")
+    spec = tune.from_dict(raw, str(path))
+    table = ReplayEvaluator(path, spec)
+    assert raw["price_column"] == "hourly" and table.prices()
+    assert Encoder(spec.space.holding(table.configurations(), table.prices())).given == {}
+
+
+def test_a_price_column_the_table_lacks_is_refused_with_the_file(tmp_path: Path) -> None:
+    from fleet import tune
+    from fleet.replay import ReplayEvaluator
+
+    path = _priced_table(tmp_path / "runs.csv", "hourly", False)
+    raw = space_from_table(path, "cost") | {"price_column": "usd_per_hour"}
+    with pytest.raises(
+        UserError, match=r"runs.csv:1: .*no column usd_per_hour \(for price_column\)"
+    ):
+        ReplayEvaluator(path, tune.from_dict(raw, str(path)))
+
+
 def test_a_table_s_measurements_are_not_searched(
     tmp_path: Path, sandbox: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -344,7 +419,7 @@ def test_a_table_that_holds_part_of_its_grid_is_searched_over_what_it_holds(
     ran = [(params, e) for params, e in engines.one_at_a_time(engine, evaluator, 8)]
     assert [e.reason for _, e in ran if e.state != "ok"] == []  # none "not in the replay table"
     if algorithm in ("grid", "auto", "gp", "forest", "blend"):  # each once: all eight
-        assert len({engines.key(p) for p, _ in ran}) == 8
+        assert len({space_key(p) for p, _ in ran}) == 8
 
 
 def test_a_narrowed_space_larger_than_the_candidates_is_sampled_within_itself() -> None:
