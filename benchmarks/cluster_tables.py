@@ -209,6 +209,7 @@ def write(
     directory: Path,
     workloads: tuple[Workload, ...] | list[Workload] = WORKLOADS,
     as_published: bool = False,
+    priced: bool = True,
 ) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -217,7 +218,7 @@ def write(
         if frame["usd"].isna().all():
             continue  # every configuration out of memory: nothing to search for
         path = directory / f"cluster_{w.name}.csv"
-        (published(frame) if as_published else frame).to_csv(path, index=False)
+        (published(frame, priced) if as_published else frame).to_csv(path, index=False)
         paths.append(path)
     return paths
 
@@ -235,9 +236,13 @@ UNPRICED = {
 }  # fmt: skip
 
 
-def published(frame: pd.DataFrame) -> pd.DataFrame:
-    """A table as a public dataset would give it (PUBLISHED_COLUMNS, UNPRICED families)."""
+def published(frame: pd.DataFrame, priced: bool = True) -> pd.DataFrame:
+    """A table as a public dataset would give it (PUBLISHED_COLUMNS, UNPRICED families): with
+    the cluster's price per hour beside each run, or (`priced` False) the cost alone, as some
+    give it, so that the search prices the types by their names."""
     out = frame.rename(columns=PUBLISHED_COLUMNS)
+    if not priced:
+        out = out.drop(columns=["hourly"])
     parts = out["instance_type"].str.split(".", n=1, expand=True)
     out["instance_type"] = parts[0].map(UNPRICED) + "." + parts[1]
     return out

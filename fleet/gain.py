@@ -6,8 +6,8 @@ recommended type with the recommendation's run-time arguments, the builds taking
 search's own figures are the best of many noisy trials (biased in the recommendation's favour),
 and were measured at different times on different instances.
 
-A gain is a speed ratio (above 1: the recommendation is faster) with a bootstrap interval; on
-one type at one price, cost per unit of work falls by 1 - 1/ratio.
+A gain is a speed ratio (above 1: the recommendation is faster) with a 95% interval
+(fleet.stats.ratio); on one type at one price, cost per unit of work falls by 1 - 1/ratio.
 """
 
 from __future__ import annotations

@@ -97,6 +97,7 @@ def summarize(
         summaries[key] = summary
         prices = group.price_usd_hour.dropna().to_numpy(dtype=float)
         price = float(np.median(prices)) if len(prices) else math.nan
+
         # Seconds per unit is monotonic in the metric, so the interval maps end to end.
         spu = sorted(metric.seconds_per_unit(v) for v in (summary.low, summary.high))
         spu_median = metric.seconds_per_unit(summary.median)
@@ -301,8 +302,10 @@ def headline(
             + ", ".join(tied.type + " " + tied.build)
             + " on cost: their intervals overlap."
         )
-    # The saving against the next best that the data tells apart: against a tied one it is noise.
-    others = priced[(priced.cost_rank > best.cost_rank) & ~priced.index.isin(passed_over.index)]
+    # The saving against the next best surely dearer than the pick (its interval wholly above
+    # the pick's): against one whose interval overlaps it is noise, whatever its rank.
+    dearer = priced.usd_per_unit_low > best.usd_per_unit_high
+    others = priced[dearer & ~priced.index.isin(passed_over.index)]
     if not others.empty:
         runner = others.iloc[0]
         saving = 1 - best.usd_per_unit / runner.usd_per_unit

@@ -99,7 +99,11 @@ class Metric:
         return self.meaning == "rate"
 
     def seconds_per_unit(self, value: float) -> float:
-        return value if self.meaning == "seconds" else 1.0 / value
+        """A rate at or below 0 (a replicate that did no work, an interval's bound reaching 0)
+        takes for ever per unit."""
+        if self.meaning == "seconds":
+            return value
+        return 1.0 / value if value > 0 else math.inf
 
     def parse(self, output: str, seconds: float, metric_file: str) -> float:
         """The replicate's value; a ValueError says why there is none."""

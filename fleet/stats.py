@@ -7,8 +7,8 @@ replicates with replacement), which makes no assumption about the distribution o
 log values, which holds its confidence with few replicates. Alone, the bootstrap of 3 runs is
 their [min, max] and covers the true median 75% of the time, not 95 (of 5 runs, 94%): a bench's
 default of 3 replicates then told identical types apart one time in ten. Run times are positive
-and skewed to the slow side, so the t interval is taken on their logs (on the values where one
-is not positive). It is seeded, so a report is reproducible.
+and skewed to the slow side, so the t interval is taken on their logs; where a value is not
+positive, the bootstrap's interval stands alone. It is seeded, so a report is reproducible.
 """
 
 from __future__ import annotations
@@ -71,18 +71,19 @@ def summarize(
     medians = np.median(samples, axis=1)
     alpha = (1 - confidence) / 2
     low, high = np.quantile(medians, [alpha, 1 - alpha])
-    t_low, t_high = _t_interval(data, confidence)
-    return Summary(int(data.size), median, min(float(low), t_low), max(float(high), t_high), cv)
+    low, high = float(low), float(high)
+    if np.all(data > 0):  # a time or a rate; a value at or below 0 keeps the bootstrap alone
+        t_low, t_high = _t_interval(np.log(data), confidence)
+        low, high = min(low, math.exp(t_low)), max(high, math.exp(t_high))
+    return Summary(int(data.size), median, low, high, cv)
 
 
-def _t_interval(data: np.ndarray, confidence: float) -> tuple[float, float]:
-    """Student's t interval of the values' centre: on their logs (back as a ratio around the
-    geometric mean) where every value is positive, on the values themselves otherwise."""
-    logged = bool(np.all(data > 0))
-    values = np.log(data) if logged else data
-    half = _t_quantile(confidence, data.size - 1) * np.std(values, ddof=1) / math.sqrt(data.size)
-    low, high = float(np.mean(values) - half), float(np.mean(values) + half)
-    return (math.exp(low), math.exp(high)) if logged else (low, high)
+def _t_interval(logs: np.ndarray, confidence: float) -> tuple[float, float]:
+    """Student's t interval of the mean of the values' logs (their geometric mean's, once
+    back): on the values themselves it reached below 0 around a run of 0, and a rate's interval
+    then turned into costs of both signs."""
+    half = _t_quantile(confidence, logs.size - 1) * np.std(logs, ddof=1) / math.sqrt(logs.size)
+    return float(np.mean(logs) - half), float(np.mean(logs) + half)
 
 
 def _t_quantile(confidence: float, dof: float) -> float:

@@ -167,3 +167,33 @@ def test_close_costs_read_apart() -> None:
     """At two significant digits both read "$2.8 per 1k runs", ranked 1 and 2."""
     assert per_units(0.002849, "run") == "$2.85 per 1k runs"
     assert per_units(0.002751, "run") == "$2.75 per 1k runs"
+
+
+def test_a_rate_with_a_replicate_that_did_no_work_gives_no_cost_below_zero() -> None:
+    """The t interval on the values reached below 0 around a rate of 0, and the page said
+    "95%: $-709 per 1G frames to ..." and ranked it surely cheaper."""
+    rows = pd.DataFrame(
+        [
+            {"instance_type": t, "build": "plain", "state": "ok", "warmup": 0, "metric": m}
+            | {"price_usd_hour": 0.1, "market": "spot"}
+            for t, m in [("a.large", v) for v in (0.0, 50.0, 52.0)]
+            + [("b.large", v) for v in (40.0, 41.0, 42.0)]
+        ]
+    )
+    frame = summarize(rows, RATE)
+    assert (frame.ci_low >= 0).all() and (frame.usd_per_unit_low > 0).all(), frame
+    first = frame[frame.type == "a.large"].iloc[0]
+    assert first.usd_per_unit_low <= first.usd_per_unit <= first.usd_per_unit_high
+    assert "$-" not in headline(frame, RATE)
+
+
+def test_the_saving_is_only_against_a_type_surely_dearer_than_the_pick() -> None:
+    """c ranked below b, which is surely dearer than a, yet c's interval overlaps a's: "It costs
+    10% less than the next best, c" was noise."""
+    frame = _summary(("a.large", 1, 2e-5), ("b.large", 2, 4e-5), ("c.large", 2, 2.1e-5))
+    frame.loc[0, ["usd_per_unit_low", "usd_per_unit_high"]] = [1.0e-5, 3.0e-5]
+    frame.loc[1, ["usd_per_unit_low", "usd_per_unit_high"]] = [3.5e-5, 4.5e-5]
+    frame.loc[2, ["usd_per_unit_low", "usd_per_unit_high"]] = [2.0e-5, 2.2e-5]
+    said = headline(frame, RUNTIME)
+    assert "It costs 50% less than the next best, b.large tuned." in said, said
+    assert "c.large tuned." not in said.split("next best")[-1]
