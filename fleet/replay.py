@@ -36,8 +36,11 @@ KEYED_FROM = 8
 MAX_KEY_COLUMNS = 12
 # A column of a table searched without a tune file that says what each configuration costs an
 # hour, by its name (price, hourly, usd_per_hour, cost_per_hour, $/h), not a cost per unit of
-# work: the search's price of each configuration (TuneSpec.price_column).
-PRICE_NAME = re.compile(r"^(?!.*(unit|total)).*(price|hourly|per_?hour|/ ?h(ou)?r?\b)", re.I)
+# work nor a rate (jobs_per_hour): the search's price of each configuration
+# (TuneSpec.price_column).
+PRICE_NAME = re.compile(
+    r"^(?!.*(unit|total)).*(price|hourly|(usd|dollars?|cost)_?(per_?|/ ?)h(ou)?r?\b|\$ ?/ ?h)", re.I
+)
 # The measures a table's rows are read with besides the objective's column: made numbers.
 NUMBERS = ("price_per_hour", "seconds", "rss_mb", "rate")
 # The columns a replay table needs for each constraint to be checked on its rows.

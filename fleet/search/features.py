@@ -360,6 +360,8 @@ class Encoder:
         counted = [pairs for pairs in seen.values() if len(pairs) > 1]
         of_cluster = all(alike([p / n for n, p in pairs]) for pairs in counted)
         of_node = all(alike([p for _, p in pairs]) for pairs in counted)
+        if not scale and not of_node:
+            return {}  # a type's price that moves with its other parameters is no price
         if scale and (not counted or of_cluster == of_node):
             return {}  # a price that follows neither reading, or one no count tells apart
         return {

@@ -367,6 +367,31 @@ def test_a_price_that_follows_neither_a_node_nor_a_cluster_is_not_read_as_one(
     assert Encoder(spec.space.holding(table.configurations(), table.prices())).given == {}
 
 
+def test_a_rate_per_hour_is_no_price_nor_a_price_that_moves_with_other_parameters(
+    tmp_path: Path,
+) -> None:
+    """jobs_per_hour was read as each configuration's price (per_hour in its name), and with no
+    node count nothing checked that a type's price held across its configurations."""
+    from fleet import tune
+    from fleet.replay import ReplayEvaluator
+
+    rows = ["instance_type,opt,runtime,jobs_per_hour,price,cost"]
+    for i, (t, opt) in enumerate(itertools.product(NODE_PRICES, ("O1", "O2", "O3"))):
+        seconds = 100.0 + 13.7 * i
+        price = NODE_PRICES[t] * (1 + 0.5 * (opt == "O3"))  # moves with opt: no type's price
+        rows.append(f"{t},{opt},{seconds},{3600 / seconds:.3f},{price},{seconds * price / 3600}")
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join(rows) + "\n")
+    raw = space_from_table(path, "cost")
+    assert raw["price_column"] == "price" and sorted(raw["params"]) == ["instance_type", "opt"]
+    spec = tune.from_dict(raw, str(path))
+    table = ReplayEvaluator(path, spec)
+    assert Encoder(spec.space.holding(table.configurations(), table.prices())).given == {}
+    without = path.with_name("rates.csv")
+    without.write_text("\n".join(",".join(r.split(",")[:4] + r.split(",")[5:]) for r in rows))
+    assert "price_column" not in space_from_table(without, "cost")
+
+
 def test_a_price_column_the_table_lacks_is_refused_with_the_file(tmp_path: Path) -> None:
     from fleet import tune
     from fleet.replay import ReplayEvaluator
