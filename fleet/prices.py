@@ -126,6 +126,7 @@ def build(tables: list[Path], source: str, date: str, region: str) -> dict[str, 
         "AvailabilityZone",
     }
     prices: dict[str, dict[str, Any]] = {}
+    came_from: dict[str, Path] = {}
     for table in tables:
         with table.open(newline="") as handle:
             reader = csv.DictReader(handle)
@@ -135,6 +136,13 @@ def build(tables: list[Path], source: str, date: str, region: str) -> dict[str, 
             for line, row in enumerate(reader, start=2):
                 if row["Region"] != region:
                     continue
+                # A type is one table's: two tables' prices of it would mix field by field.
+                first = came_from.setdefault(row["InstanceType"], table)
+                if first != table:
+                    raise PriceError(
+                        f"{table}:{line}: {row['InstanceType']} is priced in {first} too: give "
+                        "each type in one table"
+                    )
                 try:
                     entry = prices.setdefault(
                         row["InstanceType"],

@@ -55,6 +55,21 @@ def test_lookup_and_the_price_of_the_exact_market() -> None:
         price.hourly(spot=True, zone="use1-az9")
 
 
+def test_a_type_in_two_tables_is_refused(tmp_path: Path) -> None:
+    """Read in turn, the first table's on-demand price stood beside the last one's spot prices."""
+    header = "InstanceType,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    first.write_text(header + "c7i.large,2,4,0.0893,0.03,us-east-1,use1-az1\n")
+    second.write_text(
+        header + "m7i.large,2,8,0.1008,0.04,us-east-1,use1-az1\n"
+        "c7i.large,2,4,0.1000,0.05,us-east-1,use1-az1\n"
+    )
+    with pytest.raises(prices.PriceError, match=r"b.csv:3: c7i.large is priced in .*a.csv too"):
+        prices.build([first, second], "test", "2026-01-01", "us-east-1")
+    both = prices.build([first, second.with_name("b.csv")], "test", "2026-01-01", "eu-west-1")
+    assert both["prices"] == {}  # another region's rows are not read, nor compared
+
+
 def test_an_unknown_type_names_close_ones() -> None:
     with pytest.raises(prices.PriceError, match=r"no price for c7i.lrage .*did you mean c7i.large"):
         prices.lookup("c7i.lrage")
