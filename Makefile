@@ -100,10 +100,13 @@ gzip-source: install deb-src
 cmark-source: install deb-src
 	$(call debian_orig,cmark,cmark_0.30.2.orig.tar.gz,6c7d2bcaea1433d977d8fed0b55b71c9d045a7cdf616e3cd2dce9007da753db3)
 
-# The EC2 price snapshot fleet and amibake ls use (amibake/catalog/prices_us-east-1.json).
+# The EC2 price snapshot fleet and amibake ls use (amibake/catalog/prices_us-east-1.json): the
+# shared reference table, and the families it leaves out that public tables of runs use
+# (amibake/catalog/sources/README.md), from the same source and commit.
 PRICE_TABLE ?= ../shared/data/aws_prices_us-east-1.csv
+MORE_PRICES = amibake/catalog/sources/aws_prices_more_families_us-east-1.csv
 prices: install
-	$(BIN)/python -m fleet.prices build $(PRICE_TABLE) --date 2026-11-22 \
+	$(BIN)/python -m fleet.prices build $(PRICE_TABLE) $(MORE_PRICES) --date 2026-11-22 \
 	  --source "SkyPilot catalog catalogs/v7/aws/vms.csv, skypilot-org/skypilot-catalog at commit 001367d22a0033fac286a8c71aeac7109e431bcb"
 
 # The suite, then its end-to-end runs (build, bake, batch, bench, tune, gc: marked e2e) against

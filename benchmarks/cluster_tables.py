@@ -230,8 +230,8 @@ def write(
 PUBLISHED_COLUMNS = {"nodes": "workers", "seconds": "runtime", "price_per_hour": "hourly",
                      "usd": "cost"}  # fmt: skip
 UNPRICED = {
-    "c5": "c4", "c6i": "c5d", "c7i": "c6in", "c6a": "c5ad", "c7a": "c8a", "c6g": "c6gd",
-    "c7g": "c7gd", "c8g": "c8gd", "m5": "m4", "m6i": "m6id", "m7i": "m8i", "m7g": "m7gd",
+    "c5": "c5n", "c6i": "c5d", "c7i": "c6in", "c6a": "c5ad", "c7a": "c8a", "c6g": "c6gd",
+    "c7g": "c7gd", "c8g": "c8gd", "m5": "m5n", "m6i": "m6id", "m7i": "m8i", "m7g": "m7gd",
     "r6i": "r6id", "r7g": "r7gd",
 }  # fmt: skip
 

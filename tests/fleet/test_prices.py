@@ -18,6 +18,10 @@ from fleet.results import Results
 from fleet.spec import Metric
 
 TABLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "aws_prices_us-east-1.csv"
+MORE = (
+    Path(prices.__file__).resolve().parents[1]
+    / "amibake/catalog/sources/aws_prices_more_families_us-east-1.csv"
+)
 
 
 def test_the_shipped_snapshot_is_what_the_script_makes_from_the_reference_table(
@@ -31,6 +35,7 @@ def test_the_shipped_snapshot_is_what_the_script_makes_from_the_reference_table(
         [
             "build",
             str(TABLE),
+            str(MORE),
             "--source",
             shipped["source"],
             "--date",
