@@ -452,7 +452,12 @@ def test_a_type_without_price_is_refused_unless_allowed(
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "no price for c5a.large" in err and "--allow-missing-price" in err
-        assert main([*argv, "--warmups", "0", "--allow-missing-price", "--json"]) == 0
+        allowed = [*argv, "--warmups", "0", "--allow-missing-price", "--json"]
+        # Allowed, its dollars are unknown, not none: without a terminal to ask, --yes says so
+        assert main(allowed) == 2
+        err = capsys.readouterr().err
+        assert "the estimate has no price for c5a.large" in err and "--yes" in err, err
+        assert main([*allowed, "--yes"]) == 0
         run_id = json.loads(capsys.readouterr().out)["run_id"]
     finally:
         table.unlink()
