@@ -114,7 +114,6 @@ def summarize(
                 "type": instance_type,
                 "build": build,
                 "n": summary.n,
-                "failed": int(failures.get((instance_type, build), 0)),
                 "median": summary.median,
                 "ci_low": summary.low,
                 "ci_high": summary.high,
@@ -127,6 +126,8 @@ def summarize(
                 "usd_per_unit_low": costs[key].low if key in costs else math.nan,
                 "usd_per_unit_high": costs[key].high if key in costs else math.nan,
                 "emulated": (instance_type, build) in emulated,
+                # last: summary.csv's columns before it keep their places for scripts that read it
+                "failed": int(failures.get((instance_type, build), 0)),
             }
         )
     frame = pd.DataFrame(out)
