@@ -321,34 +321,50 @@ def headline(
     return " ".join(said)
 
 
+# A bar chart's axis ends this far above its tallest bar: an interval of 3 noisy runs can reach
+# many times its median (or for ever, a rate's reaching 0), and scaled to it the bars were
+# slivers at the bottom of the plot.
+BAR_HEADROOM = 1.6
+
+
+def _bars(axes: Any, labels: list[str], values: Any, low: Any, high: Any, color: str) -> str:
+    """Bars with their intervals, the axis ending BAR_HEADROOM above the tallest bar where an
+    interval reaches past that; the title's words for it then ('' otherwise)."""
+    values, low, high = (np.asarray(v, dtype=float) for v in (values, low, high))
+    top = BAR_HEADROOM * float(np.max(values)) if len(values) and np.max(values) > 0 else 0.0
+    past = bool(top and np.any(high > top))
+    shown = np.minimum(high, top) if past else high
+    axes.bar(labels, values, yerr=[values - low, shown - values], capsize=4, color=color)
+    if not past:
+        return ""
+    axes.set_ylim(0, top)
+    return "\n(an interval past the top runs off it)"
+
+
 def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str, str]:
     plt = pyplot()
 
     labels = list(frame.type + "\n" + frame.build)
     plots: dict[str, str] = {}
     figure, axes = plt.subplots(figsize=(7, 3.5))
-    errors = [frame["median"] - frame.ci_low, frame.ci_high - frame["median"]]
-    axes.bar(labels, frame["median"], yerr=errors, capsize=4, color="#1f77b4")
+    clipped = _bars(axes, labels, frame["median"], frame.ci_low, frame.ci_high, "#1f77b4")
     axes.set_ylabel(f"{'throughput' if metric.higher_is_better else 'time'} ({metric.unit})")
-    axes.set_title("Median per type and build, with 95% intervals")
+    axes.set_title(f"Median per type and build, with 95% intervals{clipped}")
     plots["Throughput per type"] = png(figure)
 
     priced = frame.dropna(subset=["usd_per_unit"])
     if not priced.empty:
         figure, axes = plt.subplots(figsize=(7, 3.5))
-        errors = [
-            priced.usd_per_unit - priced.usd_per_unit_low,
-            priced.usd_per_unit_high - priced.usd_per_unit,
-        ]
-        axes.bar(
+        clipped = _bars(
+            axes,
             list(priced.type + "\n" + priced.build),
             priced.usd_per_unit,
-            yerr=errors,
-            capsize=4,
-            color="#ff7f0e",
+            priced.usd_per_unit_low,
+            priced.usd_per_unit_high,
+            "#ff7f0e",
         )
         axes.set_ylabel("USD per unit of work")
-        axes.set_title("Cost per unit of work (price of the market used)")
+        axes.set_title(f"Cost per unit of work (price of the market used){clipped}")
         plots["Cost per unit of work"] = png(figure)
 
         figure, axes = plt.subplots(figsize=(7, 3.5))

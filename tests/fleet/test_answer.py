@@ -197,3 +197,20 @@ def test_the_saving_is_only_against_a_type_surely_dearer_than_the_pick() -> None
     said = headline(frame, RUNTIME)
     assert "It costs 50% less than the next best, b.large tuned." in said, said
     assert "c.large tuned." not in said.split("next best")[-1]
+
+
+def test_bars_stay_readable_when_an_interval_reaches_far_above_them() -> None:
+    """The page's bars are drawn to scale with their intervals: an interval of 3 noisy runs
+    reaching 20 times its median (or for ever, a rate's reaching 0) left the bars slivers at
+    the bottom of the plot, and the rendered page's test counted too few of their pixels."""
+    from fleet.report import BAR_HEADROOM, _bars, pyplot
+
+    plt = pyplot()
+    figure, axes = plt.subplots()
+    said = _bars(axes, ["a", "b"], [10.0, 8.0], [9.0, 1.0], [11.0, float("inf")], "#1f77b4")
+    assert axes.get_ylim() == (0.0, BAR_HEADROOM * 10.0) and "runs off" in said
+    plt.close(figure)
+    figure, axes = plt.subplots()
+    assert _bars(axes, ["a", "b"], [10.0, 8.0], [9.0, 7.0], [11.0, 9.0], "#1f77b4") == ""
+    assert axes.get_ylim()[1] < BAR_HEADROOM * 10.0  # matplotlib's own scale, to the intervals
+    plt.close(figure)
