@@ -174,9 +174,9 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     if not isinstance(smoke, dict):
         problems.append('smoke must be a table: [smoke] command = "...", expect = "..."')
         smoke = {}
-    for table, keys in TABLE_KEYS.items():
-        given = {"build": build, "smoke": smoke}.get(table, data.get(table, {}))
-        if isinstance(given, dict):
+    for table, given in (("build", build), ("smoke", smoke), ("bench", data.get("bench", {}))):
+        keys = TABLE_KEYS[table]
+        if isinstance(given, dict):  # bench's own type is refused below
             problems += [
                 f"{table}: unknown key {k!r}{did_you_mean(k, keys)}" for k in given if k not in keys
             ]

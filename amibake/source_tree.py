@@ -76,28 +76,24 @@ def _git_listed(directory: Path) -> list[Path] | None:
             capture_output=True,
             check=True,
         )
-        staged = subprocess.run(
-            ["git", "-C", str(directory), "ls-files", "-z", "--stage"],
-            capture_output=True,
-            check=True,
-        )
     except (FileNotFoundError, subprocess.CalledProcessError):
         return None  # no git here, or one that will not read this tree: match by hand
-    found = [Path(os.fsdecode(name)) for name in listed.stdout.split(b"\0") if name]
-    # A submodule is one entry to git (a gitlink, mode 160000), a directory here: its files are
-    # what it has checked out, as its own work tree says. They were left out without a word.
-    for entry in staged.stdout.split(b"\0"):
-        mode, _, name = entry.partition(b"\t")
-        if not mode.startswith(b"160000 "):
+    found: list[Path] = []
+    for name in filter(None, listed.stdout.split(b"\0")):
+        entry = Path(os.fsdecode(name))
+        here = directory / entry
+        if not here.is_dir() or here.is_symlink():
+            found.append(entry)
             continue
-        sub = Path(os.fsdecode(name))
-        inner = _git_listed(directory / sub) if (directory / sub / ".git").exists() else None
+        # git lists a directory only as a submodule (a gitlink): its files are what it has
+        # checked out, as its own work tree says. They were left out without a word.
+        inner = _git_listed(here) if (here / ".git").exists() else None
         if not inner:
             raise UserError(
-                f"{directory / sub}: a git submodule that is not checked out, so its files "
-                f"cannot ship: run `git -C {directory} submodule update --init {sub}`"
+                f"{here}: a git submodule that is not checked out, so its files cannot ship: "
+                f"run `git -C {directory} submodule update --init {entry}`"
             )
-        found += [sub / p for p in inner]
+        found += [entry / p for p in inner]
     return found
 
 

@@ -97,7 +97,6 @@ def summarize(
         summaries[key] = summary
         prices = group.price_usd_hour.dropna().to_numpy(dtype=float)
         price = float(np.median(prices)) if len(prices) else math.nan
-
         # Seconds per unit is monotonic in the metric, so the interval maps end to end.
         spu = sorted(metric.seconds_per_unit(v) for v in (summary.low, summary.high))
         spu_median = metric.seconds_per_unit(summary.median)
@@ -196,16 +195,9 @@ def answer(frame: pd.DataFrame, metric: Metric, unit: str = "") -> str:
     if parts and (native.n < 2).any():
         parts.append("one replicate: no interval, ranked by single runs")
     ranked_first = native[(native.cost_rank == 1) | (native.speed_rank == 1)]
-    for index, row in ranked_first[_failed(ranked_first) > 0].iterrows():
+    for index, row in ranked_first[ranked_first.failed > 0].iterrows():
         parts.append(f"{names[index]}: {_failures(row)}")
     return "answer: " + ("; ".join(parts) if parts else "nothing ranked")
-
-
-def _failed(frame: pd.DataFrame) -> pd.Series:
-    """Each row's failed replicates (0 for a frame made before the column was)."""
-    if "failed" not in frame:
-        return pd.Series(0, index=frame.index)
-    return frame["failed"].fillna(0).astype(int)
 
 
 def _failures(row: pd.Series) -> str:
@@ -243,9 +235,8 @@ def readable(frame: pd.DataFrame, metric: Metric, unit: str = "") -> pd.DataFram
             "cost rank": frame.cost_rank.map(lambda v: "-" if v is None or pd.isna(v) else int(v)),
         }
     )
-    failed = _failed(frame)
-    if failed.any():  # beside n: the runs the figures leave out
-        shown.insert(3, "failed", failed)
+    if frame.failed.any():  # beside n: the runs the figures leave out
+        shown.insert(3, "failed", frame.failed)
     if frame.emulated.any():  # ranked apart: say which ranking a row is in
         shown.insert(2, "runs", frame.emulated.map({True: "emulated", False: "native"}))
     return shown
@@ -271,7 +262,7 @@ def headline(
         return f"Fastest: {best.type} {best.build} (no prices: no cost ranking)."
     # The pick ran every replicate: one whose runs failed (a timeout, out of memory) measured
     # cheap on the runs that finished, and is named beside the pick, not as it.
-    reliable = priced[_failed(priced) == 0]
+    reliable = priced[priced.failed == 0]
     best = reliable.iloc[0] if not reliable.empty else priced.iloc[0]
     passed_over = priced.loc[: best.name].drop(index=best.name)
     seconds = [metric.seconds_per_unit(v) for v in (best.ci_low, best.ci_high)]
@@ -288,7 +279,7 @@ def headline(
             f"{best.seconds_per_unit:.4g} s per {unit}, from one replicate: no interval, so "
             "run more replicates before trusting the ranking."
         ]
-    if _failed(priced)[best.name]:
+    if best.failed:
         said.append(f"Every type's runs failed in part: {_failures(best)}.")
     for _, row in passed_over.iterrows():
         said.append(

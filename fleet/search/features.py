@@ -86,11 +86,12 @@ def _price_model() -> tuple[float, float, dict[tuple[str, bool], float]]:
         # c type's, bent the least-squares line that prices every type the catalog lacks.
         if found is None or found["cls"] not in PRICED_CLASSES or set(found["attrs"]) & set("dn"):
             continue
-        if entry["vcpus"]:
-            vcpus = float(entry["vcpus"])
-            families.setdefault(name.partition(".")[0], []).append(
-                (float(entry["memory_gib"]) / vcpus, float(entry["on_demand"]) / vcpus)
-            )
+        if not entry["vcpus"]:
+            continue
+        vcpus = float(entry["vcpus"])
+        families.setdefault(found.group(0), []).append(
+            (float(entry["memory_gib"]) / vcpus, float(entry["on_demand"]) / vcpus)
+        )
     rows = []
     for family, prices in families.items():
         found = FAMILY.match(family)

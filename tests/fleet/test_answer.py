@@ -15,7 +15,7 @@ def _frame(*rows: tuple[str, int, int, float, bool], n: int = 3) -> pd.DataFrame
     return pd.DataFrame(
         [
             {"type": t, "build": "tuned", "cost_rank": c, "speed_rank": s, "usd_per_unit": u}
-            | {"emulated": e, "n": n}
+            | {"emulated": e, "n": n, "failed": 0}
             for t, c, s, u, e in rows
         ]
     )
@@ -70,6 +70,7 @@ def _summary(*rows: tuple[str, int, float], n: int = 3) -> pd.DataFrame:
                 "ci_low": 1.9,
                 "ci_high": 2.1,
                 "n": n,
+                "failed": 0,
             }
             for t, rank, usd in rows
         ]

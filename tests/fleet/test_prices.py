@@ -251,7 +251,14 @@ KERNELS = Metric("regex", "throughput=([0-9.]+)", "rate", "geomean", "geomean th
 
 def _summary(metric: Metric) -> pd.DataFrame:
     """One row as report.summarize() makes it."""
-    row = {"type": "m.large", "build": "tuned", "emulated": False, "n": 3, "median": 2.0}
+    row = {
+        "type": "m.large",
+        "build": "tuned",
+        "emulated": False,
+        "n": 3,
+        "failed": 0,
+        "median": 2.0,
+    }
     row |= {"ci_low": 1.9, "ci_high": 2.1, "cv": 0.01, "noisy": False, "usd_per_hour": 0.1}
     row |= {"usd_per_unit": 2e-5, "usd_per_unit_low": 1.8e-5, "usd_per_unit_high": 2.2e-5}
     row |= {"seconds_per_unit": 2.0, "cost_rank": 1, "speed_rank": 1}
