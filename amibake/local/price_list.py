@@ -5,8 +5,9 @@ Real ones, so that `fleet prices --refresh` on the local cloud reads numbers of 
 the public SkyPilot catalog, catalogs/v7/aws/vms.csv in skypilot-org/skypilot-catalog at commit
 001367d22a0033fac286a8c71aeac7109e431bcb (snapshot of 2026-11-22), its us-east-1 rows of the
 build catalog's families (../shared/data/aws_prices_us-east-1.csv, the shipped snapshot's source)
-and of four GPU types outside the build catalog (g4dn, g5, g6), as published. Any other type or
-region has no price here, as a type the Price List does not list: the product must say so.
+and of four GPU types outside the build catalog (g4dn, g5, g6), as published. pricing.py adds the
+older families of amibake/catalog/sources/. Any other type or region has no price, as a type the
+Price List does not list: the product must say so.
 """
 
 SOURCE = (

@@ -2,7 +2,9 @@
 and spot price history with prices of the right size (moto answers every type and zone with
 $0.00001 stamped 2006-01-02).
 
-Both answer from price_list (real us-east-1 prices, with their source). A type it lacks is, for
+Both answer from price_list (real us-east-1 prices, with their source) and from the published
+tables of older families the shipped snapshot is also built from (amibake/catalog/sources/), as
+AWS's Price List lists every type it sells. A type neither has is, for
 GetProducts, a type the Price List does not list (no product: an empty page, as AWS answers a
 filter nothing matches), and for spot history moto's answer is left as it was. So `fleet prices
 --refresh` on the local cloud takes the path it takes on AWS: it pages through the Price List,
@@ -15,9 +17,11 @@ import csv
 import hashlib
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
+from importlib import resources
 from typing import Any
 
 from amibake.cloud.regions import LOCATIONS
@@ -37,11 +41,35 @@ class Offer:
     spot: dict[str, float] = field(default_factory=dict)  # zone id -> USD/hour
 
 
+# The published tables' columns (SkyPilot's vms.csv) -> price_list's.
+PUBLISHED = {
+    "InstanceType": "instance_type",
+    "vCPUs": "vcpus",
+    "MemoryGiB": "memory_gib",
+    "Price": "on_demand",
+    "AvailabilityZone": "zone_id",
+    "SpotPrice": "spot",
+}
+
+
+def _rows() -> Iterator[dict[str, str]]:
+    """price_list's rows, then the catalog's source tables' rows of price_list's region."""
+    yield from csv.DictReader(io.StringIO(price_list.ROWS), fieldnames=price_list.COLUMNS)
+    for table in sorted(
+        resources.files("amibake.catalog").joinpath("sources").iterdir(), key=lambda t: t.name
+    ):
+        if not table.name.endswith(".csv"):
+            continue
+        for row in csv.DictReader(io.StringIO(table.read_text())):
+            if row["Region"] == price_list.REGION:
+                yield {ours: row[theirs] for theirs, ours in PUBLISHED.items()}
+
+
 @cache
 def offers() -> dict[str, dict[str, Offer]]:
-    """Region -> instance type -> its prices, from price_list."""
+    """Region -> instance type -> its prices, from price_list and the catalog's sources."""
     found: dict[str, Offer] = {}
-    for row in csv.DictReader(io.StringIO(price_list.ROWS), fieldnames=price_list.COLUMNS):
+    for row in _rows():
         name = row["instance_type"]
         offer = found.setdefault(
             name,

@@ -127,6 +127,26 @@ def test_refresh_reads_the_spot_history_and_says_what_it_kept(
         saved.unlink()
 
 
+def test_the_local_price_list_lists_the_older_families_the_snapshot_has(cloud: Cloud) -> None:
+    # The snapshot is built from two tables and AWS prices every type of both, so the local
+    # cloud must too: it gave c4 moto's $0.00001 spot price, and a refresh saved that as c4's.
+    document = prices.refresh(cloud, ["c4"])
+    saved = prices.saved(cloud.config.results_dir, "us-east-1")
+    try:
+        assert "Pricing API" not in document["note"], document["note"]
+        shipped = prices.snapshot()["prices"]
+        older = sorted(t for t in shipped if t.split(".")[0] == "c4")
+        assert older and set(older) <= set(document["prices"])
+        for name in older:
+            entry = document["prices"][name]
+            assert entry["on_demand"] == shipped[name]["on_demand"], name
+            assert entry["spot"] and all(
+                entry["spot"][z] == shipped[name]["spot"][z] for z in entry["spot"]
+            ), name
+    finally:
+        saved.unlink()
+
+
 def test_a_region_is_priced_from_its_own_table_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
