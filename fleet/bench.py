@@ -119,6 +119,10 @@ class Board:
     unpriced: set[str] = field(default_factory=set)  # types running without a price
     lock: threading.Lock = field(default_factory=threading.Lock)
     cap: float | None = None  # USD: no new work once spent + in flight would pass it
+    # type -> USD held for its launch, staging and first replicate from the moment the gate lets
+    # it start until its instance is up (or it ends): types the gate lets start at once each
+    # count the others' launches, not only their own.
+    reserved: dict[str, float] = field(default_factory=dict)
     expected: dict[str, float] = field(default_factory=dict)  # type -> a replicate's seconds
     capped: str = ""  # why work stopped at the cap, once it has
     counter: progress.Counter = field(init=False)
@@ -135,9 +139,9 @@ class Board:
     def may_start(self, state: BenchState) -> str:
         """Why no more work may start for `state` ("" if it may): the money spent so far (every
         instance's time at its price), plus one more replicate on each instance up, plus, for
-        an instance not launched yet, its launch and staging too, would pass the cap. A
-        replicate's seconds are the type's measured median once it has some, else the
-        estimate's."""
+        an instance not launched yet, its launch and staging too (and those of the types let
+        start before it whose instances are not up yet), would pass the cap. A replicate's
+        seconds are the type's measured median once it has some, else the estimate's."""
         if self.cap is None:
             return ""
         with self.lock:
@@ -148,11 +152,18 @@ class Board:
                 return self.expected.get(label, self.expected.get("", planning.GUESS_REPLICATE_S))
 
             flight = sum(next_one(t) * price / 3600 for t, (_, price) in self.live.items())
+            flight += sum(
+                usd for t, usd in self.reserved.items() if t != state.label and t not in self.live
+            )
+            launch = 0.0
             if state.label not in self.live:
                 price = state.price_of(state.label, state.spot, "") or 0.0
-                flight += (planning.SETUP_S + next_one(state.label)) * price / 3600
+                launch = (planning.SETUP_S + next_one(state.label)) * price / 3600
+                flight += launch
             spent = self.spent_now()
             if spent + flight <= self.cap:
+                if launch:
+                    self.reserved[state.label] = launch
                 return ""
             self.capped = (
                 f"max cost ${self.cap:g}: ${spent:.4f} spent and ${flight:.4f} more in flight "
@@ -163,6 +174,14 @@ class Board:
     def update(self, state: BenchState, what: str) -> None:
         with self.lock:
             at = time.monotonic()
+            if what == "staging" or what in ENDS:
+                self.reserved.pop(state.label, None)  # up, or over: its time counts instead
+            if what == "staging" and state.label in self.live:
+                # A rerun on a new instance (the first was reclaimed): the first one's time,
+                # until the new one's launch, was paid for too.
+                start, price = self.live.pop(state.label)
+                end = min(time.time(), max(start, state.launched_at))
+                self.spent += (end - start) * price / 3600
             if what == "staging" and state.price is not None:
                 self.live[state.label] = (state.launched_at, state.price)
             elif what == "staging":

@@ -136,6 +136,41 @@ def test_the_cap_counts_what_is_spent_and_what_is_in_flight() -> None:
     assert board.capped
 
 
+def test_types_let_start_at_once_each_count_the_others_launches() -> None:
+    """The gate held a type's launch only while deciding it: three types it let start at once,
+    none up yet, each saw the cap free of the other two ($5.70 of launches under a $2 cap)."""
+    price = 36.0  # a cent a second: a launch, staging and a replicate, (180 + 10) s, is $1.90
+    board = bench.Board("fb-1", total=3, cap=4.0, expected={"": 10.0})
+
+    def state(label: str) -> Any:
+        return SimpleNamespace(
+            label=label, measured=[], spot=True, price_of=lambda *_: price,
+            price=price, launched_at=board_time(),
+        )  # fmt: skip
+
+    a, b, c = state("a.large"), state("b.large"), state("c.large")
+    assert board.may_start(a) == "" and board.may_start(b) == ""  # $3.80 of $4
+    assert "would pass it" in board.may_start(c)
+    board.update(b, "failed")  # b ended before its instance was up: its hold goes
+    assert board.may_start(c) == ""
+    board.update(a, "staging")  # a is up: its time counts from its launch, not the hold
+    assert "a.large" in board.live and "a.large" not in board.reserved
+    assert board.may_start(a) == ""  # its own hold never counted against it
+
+
+def test_a_rerun_on_a_new_instance_keeps_the_first_instances_spend() -> None:
+    """A spot reclaim starts the type over on a new instance: the first one's time was paid."""
+    price = 36.0
+    board = bench.Board("fb-1", total=3)
+    now = board_time()
+    first = SimpleNamespace(label="a.large", price=price, launched_at=now - 100.0)
+    board.update(first, "staging")
+    again = SimpleNamespace(label="a.large", price=price, launched_at=now - 10.0)
+    board.update(again, "staging")
+    # 90 s of the first instance until the second's launch, and 10 s of the second: $1.00.
+    assert board.spent_now() == pytest.approx(1.0, abs=0.05)
+
+
 def board_time() -> float:
     return time.time()
 
