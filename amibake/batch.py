@@ -275,12 +275,11 @@ def _network(cloud: Cloud) -> tuple[list[str], list[str]]:
     _check_way_out(ec2, network, cloud.config.region)
     vpc = network.vpc_id
     subnets = [str(s["SubnetId"]) for s in network.subnets]
-    groups = ec2.describe_security_groups(
-        Filters=[
-            {"Name": "group-name", "Values": [SECURITY_GROUP]},
-            {"Name": "vpc-id", "Values": [vpc]},
-        ]
-    )["SecurityGroups"]
+    mine = [
+        {"Name": "group-name", "Values": [SECURITY_GROUP]},
+        {"Name": "vpc-id", "Values": [vpc]},
+    ]
+    groups = list(every(ec2, "describe_security_groups", "SecurityGroups", Filters=mine))
     if groups:
         return subnets, [str(groups[0]["GroupId"]), *network.groups]
     created = ec2.create_security_group(
