@@ -173,6 +173,10 @@ def _bench(args: argparse.Namespace) -> int:
         if problem:
             raise UserError(f"--max-cost: {problem}")
         bench_spec = spec.BenchSpec.from_json(record["spec"])
+        if args.max_cost is not None and bench_spec.executor == "batch":
+            raise UserError(
+                f"--max-cost: run {run_id} runs on batch, and caps act on the ssh executor only"
+            )
         finished = results.finished(run_id)
         todo = [
             r

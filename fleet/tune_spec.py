@@ -139,6 +139,7 @@ def from_dict(
             raise fail(
                 key, f"unknown key{did_you_mean(key, known)}; known: {', '.join(sorted(known))}"
             )
+    cap_key = "max_cost" if "max_cost" in data and "max_usd" not in flags else "max_usd"
     if "max_cost" in data:
         # The money budget by the name bench files use (and --max-cost): one budget, two names.
         if "max_usd" in data and "max_usd" not in flags:
@@ -211,6 +212,10 @@ def from_dict(
     executor = data.get("executor", "ssh")
     if executor not in EXECUTORS:
         raise fail("executor", f"{executor!r} is not one of {', '.join(EXECUTORS)}")
+    if executor == "batch" and data.get("max_usd") is not None and data.get("replay") is None:
+        # As a bench's max_cost: Batch starts and stops the hosts, and fleet sees a job's host
+        # only once the job has run, so a trial's cost would be counted short of what it spent.
+        raise fail(cap_key, "caps tunes on the ssh executor only; batch trials run on the queue's")
     expected = data.get("expected_runtime")
     try:
         expected_s = None if expected is None else cost.seconds(expected)

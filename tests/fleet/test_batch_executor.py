@@ -542,6 +542,29 @@ def test_batch_without_registration_is_refused_before_creating_anything(
     assert results_of(cloud).replicates(run_id).empty
 
 
+def test_a_cap_is_refused_for_a_batch_run_resumed_or_tuned(
+    cloud: Cloud, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Batch starts and stops its hosts, and fleet sees a job's host only once the job has run:
+    a cap on it would count a trial's spend short. A new bench's max_cost was refused; a resumed
+    one's --max-cost was printed as the cap and then ignored, and a tune took max_usd."""
+    run_id = new_run(
+        cloud, executor="batch", types=["c7g.large"], command="echo value=1", metric="value=(\\d+)"
+    )
+    assert main(["bench", "--resume", run_id, "--max-cost", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert f"--max-cost: run {run_id} runs on batch" in err and err.count("\n") == 1, err
+    assert results_of(cloud).replicates(run_id).empty
+    tune_file = tmp_path / "tune.toml"
+    tune_file.write_text(
+        'recipe = "kernels"\ntypes = ["c7g.large"]\nexecutor = "batch"\nmax_usd = 5\n'
+        '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n'
+    )
+    assert main(["tune", str(tune_file)]) == 2
+    err = capsys.readouterr().err
+    assert ":4: max_usd: caps tunes on the ssh executor only" in err, err
+
+
 def test_a_tune_search_measures_its_trials_as_batch_jobs(
     cloud: Cloud, registered: None, tmp_path: Path, local_dir: Path
 ) -> None:
