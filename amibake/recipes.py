@@ -29,6 +29,10 @@ _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 # What a [bench.parameters] entry's kind may be: the kinds of value the workload takes, which a
 # tune file's parameter of that name must match (fleet.space has the same four).
 PARAMETER_KINDS = ("int", "uniform", "loguniform", "categorical")
+PARAMETER_KEYS = ("kind", "default", "low", "high", "values")
+# [bench] metric: fleet reads its values (fleet.spec.metric_from); a misspelt key was read as
+# absent (aggregate = "last", the default unit) without a word.
+METRIC_KEYS = ("kind", "pattern", "meaning", "aggregate", "unit")
 SOURCE_KEYS = ("path", "archives", "git", "commit")
 # The keys of each table: a misspelt one (base_cflag, comand) was read as absent, and the build
 # ran at -O2 with no smoke test, without a word.
@@ -245,6 +249,15 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     if not isinstance(bench, dict):
         problems.append("bench must be a table: [bench] command = ...")
         bench = {}
+    metric = bench.get("metric", {})
+    if not isinstance(metric, dict):
+        problems.append('bench.metric must be a table: metric = { kind = "regex", pattern = ... }')
+    else:
+        problems += [
+            f"bench.metric: unknown key {k!r}{did_you_mean(k, METRIC_KEYS)}"
+            for k in metric
+            if k not in METRIC_KEYS
+        ]
     parameters = bench.get("parameters", {})
     tables = isinstance(parameters, dict) and all(isinstance(p, dict) for p in parameters.values())
     if not tables:
@@ -252,6 +265,11 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         parameters = {}
     defaults = {key: spec.get("default") for key, spec in parameters.items()}
     for key, spec in parameters.items():
+        problems += [
+            f"bench.parameters.{key}: unknown key {k!r}{did_you_mean(k, PARAMETER_KEYS)}"
+            for k in spec
+            if k not in PARAMETER_KEYS
+        ]
         if spec.get("kind", "int") not in PARAMETER_KINDS:
             problems.append(
                 f"bench.parameters.{key}.kind {spec.get('kind')!r} is not one of "

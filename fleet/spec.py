@@ -225,6 +225,10 @@ def _args_text(value: Any) -> str:
 
 
 def metric_from(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
+    unknown = [k for k in raw if k not in recipes.METRIC_KEYS]
+    if unknown:
+        known = recipes.METRIC_KEYS
+        raise ValueError(f"unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}")
     merged = {**recipe_metric, **raw}
     kind = str(merged.get("kind", "runtime"))
     if kind not in METRIC_KINDS:
@@ -249,6 +253,15 @@ def metric_from(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
         raise ValueError(f"metric.aggregate {how!r} is not one of {', '.join(AGGREGATES)}")
     unit = str(merged.get("unit", "s" if meaning == "seconds" else "units/s"))
     return Metric(kind, pattern, meaning, how, unit)
+
+
+def recipe_metric(recipe: recipes.Recipe) -> Metric:
+    """A recipe's [bench] metric, its problems said of the recipe's file (a bench or a tune of
+    it blamed its own file, or took a kind no parser knows and measured nothing)."""
+    try:
+        return metric_from(dict(recipe.bench.get("metric", {})), {})
+    except ValueError as exc:
+        raise UserError(f"{recipe.file}: bench.{exc}") from None
 
 
 def load(
@@ -318,7 +331,7 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
             raise fail("image", problem)
     if bool(recipe) == bool(command):
         raise fail("recipe", "give exactly one of recipe (a build recipe) or command")
-    recipe_metric: dict[str, Any] = {}
+    recipe_raw: dict[str, Any] = {}
     workload = command
     parameters: dict[str, str] = {}
     if recipe:
@@ -329,7 +342,8 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
         bench = loaded.bench
         if "command" not in bench:
             raise fail("recipe", f"{loaded.file} has no [bench] command to run")
-        recipe_metric = dict(bench.get("metric", {}))
+        recipe_metric(loaded)  # checked as the recipe's, before the file's [metric] on top
+        recipe_raw = dict(bench.get("metric", {}))
         workload = str(bench["command"])
         parameters = loaded.bench_values()
     builds = data.get("builds", ["tuned"])
@@ -365,7 +379,7 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     if not isinstance(metric_raw, dict):
         raise fail("metric", "must be a table: [metric] kind = ...")
     try:
-        metric = metric_from(metric_raw, recipe_metric)
+        metric = metric_from(metric_raw, recipe_raw)
     except ValueError as exc:
         raise fail("metric", str(exc)) from None
     timeout = data.get("timeout_s", 3600.0)

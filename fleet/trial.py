@@ -22,7 +22,7 @@ from fleet import bench, container, stats
 from fleet.executor import BenchState, BuildArtifact, Replicate
 from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE
-from fleet.spec import PLAIN, BenchSpec, Metric, metric_from
+from fleet.spec import PLAIN, BenchSpec, metric_from, recipe_metric
 from fleet.tune_spec import TuneSpec, broken_constraint
 
 
@@ -84,14 +84,7 @@ class CloudEvaluator:
         if "command" not in bench_definition:
             raise UserError(f"{recipe.file} has no [bench] command to run trials with")
         self.workload = str(bench_definition["command"])
-        raw_metric = dict(bench_definition.get("metric", {}))
-        self.metric = Metric(
-            kind=str(raw_metric.get("kind", "runtime")),
-            pattern=str(raw_metric.get("pattern", "")),
-            meaning=str(raw_metric.get("meaning", "rate" if raw_metric else "seconds")),
-            aggregate=str(raw_metric.get("aggregate", "last")),
-            unit=str(raw_metric.get("unit", "")),
-        )
+        self.metric = recipe_metric(recipe)
         self.recipe = recipe
         # A floor on a rate the workload does not report would never be checked.
         if "min_rate" in spec.constraints and not self.metric.higher_is_better:

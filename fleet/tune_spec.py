@@ -195,6 +195,11 @@ def from_dict(
         if not isinstance(data.get(column, ""), str):
             raise fail(column, "must be the name of a column of the replay table")
     recipe = data.get("recipe")
+    if not image:
+        for key in ("command", "metric", "gpus"):
+            if key in data:
+                # Read only for an image; a recipe's command and metric are its [bench]'s.
+                raise fail(key, "is for an image's tune (image = ...); drop it, or name the image")
     container = _container(data, space, fail) if image else {}
     if replay is None and not recipe and not image:
         raise fail(

@@ -512,6 +512,7 @@ BENCH_FILE_ERRORS = {
     "metric.meaning": ":3: metric: metric.meaning must be rate or seconds",
     "metric.aggregate": ":3: metric: metric.aggregate 'max' is not one of geomean",
     "metric=5": ":3: metric: must be a table",
+    "metric-key": ":3: metric: unknown key 'agregate'; did you mean aggregate",
     "args=5": ":3: args: args must be a string or a table",
     "executor": ":3: executor: 'k8s' is not one of ssh, batch",
     "args.threads=nan": ":3: args: args.threads is nan, not a finite number",
@@ -566,6 +567,8 @@ BENCH_FILES = [
     bench_file('families = "c5a"\ncommand = "true"\n', "families=string"),
     bench_file('types = ["c5a.large"]\nrecipe = "kernels"\nbuilds = []\n', "builds=empty"),
     bench_file(BENCH + '[metric]\nkind = "bogus"\n', "metric.kind"),
+    bench_file(BENCH + '[metric]\nkind = "regex"\npattern = "t=(.+)"\nagregate = "sum"\n',
+               "metric-key"),
     bench_file(BENCH + '[metric]\nkind = "regex"\npattern = "("\n', "metric.pattern"),
     bench_file(BENCH + '[metric]\nkind = "regex"\npattern = "(x)"\nmeaning = "speed"\n',
                "metric.meaning"),
@@ -723,6 +726,10 @@ TUNE_FILES = [
               "recipe '../x' is not a plain name", "recipe=../x"),
     tune_file('recipe = "/etc"\ntypes = ["c5a.large"]\n' + PARAM_A, "{tmp}/tune.toml:1: recipe: "
               "recipe '/etc' is not a plain name", "recipe=/etc"),
+    tune_file(KERNELS + 'command = "echo"\n' + PARAM_A, "{tmp}/tune.toml:3: command: is for an "
+              "image's tune (image = ...); drop it, or name the image", "recipe-and-command"),
+    tune_file(KERNELS + 'gpus = 4\n' + PARAM_A, "{tmp}/tune.toml:3: gpus: is for an image's "
+              "tune", "recipe-and-gpus"),
     tune_file(KERNELS + 'recipe_dir = "/"\n' + PARAM_A, "{tmp}/tune.toml:3: recipe_dir: unknown "
               "key", "recipe_dir"),
 ]  # fmt: skip
@@ -924,6 +931,33 @@ RECIPE_FILES = [
                  '"float", default = 1 }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
                 "bench.parameters.n.kind 'float' is not one of int, uniform", "parameter-kind"),
     recipe_file(("[build]", "[build\n"), "{tmp}/recipes/trivial/recipe.toml: ", "syntax"),
+    # A metric that is no table, or a misspelt key in it or in a parameter: a traceback, and
+    # aggregate, unit or a parameter's bound silently left at their defaults.
+    recipe_file(("[smoke]", '[bench]\ncommand = "bin/hello"\nmetric = "t=([0-9.]+)"\n[smoke]'),
+                "{tmp}/recipes/trivial/recipe.toml: bench.metric must be a table", "metric=text"),
+    recipe_file(("[smoke]", '[bench]\ncommand = "bin/hello"\nmetric = { kind = "regex", pattern '
+                 '= "t=(.+)", agregate = "sum" }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
+                "bench.metric: unknown key 'agregate'; did you mean aggregate", "metric-key"),
+    recipe_file(("[smoke]", '[bench]\ncommand = "x {n}"\n[bench.parameters]\nn = { kind = '
+                 '"int", lo = 1, default = 1 }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
+                "bench.parameters.n: unknown key 'lo'; did you mean low", "parameter-key"),
+    # A metric kind no parser knows: said of the recipe (the bench blamed its command line; a
+    # tune took it and measured nothing).
+    case("fleet bench --types c5a.large --recipe trivial", "{tmp}/recipes/trivial/recipe.toml: "
+         "bench.metric.kind 'regexp' is not one of runtime, regex, file",
+         files={"recipes/trivial/recipe.toml": (RECIPES / "trivial" / "recipe.toml").read_text()
+                .replace("[smoke]", '[bench]\ncommand = "bin/hello"\nmetric = { kind = "regexp"'
+                         ' }\n[smoke]')},
+         env={"AMIBAKE_RECIPES_DIR": "{tmp}/recipes"}, id="recipe:metric-kind-bench"),
+    case("fleet tune {tmp}/tune.toml", "{tmp}/recipes/trivial/recipe.toml: bench.metric.kind "
+         "'regexp' is not one of runtime, regex, file",
+         files={"recipes/trivial/recipe.toml": (RECIPES / "trivial" / "recipe.toml").read_text()
+                .replace("[smoke]", '[bench]\ncommand = "bin/hello {args}"\nmetric = { kind = '
+                         '"regexp" }\n[bench.parameters]\na = { kind = "int", default = 1 }\n'
+                         '[smoke]'),
+                "tune.toml": 'recipe = "trivial"\ntypes = ["c5a.large"]\n[params.a]\nkind = '
+                             '"int"\nlow = 1\nhigh = 3\nstage = "run"\n'},
+         env={"AMIBAKE_RECIPES_DIR": "{tmp}/recipes"}, id="recipe:metric-kind-tune"),
     recipe_file(("[smoke]", '[bench]\ncommand = "x {n}"\n[bench.parameters]\nn = { kind = '
                  '"uniform", default = nan }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
                 "bench.parameters.n.default nan is not finite", "parameter-default=nan"),
