@@ -42,6 +42,11 @@ def cache_home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
+# The folders runs write under results_dir: logs and keys, reports, artifacts, tune files, and
+# the bench monitors' samples.
+RESULTS_FOLDERS = ("logs", "reports", "artifacts", "tunes", "runs")
+
+
 @dataclass(frozen=True)
 class Config:
     cloud: str = "aws"
@@ -212,6 +217,13 @@ def _validate(cfg: Config, problems: list[str]) -> None:
                     f"{name} {shown} {problem}: run from a writable directory or set "
                     f"AMIBAKE_{name.upper()} to one"
                 )
+            elif name == "results_dir":
+                # A file where a run writes a folder failed it half-way, already recorded.
+                problems += [
+                    f"{path / sub} is a file, not a directory: move it away (runs write in it)"
+                    for sub in RESULTS_FOLDERS
+                    if (path / sub).exists() and not (path / sub).is_dir()
+                ]
     if cfg.local_faults.strip() not in ("", "none"):
         from amibake.local import faults
 
@@ -263,11 +275,11 @@ def load(
 
     named = environ.get("AMIBAKE_CONFIG")
     path = toml_path or Path(named or "amibake.toml")
-    if named and toml_path is None and not path.exists():
+    if named and toml_path is None and not tomlfile.present(path):
         # amibake.toml may be absent; a file named on purpose is a mistake when it is. The
         # environment and the flags are still checked, so every problem is said at once.
         problems.append(f"AMIBAKE_CONFIG names {path}, which does not exist")
-    elif path.exists():
+    elif tomlfile.present(path):
         try:
             _, data = tomlfile.read(path, "config file")
         except UserError as exc:  # unreadable or not TOML: said beside the other layers' problems

@@ -22,6 +22,7 @@ from typing import Any
 
 from amibake.catalog import prices
 from amibake.errors import AmibakeError, UserError
+from amibake.saved import read_json
 
 # Above this, a run started with no terminal to ask needs --yes (or a cap): a script or a CI job
 # that mistypes a count must not spend without a word. Below it, a demo or a test run costs cents.
@@ -57,14 +58,13 @@ def seconds(text: Any) -> float:
 
 def price_table(results_dir: Path, region: str) -> dict[str, Any] | None:
     """The region's price table (see the module's docstring), or None if there is none."""
-    refreshed = results_dir / f"prices_{region}.json"
-    try:
-        document = json.loads(refreshed.read_text())
-    except (OSError, ValueError):
-        document = prices.snapshot()
-        if document.get("region") != region:
-            return None
-    return document if isinstance(document.get("prices"), dict) else None
+    refreshed = prices.saved(results_dir, region)
+    if refreshed.exists():
+        # Damaged, it is said so: read as no table, every type was estimated at $0.00.
+        remedy = f"read it again with `fleet prices --refresh --region {region}`"
+        return read_json(refreshed, remedy, prices.checked)
+    document = prices.snapshot()
+    return document if document.get("region") == region else None
 
 
 def hourly(table: dict[str, Any] | None, instance_type: str, spot: bool) -> float | None:

@@ -58,7 +58,14 @@ def open_database(path: Path, schema: str) -> sqlite3.Connection:
     """An SQLite file in WAL mode, shared by threads (callers hold a lock), autocommitting: a
     reader never waits on a writer, and a row is on disk once its statement returns."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_S)
+    try:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_S)
+    except sqlite3.OperationalError as exc:  # a directory there, or a file this user cannot open
+        kind = "a directory" if path.is_dir() else "not a file this user can open"
+        raise UserError(
+            f"{path} is {kind} ({exc}): it holds the record of what runs made; fix its "
+            "permissions, or set AMIBAKE_RESULTS_DIR to a directory of your own"
+        ) from None
     # Turning a new file to WAL takes a lock SQLite does not wait for (the busy timeout does not
     # apply): two first opens at once, as two trials in flight on a fresh results directory,
     # failed one of them with "database is locked". Retried for as long as a busy wait would be.

@@ -143,7 +143,7 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     check_name(name, root)
     directory = root / name
     path = directory / "recipe.toml"
-    if not path.exists():
+    if not tomlfile.present(path):
         raise UnknownNameError("recipe", name, available(root), f"recipes live in {root}")
     _, data = tomlfile.read(path, "recipe")
     problems: list[str] = []

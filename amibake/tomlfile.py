@@ -19,13 +19,24 @@ def read_text(path: Path, what: str) -> str:
     except OSError as exc:
         raise UserError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
     try:
-        return raw.decode("utf-8")
+        # A byte-order mark (Windows editors save one) is no part of the text; tomllib refused
+        # it as "Invalid statement (at line 1, column 1)".
+        return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise UserError(
             f"{path}:{line}: the {what} is not UTF-8 text (byte {raw[exc.start]:#04x}); "
             "save it as UTF-8"
         ) from None
+
+
+def present(path: Path) -> bool:
+    """Whether something is at `path`; True when the question is refused (a folder this user
+    may not enter), so that reading it says why in one line instead of a PermissionError."""
+    try:
+        return path.exists()
+    except OSError:
+        return True
 
 
 def read(path: Path, what: str) -> tuple[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from amibake.catalog import prices as shipped_prices
+from amibake.catalog.prices import saved
 from amibake.cloud.regions import LOCATIONS
 from amibake.saved import read_json
 
@@ -191,21 +192,6 @@ def lookup(instance_type: str, document: dict[str, Any] | None = None) -> Price:
     )
 
 
-def saved(results_dir: Path, region: str) -> Path:
-    """Where `fleet prices --refresh` keeps a region's table: one file per region."""
-    return results_dir / f"prices_{region}.json"
-
-
-def _table(document: Any) -> dict[str, Any]:
-    """A price table, its numbers checked."""
-    for entry in document["prices"].values():
-        spot = entry["spot"].values()
-        for value in (entry["on_demand"], entry["vcpus"], entry["memory_gib"], *spot):
-            float(value)
-    str(document["date"])
-    return document  # type: ignore[no-any-return]
-
-
 def in_use(results_dir: Path, region: str) -> dict[str, Any]:
     """The table a run in `region` prices with: that region's last `fleet prices --refresh`,
     else the shipped snapshot when it is that region's. Never another region's: prices differ
@@ -215,7 +201,7 @@ def in_use(results_dir: Path, region: str) -> dict[str, Any]:
         return read_json(
             refreshed,
             f"read it again with `fleet prices --refresh --region {region}`",
-            _table,
+            shipped_prices.checked,
             PriceError,
         )
     shipped = snapshot()

@@ -917,6 +917,17 @@ COMPARE = [
          "\n,2,3\n1,1,2\n"}, id="compare-runs:no-run"),
 ]  # fmt: skip
 
+# What a results directory holds, damaged: refused before a run is recorded, in one line (a
+# file where a run writes a folder failed the run half-way).
+RESULTS = [
+    case("fleet tune {tmp}/tune.toml", "{tmp}/results/logs is a file, not a directory: move it",
+         files={"results/logs": "x\n", "tune.toml": TUNE, **TABLE}, id="results:logs-file"),
+    case("fleet tune compare --replay {tmp}/t.csv", "{tmp}/results/reports is a file, not a "
+         "directory", files={"results/reports": "x\n", **TABLE}, id="results:reports-file"),
+    # A byte-order mark is no error: the file is read, and its real mistake said at its line.
+    bench_file("\ufeff" + BENCH + "replicate = 3\n", "unknown-key"),
+]  # fmt: skip
+
 RECIPE_FILES = [
     recipe_file(('name = "trivial"', 'name = "../evil"'), "{tmp}/recipes/trivial/recipe.toml: "
                 "name '../evil' must be the recipe's folder name 'trivial'", "name=../evil"),
@@ -965,7 +976,7 @@ RECIPE_FILES = [
 
 CASES = [
     *AMIBAKE, *CONFIG, *PLAN, *BENCH_FLAGS, *BENCH_FILES, *TUNE_FLAGS, *TUNE_FILES, *PARAMS,
-    *COMPARE, *RECIPE_FILES,
+    *COMPARE, *RECIPE_FILES, *RESULTS,
 ]  # fmt: skip
 
 
@@ -1053,6 +1064,72 @@ def test_bad_input_is_refused_on_one_line_creating_nothing(
     assert runs(sandbox / "results") == [], "bad input recorded a run"
     assert files_under(sandbox) == before, "bad input left files"
     assert not (sandbox / "local").exists(), "bad input started a local cloud"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("[]\n", "TypeError"),
+        ('{"date": "x", "prices": {"c5a.large": {"on_demand": "x", "spot": {}, "vcpus": 2, '
+         '"memory_gib": 4}}}\n', "ValueError"),
+        ('{"prices": {}}\n', "KeyError"),
+    ],
+)  # fmt: skip
+def test_a_damaged_price_table_is_said_so_not_read_as_no_prices(
+    tmp_path: Path, text: str, why: str
+) -> None:
+    """Read as no table, every type of a build or bake estimate was $0.00 (and a JSON list a
+    traceback); fleet's reader called the same file damaged. One reader now, one answer."""
+    from amibake import cost
+    from amibake.errors import UserError
+    from fleet import prices
+
+    table = tmp_path / "prices_us-east-1.json"
+    table.write_text(text)
+    for read in (cost.price_table, prices.in_use):
+        with pytest.raises((UserError, prices.PriceError)) as caught:
+            read(tmp_path, "us-east-1")
+        said = str(caught.value)
+        assert said.startswith(f"{table} is damaged ({why}") and "--refresh" in said, said
+
+
+def test_a_results_database_that_is_a_directory_is_said_so(tmp_path: Path) -> None:
+    from amibake.errors import UserError
+    from amibake.journal import Journal
+
+    (tmp_path / "journal.sqlite").mkdir()
+    with pytest.raises(UserError, match=r"journal.sqlite is a directory \(unable to open"):
+        Journal(tmp_path / "journal.sqlite")
+
+
+def test_a_file_in_a_folder_the_user_may_not_enter_is_read_and_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a plain user, AMIBAKE_CONFIG or a recipe under a root-only folder: Path.exists raised
+    PermissionError (a traceback). Root may enter any folder, so the refusal is made here."""
+    from amibake import config, recipes, tomlfile
+    from amibake.errors import UserError
+
+    closed = tmp_path / "closed"
+    real_exists, real_read = Path.exists, Path.read_bytes
+
+    def refused(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if closed in path.parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_exists(path, *args, **kwargs)
+
+    def unreadable(path: Path) -> bytes:
+        if closed in path.parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path)
+
+    monkeypatch.setattr(Path, "exists", refused)
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    assert tomlfile.present(closed / "a.toml")
+    with pytest.raises(config.ConfigError, match="cannot read the config file: Permission denied"):
+        config.load(environ={"AMIBAKE_CONFIG": str(closed / "a.toml")})
+    with pytest.raises(UserError, match="cannot read the recipe: Permission denied"):
+        recipes.load("kernels", closed)
 
 
 def test_the_table_covers_both_commands_every_subcommand_and_every_setting() -> None:

@@ -9,6 +9,7 @@ import json
 import statistics
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 SNAPSHOT = "prices_us-east-1.json"  # made by `python -m fleet.prices build` (make prices)
@@ -19,6 +20,22 @@ GIB = 2**30
 
 def _read(name: str) -> dict[str, Any]:
     return json.loads(resources.files("amibake.catalog").joinpath(name).read_text())  # type: ignore[no-any-return]
+
+
+def saved(results_dir: Path, region: str) -> Path:
+    """Where `fleet prices --refresh` keeps a region's table: one file per region."""
+    return results_dir / f"prices_{region}.json"
+
+
+def checked(document: Any) -> dict[str, Any]:
+    """A price table, its numbers checked (a KeyError, TypeError or ValueError says it is
+    not one)."""
+    for entry in document["prices"].values():
+        spot = entry["spot"].values()
+        for value in (entry["on_demand"], entry["vcpus"], entry["memory_gib"], *spot):
+            float(value)
+    str(document["date"])
+    return document  # type: ignore[no-any-return]
 
 
 @cache
