@@ -42,6 +42,8 @@ def cache_home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
+# Settings whose command-line flag is not --SETTING (`amibake local up --faults`).
+FLAGS = {"local_faults": "--faults", "local_faults_seed": "--faults-seed", "subnet_ids": "--subnet"}
 # The folders runs write under results_dir: logs and keys, reports, artifacts, tune files, and
 # the bench monitors' samples.
 RESULTS_FOLDERS = ("logs", "reports", "artifacts", "tunes", "runs")
@@ -135,9 +137,14 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
 def _partition(region: str) -> str:
     """The AWS partition of a region code (aws, aws-us-gov, aws-cn, ...), as botocore's
     endpoint data has it; a code it does not know takes the pattern it matches."""
+    from botocore.exceptions import UnknownRegionError
+
     from amibake import service_models  # botocore's data, read once a process
 
-    return str(service_models.session().get_partition_for_region(region))
+    try:
+        return str(service_models.session().get_partition_for_region(region))
+    except UnknownRegionError:  # a code no partition's pattern takes
+        return ""
 
 
 def _validate(cfg: Config, problems: list[str]) -> None:
@@ -147,7 +154,12 @@ def _validate(cfg: Config, problems: list[str]) -> None:
         problems.append(
             f"region must be an AWS region code such as us-east-1 or eu-west-1, got {cfg.region!r}"
         )
-    elif (partition := _partition(cfg.region)) != "aws":
+    elif not (partition := _partition(cfg.region)):
+        problems.append(
+            f"region {cfg.region} is in no AWS partition: give a region code such as us-east-1 "
+            "or eu-west-1"
+        )
+    elif partition != "aws":
         # GovCloud's, China's, the sovereign clouds' ARNs begin arn:aws-us-gov: and so on, and
         # their service names and prices differ: amibake's IAM policy, bucket policy and price
         # catalog are the commercial partition's, and would fail there half-way.
@@ -272,6 +284,7 @@ def load(
     environ = os.environ if environ is None else environ
     problems: list[str] = []
     values: dict[str, Any] = {}
+    origin: dict[str, str] = {}  # setting -> the file, variable or flag that set it last
 
     named = environ.get("AMIBAKE_CONFIG")
     path = toml_path or Path(named or "amibake.toml")
@@ -292,11 +305,20 @@ def load(
                 problems.append(f"{path}: unknown setting {key!r}{guess}")
                 continue
             values[key] = _coerce(key, value, problems, str(path))
+            origin[key] = str(path)
 
+    if "region" not in values:
+        # Below amibake's own settings, the AWS tools' region: a shell set to eu-west-1 ran in
+        # us-east-1 without a word, where `aws ec2 describe-instances` then found nothing.
+        for env_name in ("AWS_DEFAULT_REGION", "AWS_REGION"):  # the SDKs: AWS_REGION first
+            if environ.get(env_name):
+                values["region"] = environ[env_name]
+                origin["region"] = env_name
     settings = {f"AMIBAKE_{name.upper()}": name for name in _FIELDS}
     for env_name, name in settings.items():
         if env_name in environ:
             values[name] = _coerce(name, environ[env_name], problems, env_name)
+            origin[name] = env_name
     for env_name in sorted(environ):
         # A misspelt setting was ignored without a word, and the default used instead.
         if env_name.startswith("AMIBAKE_") and env_name not in settings:
@@ -309,14 +331,19 @@ def load(
             continue
         if key not in _FIELDS:
             raise KeyError(f"flag {key!r} has no config field")  # a programming error
-        values[key] = _coerce(key, value, problems, f"--{key.replace('_', '-')}")
+        origin[key] = FLAGS.get(key, f"--{key.replace('_', '-')}")
+        values[key] = _coerce(key, value, problems, origin[key])
 
     if problems:
         raise ConfigError(problems)
     cfg = Config(**values)
     _validate(cfg, problems)
+    # Each said of where its value was set (a file, a variable, a flag), as a type error is:
+    # "region must be an AWS region code" left the user to find which of three set it.
     if "recipes_dir" in values and not cfg.recipes_dir.exists():  # set, and set wrong
         problems.append(f"recipes_dir {cfg.recipes_dir} does not exist (it holds the recipes)")
+    problems = [f"{origin[k]}: {p}" if (k := p.split()[0].rstrip(":")) in origin else p
+                for p in problems]  # fmt: skip
     if problems:
         raise ConfigError(problems)
     return cfg

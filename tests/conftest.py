@@ -3,6 +3,7 @@ loopback range), so they never touch a developer's running local cloud."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,12 @@ from tests.helpers import free_port_and_range, leftovers, pick_family
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
+# A developer's shell set for AWS (AWS_REGION=eu-west-1) would move the suite's local cloud to
+# that region, which the shipped price table does not price: the suite runs in amibake's
+# default region, as CI does. (Subprocesses the tests start inherit this.)
+for _name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+    os.environ.pop(_name, None)
 
 # The session's own daemon port and loopback range, not fixed ones: a fixed port made a suite
 # fail every local-cloud test (89 errors, "port 5178 is already in use") while a suite in

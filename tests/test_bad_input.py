@@ -67,6 +67,8 @@ def tune_file(text: str | bytes, start: str, id: str, table: str | bytes | None 
 
 
 def config_env(name: str, value: str, start: str) -> Any:
+    """A setting's bad value, said of the variable that set it."""
+    start = start if start.startswith(name) else f"{name}: {start}"
     return case("fleet status", start, env={name: value}, id=f"env:{name}={value}")
 
 
@@ -104,8 +106,8 @@ AMIBAKE = [
     case("amibake build --family c5a --recipe kernels/../zstd", "recipe 'kernels/../zstd' is"),
     case("amibake build --family c5a --recipe nope", "unknown recipe 'nope'"),
     case("amibake build --family c5a --spot --on-demand", "argument --on-demand: not allowed"),
-    case("amibake build --family c5a --cloud gcp", "cloud must be one of aws, local, got 'gcp'"),
-    case("amibake build --family c5a --region mars", "region must be an AWS region code"),
+    case("amibake build --family c5a --cloud gcp", "--cloud: cloud must be one of aws, local, got 'gcp'"),
+    case("amibake build --family c5a --region mars", "--region: region must be an AWS region code"),
     case("amibake build --family c5a --region eu-north-1", "the local cloud serves"),
     case("amibake bake --tmpfs-reserve-mb-per-vcpu -1", "argument --tmpfs-reserve-mb-per-vcpu: "
          "must be an integer from 0 to 32768, not -1"),
@@ -123,19 +125,19 @@ AMIBAKE = [
     case("amibake bake --keep two", "argument --keep: 'two' is not an integer"),
     case("amibake bake --keep 1.5", "argument --keep: '1.5' is not an integer"),
     case("amibake bake --keep", "argument --keep: expected one argument"),
-    case("amibake ls --cloud gcp", "cloud must be one of aws, local, got 'gcp'"),
-    case("amibake ls --region mars", "region must be an AWS region code"),
+    case("amibake ls --cloud gcp", "--cloud: cloud must be one of aws, local, got 'gcp'"),
+    case("amibake ls --region mars", "--region: region must be an AWS region code"),
     case("amibake ls --all", "unrecognized arguments: --all"),
     case("amibake bake --build --family c5a --recipe ../x", "recipe '../x' is not a plain name"),
     case("amibake bake --build --family c5a --recipe nope", "unknown recipe 'nope'"),
-    case("amibake bake --region mars", "region must be an AWS region code"),
+    case("amibake bake --region mars", "--region: region must be an AWS region code"),
     case("amibake batch", "the following arguments are required: batch_command"),
     case("amibake batch bogus", "argument batch_command: invalid choice: 'bogus'"),
     case("amibake batch up", "one of the arguments --ami --from-bake is required"),
     case("amibake batch up --ami ami-12345678 --from-bake", "argument --from-bake: not allowed"),
     case("amibake batch up --ami bad", "--ami 'bad' is not an image id"),
     case("amibake batch up --ami ami-../../x", "--ami 'ami-../../x' is not an image id"),
-    case("amibake batch down --cloud gcp", "cloud must be one of aws, local"),
+    case("amibake batch down --cloud gcp", "--cloud: cloud must be one of aws, local"),
     case("amibake families --compiler gcc@abc", "compiler 'gcc@abc' is not NAME@VERSION"),
     case("amibake families --compiler clang", "compiler 'clang' is not NAME@VERSION"),
     case("amibake families --first", "--first goes with --host"),
@@ -186,9 +188,10 @@ AMIBAKE = [
     case("amibake local", "the following arguments are required: local_command"),
     case("amibake local interrupt bad", "'bad' is not an instance id"),
     case("amibake local interrupt 'i-1; reboot'", "'i-1; reboot' is not an instance id"),
-    case("amibake local up --region mars", "region must be an AWS region code"),
+    case("amibake local up --region mars", "--region: region must be an AWS region code"),
     # the README's `local up --faults aws`: the flag exists, and checks its value
-    case("amibake local up --faults bogus", "local_faults: no behaviour 'bogus'; use none, aws"),
+    case("amibake local up --faults bogus", "--faults: local_faults: no behaviour 'bogus'; use "
+         "none, aws"),
     case("amibake local up --faults-seed x", "argument --faults-seed: invalid int value: 'x'"),
     # Issue 27: a mistyped command, choice or flag is answered with the one meant; names in any case.
     case("amibake biuld", "argument command: invalid choice: 'biuld'; did you mean build?"),
@@ -216,6 +219,11 @@ CONFIG = [
     config_env("AMIBAKE_CLOUD", "gcp", "cloud must be one of aws, local, got 'gcp'"),
     config_env("AMIBAKE_REGION", "mars", "region must be an AWS region code"),
     config_env("AMIBAKE_REGION", "", "region must be an AWS region code"),
+    # Well-formed, and in no partition: botocore's "Unknown region", exit 1, no setting named.
+    config_env("AMIBAKE_REGION", "zz-fake-9", "region zz-fake-9 is in no AWS partition"),
+    # The AWS tools' region, below amibake's own: read (it was ignored), and said of itself.
+    config_env("AWS_REGION", "zz-fake-9", "region zz-fake-9 is in no AWS partition"),
+    config_env("AWS_DEFAULT_REGION", "mars", "region must be an AWS region code"),
     config_env("AMIBAKE_RETRY_MODE", "legacy", "retry_mode must be one of standard, adaptive"),
     config_env("AMIBAKE_MAX_ATTEMPTS", "0", "max_attempts must be between 1 and 50, got 0"),
     config_env("AMIBAKE_MAX_ATTEMPTS", "99", "max_attempts must be between 1 and 50, got 99"),
@@ -267,7 +275,8 @@ CONFIG = [
     config_env("AMIBAKE_LOCAL_CREDENTIALS", ":secret", "local_credentials must be KEY_ID:SECRET"),
     config_env("AMIBAKE_CONFIG", "{tmp}/missing.toml", "AMIBAKE_CONFIG names {tmp}/missing.toml, "
                "which does not exist"),
-    config_env("AMIBAKE_CONFIG", "{tmp}", "{tmp}: cannot read the config file: Is a directory"),
+    case("fleet status", "{tmp}: cannot read the config file: Is a directory",
+         env={"AMIBAKE_CONFIG": "{tmp}"}, id="env:AMIBAKE_CONFIG={tmp}"),
     config_env("AMIBAKE_REGOIN", "eu-west-1", "AMIBAKE_REGOIN is not a setting; did you mean "
                "AMIBAKE_REGION?"),
     config_env("AMIBAKE_SSH_TIMEOUT", "30", "AMIBAKE_SSH_TIMEOUT is not a setting; did you mean "
@@ -286,11 +295,11 @@ CONFIG = [
     config_file("size = \n", "amibake.toml: Invalid value (at line 1", "syntax"),
     config_file('colud = "local"\n', "amibake.toml: unknown setting 'colud'; did you mean cloud?",
                 "unknown"),
-    config_file("ssh_timeout_s = nan\n", "ssh_timeout_s must be a finite number above 0 and at "
+    config_file("ssh_timeout_s = nan\n", "amibake.toml: ssh_timeout_s must be a finite number above 0 and at "
                 "most 86400, not nan", "ssh_timeout_s=nan"),
-    config_file("ssh_timeout_s = inf\n", "ssh_timeout_s must be a finite number",
+    config_file("ssh_timeout_s = inf\n", "amibake.toml: ssh_timeout_s must be a finite number",
                 "ssh_timeout_s=inf"),
-    config_file("ssh_timeout_s = -1\n", "ssh_timeout_s must be a finite number",
+    config_file("ssh_timeout_s = -1\n", "amibake.toml: ssh_timeout_s must be a finite number",
                 "ssh_timeout_s=-1"),
     config_file("ssh_timeout_s = true\n", "amibake.toml: ssh_timeout_s must be float, got True",
                 "ssh_timeout_s=true"),
@@ -317,9 +326,9 @@ CONFIG = [
                "subnet-0123456789abcdef0"),
     config_env("AMIBAKE_SECURITY_GROUP_IDS", "sg-01234567", "security_group_ids needs subnet_ids"),
     case("amibake build --family c7i --subnet subnet-1 --dry-run",
-         "subnet_ids: 'subnet-1' is not an id like subnet-0123456789abcdef0"),
+         "--subnet: subnet_ids: 'subnet-1' is not an id like subnet-0123456789abcdef0"),
     case("fleet bench {tmp}/bench.toml --subnet sg-01234567",
-         "subnet_ids: 'sg-01234567' is not an id like subnet-0123456789abcdef0",
+         "--subnet: subnet_ids: 'sg-01234567' is not an id like subnet-0123456789abcdef0",
          files={"bench.toml": BENCH}),
     config_env("AMIBAKE_CLUOD", "local", "AMIBAKE_CLUOD is not a setting; did you mean "
                "AMIBAKE_CLOUD?"),
@@ -332,7 +341,7 @@ CONFIG = [
          "AMIBAKE_SPOT: spot must be bool", env={"AMIBAKE_CONFIG": "{tmp}/missing.toml",
          "AMIBAKE_SPOT": "perhaps"}, id="config:missing-file-and-env"),
     config_file('spot = "perhaps"\n', "amibake.toml: spot must be bool", "spot=perhaps"),
-    config_file("local_faults_seed = -1\n", "local_faults_seed must be an integer from 0",
+    config_file("local_faults_seed = -1\n", "amibake.toml: local_faults_seed must be an integer from 0",
                 "local_faults_seed=-1"),
     case("amibake build --family c5a", "recipe '../x' is not a plain name",
          files={"amibake.toml": 'recipe = "../x"\n'}, id="amibake.toml:recipe=../x"),
@@ -376,7 +385,7 @@ PLAN = [
     case("fleet report last --prefer speed", "--prefer 'speed' is not one of time, cost"),
     case("fleet prices --type c5x.large", "no price for c5x.large"),
     case("fleet prices --family nope", "no instance type of family nope"),
-    case("fleet prices --region mars", "region must be an AWS region code"),
+    case("fleet prices --region mars", "--region: region must be an AWS region code"),
     case("fleet bnech", "argument command: invalid choice: 'bnech'; did you mean bench?"),
     case("fleet plan last --wrok 1", "unrecognized argument --wrok; did you mean --work? (see "
          "`fleet plan --help`)"),
