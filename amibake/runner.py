@@ -205,19 +205,28 @@ class Runner(Generic[S]):
 
 @contextlib.contextmanager
 def _no_interrupts() -> Iterator[None]:
-    """While cleaning up, a second Ctrl-C must not abandon the cleanup half-way."""
+    """While cleaning up, a Ctrl-C or a SIGTERM (`kill`, which terminate_as_interrupt turns into
+    one) must not abandon the cleanup half-way: raised inside a step's cleanup, it stopped that
+    step between deleting a fleet and terminating its instance. It is held, and delivered once
+    the cleanup is over, so the run still stops as asked."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    held: list[int] = []
 
     def still_cleaning(signum: int, frame: FrameType | None) -> None:
-        log.warning("still cleaning up; resources would leak if stopped now")
+        held.append(signum)
+        log.warning("still cleaning up; stopping once it is done (resources would leak if now)")
 
-    previous = signal.signal(signal.SIGINT, still_cleaning)
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, still_cleaning) for signum in stops}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if held:
+            signal.raise_signal(held[0])
 
 
 @contextlib.contextmanager

@@ -4,11 +4,17 @@ tell a live controller or daemon from a dead one."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
 
 from amibake.procs import process_alive
+from amibake.runner import RunContext, Runner, terminate_as_interrupt
 
 
 def test_a_process_is_alive_until_it_exits_even_before_it_is_reaped() -> None:
@@ -23,3 +29,27 @@ def test_a_process_is_alive_until_it_exits_even_before_it_is_reaped() -> None:
     assert os.waitpid(child.pid, os.WNOHANG)[0] == child.pid  # it was a zombie until now
     assert not process_alive(child.pid)
     assert process_alive(os.getpid())
+
+
+def test_a_sigterm_during_cleanup_is_held_until_the_cleanup_is_done(tmp_path: Path) -> None:
+    """`kill` during a step's cleanup raised inside it (terminate_as_interrupt): the step stopped
+    half-way, between deleting a fleet and terminating its instance. It is held until every
+    cleanup is done, then delivered: the run still stops."""
+    done: list[str] = []
+
+    class Step:
+        name = "launch"
+
+        def run(self, state: object) -> None:
+            raise RuntimeError("the step after it failed")
+
+        def cleanup(self, state: object) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # as `kill` would, mid-cleanup
+            time.sleep(0.2)  # the signal lands here, between the two halves
+            done.append("instance terminated")
+
+    context = RunContext("r-test", cast(Any, None), cast(Any, None), {}, tmp_path)
+    with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
+        Runner(context, [Step()]).run(object())
+    assert done == ["instance terminated"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
