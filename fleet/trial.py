@@ -138,17 +138,25 @@ class CloudEvaluator:
             manifest = dict(artifacts["tuned"].manifest)
         build = "tuned" if artifacts else PLAIN  # an image's trials are "plain", as in bench
         todo = [Replicate(instance_type, build, i, False) for i in range(self.spec.replicates)]
+        began = time.time()
         try:
             usd = self._measure(f"trial {trial}", trial, params, todo, artifacts)
         except Measured as failed:
             return Evaluation("failed", reason=failed.reason, manifest=manifest, usd=failed.usd)
         rows = self.results.replicates(self.run_id)
-        mine = rows[(rows.trial == trial) & (rows.state == "ok")]
-        failed_rows = rows[(rows.trial == trial) & (rows.state == "failed")]
-        if mine.empty:
-            reason = (
-                str(failed_rows.error.iloc[0]) if not failed_rows.empty else "no replicate finished"
-            )
+        # This attempt's runs only: a trial in flight when its controller was killed is run
+        # again on resume, and its dead attempt's rows would be scored with the new ones (or
+        # alone, when every new replicate failed).
+        rows = rows[(rows.trial == trial) & (rows.started >= began)]
+        mine = rows[rows.state == "ok"]
+        failed_rows = rows[rows.state == "failed"]
+        if mine.empty or not failed_rows.empty:
+            # A configuration whose runs fail in part (a timeout, out of memory) is not scored on
+            # the runs that survived: the fast one of three would lead the search to it, as a
+            # bench's pick is never a type whose replicates failed.
+            why = str(failed_rows.error.iloc[0]) if not failed_rows.empty else ""
+            part = f"{len(failed_rows)} of {len(failed_rows) + len(mine)} replicates failed"
+            reason = f"{part}: {why}" if not mine.empty else why or "no replicate finished"
             return Evaluation("failed", reason=reason, manifest=manifest, usd=usd)
         return self._score(mine, manifest, usd)
 

@@ -910,6 +910,55 @@ def test_a_cloud_trial_is_timed_per_unit_of_work(
     assert unchecked.reason.startswith("max_rss_mb 100 cannot be checked: the trial has no memory")
 
 
+def test_a_trial_is_scored_on_its_own_attempt_and_fails_when_a_replicate_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ways a cloud trial was scored on runs it should not have been: the rows a killed
+    controller's attempt left under the same trial number (a resume runs the trial again), and
+    the replicates that survived when the others timed out (the fast one of three led the
+    search to a configuration that mostly fails)."""
+    from types import SimpleNamespace
+
+    from fleet.trial import CloudEvaluator
+
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    spec = tune.from_dict(
+        {
+            "recipe": "kernels",
+            "types": ["c5a.large"],
+            "objective": "metric",
+            "replicates": 3,
+            "params": {"threads": {"kind": "int", "low": 1, "high": 2, "stage": "run"}},
+        },
+        "t.toml",
+    )
+    evaluator = CloudEvaluator(spec, config.load())
+    columns = ("trial", "state", "started", "metric", "error")
+    dead = [(0, "ok", time.time() - 600, 1000.0, "")]  # the killed attempt's run
+    rows: list[tuple[Any, ...]] = []
+
+    def measure(label: str, trial: int, params: Any, todo: Any, artifacts: Any) -> float:
+        now = time.time()
+        rows.extend((trial, state, now, metric, error) for state, metric, error in this)
+        return 0.25
+
+    def frame(run_id: str) -> pd.DataFrame:
+        table = pd.DataFrame(dead + rows, columns=columns)
+        return table.assign(seconds=1.0, price_usd_hour=0.036, rss_max_mb=50.0)
+
+    monkeypatch.setattr(evaluator, "_build", lambda *_: SimpleNamespace(manifest={}))
+    monkeypatch.setattr(evaluator, "_measure", measure)
+    evaluator.results, evaluator.run_id = SimpleNamespace(replicates=frame), "ft-test"
+    this = [("ok", 200.0, ""), ("ok", 210.0, ""), ("ok", 190.0, "")]
+    scored = evaluator(0, {"threads": 1})
+    assert scored.state == "ok" and scored.manifest["n"] == 3 and scored.metric == 200.0
+    rows.clear()
+    this = [("ok", 400.0, ""), ("failed", 0.0, "timed out after 60 s"), ("failed", 0.0, "")]
+    failed = evaluator(0, {"threads": 2})
+    assert failed.state == "failed" and failed.usd == 0.25
+    assert failed.reason == "2 of 3 replicates failed: timed out after 60 s", failed.reason
+
+
 def test_a_trial_s_replicates_each_count_in_the_recommendation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
