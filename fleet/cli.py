@@ -34,6 +34,19 @@ COMPARE_ONLY = {
     "replay_runs": "--replay",
 }
 
+# A search's flags, and what compare takes instead: given to compare they were ignored
+# (--dry-run ran the whole comparison and wrote its report; --trials 3 compared at 20).
+SEARCH_ONLY = {
+    "trials": "--budget",
+    "algorithm": "--algorithms",
+    "seed": "--seeds",
+    "resume": "nothing: a comparison is not resumed",
+    "parallel": "nothing: it replays one trial at a time",
+    "gain_replicates": "nothing: it measures no gain",
+    "max_cost": "nothing: it spends nothing",
+    "dry_run": "nothing: it creates nothing in the cloud (its report goes under results/reports)",
+}
+
 
 def _run_id(results: Results, name: str) -> str:
     """A run id, or `last` for the newest run."""
@@ -364,6 +377,13 @@ def _tune(args: argparse.Namespace) -> int:
                 f"{flag} is for `fleet tune compare`, which compares searches on a table; a "
                 f"search of a tune file takes {instead}"
             )
+    for name, instead in SEARCH_ONLY.items():
+        if args.file == "compare" and getattr(args, name) not in (None, False):
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag} is for a search of a tune file; `fleet tune compare` takes "
+                            f"{instead}")  # fmt: skip
+    if args.file == "compare" and args.replay and args.replay_runs:
+        raise UserError("--replay and --replay-runs: compare replays one table; give one of them")
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
     if args.file == "compare":
@@ -397,6 +417,15 @@ def _tune(args: argparse.Namespace) -> int:
                 f"{', '.join(fixed) or 'a tune file'} cannot change it (only --trials, --parallel "
                 "and --max-cost can); start a new run instead"
             )
+        if args.trials is not None:
+            trials = results.trials(args.resume)
+            asked = int((trials.state == "asked").sum()) if not trials.empty else 0
+            if 1 <= args.trials < asked:  # (below 1: the budget's own check says so)
+                # Taken, it ran nothing and the run then read "50/2 trials finished".
+                raise UserError(
+                    f"--trials {args.trials}: run {args.resume} has asked {asked} trials "
+                    f"already; give at least {asked} (more extends the search)"
+                )
         logs.to_terminal()
         if not args.dry_run:
             # Not while another controller searches; what a dead one's trials left goes first.

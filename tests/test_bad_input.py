@@ -863,6 +863,17 @@ COMPARE = [
     case("fleet tune {tmp}/t.toml --replay-runs {tmp}/r.csv", "--replay-runs is for `fleet tune "
          "compare`"),
     case("fleet tune --resume ft-0000000000 --seeds 5", "--seeds is for `fleet tune compare`"),
+    # ...and a search's flags given to compare, ignored: --dry-run wrote the whole comparison.
+    case("fleet tune compare --replay {tmp}/t.csv --dry-run", "--dry-run is for a search of a "
+         "tune file; `fleet tune compare` takes nothing: it creates nothing", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --trials 3", "--trials is for a search of a "
+         "tune file; `fleet tune compare` takes --budget", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --algorithm tpe", "--algorithm is for a search "
+         "of a tune file; `fleet tune compare` takes --algorithms", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --max-cost 5", "--max-cost is for a search",
+         files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --replay-runs {tmp}/t.csv", "--replay and "
+         "--replay-runs: compare replays one table; give one of them", files=TABLE),
     case("fleet tune compare --replay {tmp}/missing.csv", "{tmp}/missing.csv: cannot read the "
          "replay table: No such file or directory"),
     case("fleet tune compare --replay {tmp}", "{tmp}: cannot read the replay table: Is a "

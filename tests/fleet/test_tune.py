@@ -269,6 +269,11 @@ def test_resume_can_extend_the_budget_but_not_change_the_search(
     for bad, expected in (
         (["--seed", "3"], "--seed cannot change it"),
         (["--trials", "0"], "--trials: must be an integer from 1 to 10000, not 0"),
+        # Below what it has asked: it ran nothing, and read "14/5 trials finished" ever after.
+        (
+            ["--trials", "5"],
+            f"--trials 5: run {run_id} has asked 14 trials already; give at least 14",
+        ),
         # Resumed where it ran: elsewhere its instances would not be found.
         (["--region", "eu-west-1"], f"run {run_id} ran on region us-east-1, not eu-west-1"),
     ):
