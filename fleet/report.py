@@ -9,6 +9,7 @@ never scored). Cost per unit of work uses the price of the exact market each rep
 from __future__ import annotations
 
 import html
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from fleet.results import Results
 from fleet.spec import FOLDS, BenchSpec, Metric, metric_label
 from fleet.stats import pareto
 from fleet.tune_report import make_tune
+
+log = logging.getLogger("amibake")
 
 MAX_TIMELINES = 24  # monitor timelines drawn: a readable plot, whatever the run's size
 
@@ -332,6 +335,21 @@ def _bars(axes: Any, labels: list[str], values: Any, low: Any, high: Any, color:
     return "\n(an interval past the top runs off it)"
 
 
+def timeline(path: Path) -> pd.DataFrame | None:
+    """A replicate's monitor samples (time_s, cpu_percent), or None when there are none to draw:
+    the file gone, empty, or cut short (an instance reclaimed as it wrote it). Any of those
+    failed the whole page with a pandas traceback."""
+    try:
+        samples = pd.read_csv(path, usecols=["time_s", "cpu_percent"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # pandas' EmptyDataError and ParserError are these
+        log.warning("%s: no monitor timeline drawn: %s", path, exc)
+        return None
+    samples = samples.apply(pd.to_numeric, errors="coerce").dropna()
+    return None if samples.empty else samples
+
+
 def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str, str]:
     plt = pyplot()
 
@@ -379,11 +397,8 @@ def _plots(frame: pd.DataFrame, rows: pd.DataFrame, metric: Metric) -> dict[str,
     drawn = 0
     figure, axes = plt.subplots(figsize=(7, 3.5))
     for _, row in with_monitor.head(MAX_TIMELINES).iterrows():
-        path = Path(row.monitor_csv)
-        if not path.exists():
-            continue
-        samples = pd.read_csv(path, usecols=["time_s", "cpu_percent"])
-        if samples.empty:
+        samples = timeline(Path(row.monitor_csv))
+        if samples is None:
             continue
         axes.plot(
             samples.time_s,

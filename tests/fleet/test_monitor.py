@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from fleet.agent import monitor
 
@@ -164,3 +165,24 @@ def test_a_process_born_between_samples_counts_its_cpu_in_its_first_sample() -> 
     assert processes == 2
     assert had > 1, had  # the child ran at all, so 0.0 is wrong
     assert 0.5 * had < cpu < 2 * had + 5, (cpu, had)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "time_s,cpu_percent\n1,5\n2", "time_s\n1\n", "garbage\x00\n\x01,\n", "a,b\n1,2,3,4\n"],
+)
+def test_a_damaged_monitor_file_draws_no_timeline_and_fails_no_report(
+    tmp_path: Path, text: str
+) -> None:
+    """Empty, cut short or not the monitor's: the page's timeline leaves it out. A pandas
+    EmptyDataError or ParserError failed the whole HTML report."""
+    from fleet.report import timeline
+
+    path = tmp_path / "m.csv"
+    path.write_text(text)
+    drawn = timeline(path)
+    assert drawn is None or (len(drawn) == 1 and list(drawn.time_s) == [1])
+    assert timeline(tmp_path / "gone.csv") is None
+    path.write_text("time_s,cpu_percent,rss_mb\n0.5,80,10\n1.0,95,11\n")
+    good = timeline(path)
+    assert good is not None and list(good.cpu_percent) == [80, 95]
