@@ -263,8 +263,11 @@ def build(
     request: BuildRequest,
     on_boundary: Boundary | None = None,
     states: list[BuildState] | None = None,
+    on_open: Callable[[RunContext], None] | None = None,
 ) -> list[Outcome]:
-    """Build every requested family. `states`, if given, are already prepared and preflighted."""
+    """Build every requested family. `states`, if given, are already prepared and preflighted.
+    `on_open` learns the build's run as soon as it is opened, before anything is made: a caller
+    that records it (fleet's bench and tune) can clean up after a SIGKILL of its own."""
     if states is None:
         states = prepare(request, cloud.config.results_dir)
         preflight_all(cloud, states)
@@ -275,6 +278,8 @@ def build(
         return dry_run(states)
     with open_run(cloud, f"build {','.join(request.families)} {request.recipe}") as context:
         context.keep_on_error = request.keep_on_error
+        if on_open is not None:
+            on_open(context)
         return run_each(context, states, build_steps, on_boundary)
 
 

@@ -24,7 +24,7 @@ from amibake.cloud import Cloud
 from amibake.errors import UserError
 from amibake.pipelines import BuildRequest, Outcome, open_run, run_each
 from amibake.pipelines import build as build_pipeline
-from amibake.runner import Boundary
+from amibake.runner import Boundary, RunContext
 from amibake.steps.preflight import preflight_instance
 from amibake.steps.state import Variant
 from fleet import container, control, prices
@@ -332,8 +332,11 @@ def check_runnable(
                 )
 
 
-def ensure_builds(cloud: Cloud, spec: BenchSpec) -> dict[tuple[str, str], BuildArtifact]:
-    """The artifact of every (family, build): from amibake's cache, or built now."""
+def ensure_builds(
+    cloud: Cloud, spec: BenchSpec, on_open: Callable[[RunContext], None] | None = None
+) -> dict[tuple[str, str], BuildArtifact]:
+    """The artifact of every (family, build): from amibake's cache, or built now (each build's
+    run told to `on_open` as it opens)."""
     if not spec.recipe:
         return {}
     families = sorted({t.split(".")[0] for t in spec.types})
@@ -346,7 +349,7 @@ def ensure_builds(cloud: Cloud, spec: BenchSpec) -> dict[tuple[str, str], BuildA
             recipes_dir=cloud.config.recipes_dir,
             variant=VARIANTS[build],
         )
-        for outcome in build_pipeline(cloud, request):
+        for outcome in build_pipeline(cloud, request, on_open=on_open):
             if not outcome.ok:
                 raise UserError(f"the {build} build for {outcome.family} failed: {outcome.error}")
             state: Any = outcome.state
@@ -400,7 +403,7 @@ def _execute(
         return {"run_id": run_id, "types": {}}
     builds = spec.builds if spec.recipe else ()
     check_runnable(cloud, spec.types, builds)
-    artifacts = ensure_builds(cloud, spec)
+    artifacts = ensure_builds(cloud, spec, control.recording_builds(results, run_id))
     check_runnable(cloud, spec.types, builds, artifacts)
     board = Board(
         run_id,

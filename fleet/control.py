@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import botocore.exceptions
@@ -18,6 +19,7 @@ from amibake.cloud.calls import error_code
 from amibake.errors import UserError
 from amibake.journal import Journal
 from amibake.procs import process_alive
+from amibake.runner import RunContext
 from fleet.results import Results
 
 log = logging.getLogger("amibake")
@@ -254,6 +256,22 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
     }
 
 
+# The events that name an amibake run of a fleet run's: its controllers' (bench.measure), and the
+# builds it ran for its artifacts (a bench's, a tune's trials'), each recorded as it opens.
+AMIBAKE_RUNS = ("controller", "build")
+
+
+def recording_builds(results: Results, run_id: str) -> Callable[[RunContext], None]:
+    """An on_open for amibake's build pipeline: the build's run recorded in the fleet run's,
+    before it makes anything, so that `fleet kill` and a resume sweep what a SIGKILL left of
+    it (they found only the controllers', and a build's instance ran on until `amibake gc`)."""
+
+    def record(context: RunContext) -> None:
+        results.event(run_id, "build", amibake_run=context.run_id)
+
+    return record
+
+
 def sweep(cloud: Cloud, results: Results, run_id: str) -> tuple[list[str], list[str]]:
     """Delete what the run's controllers left (found by tag and journal, as `amibake gc`);
     returns what was deleted and what could not be."""
@@ -262,7 +280,7 @@ def sweep(cloud: Cloud, results: Results, run_id: str) -> tuple[list[str], list[
     failures: list[str] = []
     try:
         for amibake_run in sorted(
-            {d["amibake_run"] for _, k, d in results.events(run_id) if k == "controller"}
+            {d["amibake_run"] for _, k, d in results.events(run_id) if k in AMIBAKE_RUNS}
         ):
             leftovers = gc.find(cloud, journal, run_id=amibake_run)
             gone, failed = gc.delete(cloud, journal, leftovers)

@@ -18,7 +18,7 @@ from amibake.errors import AmibakeError, UserError
 from amibake.pipelines import BuildRequest
 from amibake.pipelines import build as build_pipeline
 from amibake.steps.state import Variant
-from fleet import bench, container, stats
+from fleet import bench, container, control, stats
 from fleet.executor import BenchState, BuildArtifact, Replicate
 from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE
@@ -205,6 +205,7 @@ class CloudEvaluator:
                 recipes_dir=self.config.recipes_dir,
                 variant=variant,
             ),
+            on_open=control.recording_builds(self.results, self.run_id),
         )[0]
         if not outcome.ok:
             raise AmibakeError(str(outcome.error))

@@ -4,6 +4,7 @@ run that had already ended keeps its outcome (issue 27: kill relabelled a finish
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,50 @@ def test_kill_of_a_run_whose_controller_died_records_it_killed(
     outcome = control.kill(cloud, results, "fb-0000000002")
     assert outcome["state"] == "killed"
     assert [k for _, k, _ in results.events("fb-0000000002")][-1] == "killed"
+
+
+def test_fleet_kill_removes_what_a_build_left_when_its_bench_was_sigkilled(
+    cloud: Cloud,
+    local_dir: Path,
+    host_family: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bench builds its recipe first, in amibake runs of its own. SIGKILLed with a build's
+    instance up, `fleet kill` swept only the controllers' runs: the build's instance, fleet,
+    launch template, group and key ran on until `amibake gc`. Each build's run is recorded as
+    it opens now, and swept with the rest."""
+    from amibake.journal import Journal
+    from fleet.cli import main
+    from tests.fleet.test_bench import fleet_process, results_of, wait_for
+    from tests.helpers import tagged_alive, wait_until_clean
+
+    # A recipe of this test's own (the trivial one with a bench command): built now, not taken
+    # from an earlier test's artifact cache.
+    recipes = tmp_path / "recipes"
+    shutil.copytree(Path(__file__).parents[1] / "recipes" / "trivial", recipes / "killed")
+    text = (recipes / "killed" / "recipe.toml").read_text()
+    text = text.replace('name = "trivial"', 'name = "killed"')
+    (recipes / "killed" / "recipe.toml").write_text(text + '\n[bench]\ncommand = "bin/hello"\n')
+    monkeypatch.setenv("AMIBAKE_RECIPES_DIR", str(recipes))  # the controller's too
+    wanted = {"types": [f"{host_family}.large"], "recipe": "killed", "builds": ["tuned"]}
+    run_id = bench.create(cloud, spec.load(None, wanted, recipes), results_of(cloud))
+    results = results_of(cloud)
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+
+    def builds() -> list[str]:
+        return [d["amibake_run"] for _, k, d in results.events(run_id) if k == "build"]
+
+    process = fleet_process("bench", "--resume", run_id, "--yes")
+    try:
+        wait_for(lambda: bool(builds()) and bool(journal.alive(builds()[0])), timeout_s=120)
+        wait_for(lambda: any(r.kind == "instance" for r in journal.alive(builds()[0])))
+        process.kill()  # SIGKILL: no cleanup of its own
+        process.wait(30)
+    finally:
+        process.kill()
+    (build,) = builds()
+    assert tagged_alive(cloud, build)  # what kill has to remove
+    assert main(["kill", run_id]) == 0
+    assert tagged_alive(cloud, build) == [] and journal.alive(build) == []
+    assert wait_until_clean(local_dir) == []
