@@ -110,9 +110,17 @@ _open: dict[str, RunContext] = {}
 _open_lock = threading.Lock()
 
 
+# Set by cancel_all until allow_runs: a run opened meanwhile starts cancelled. A trial on a
+# worker thread between two runs (its build's and its measurement's) when Ctrl-C came was in no
+# open run, opened its next one uncancelled, and launched after the interrupt.
+_stopping = threading.Event()
+
+
 def opened(context: RunContext) -> None:
     with _open_lock:
         _open[context.run_id] = context
+        if _stopping.is_set():
+            context.cancel.set()
 
 
 def closed(context: RunContext) -> None:
@@ -121,11 +129,18 @@ def closed(context: RunContext) -> None:
 
 
 def cancel_all() -> int:
-    """Ask every open run to stop and unwind; returns how many were asked."""
+    """Ask every open run to stop and unwind, and every run opened from now until allow_runs()
+    to stop before its first step; returns how many open runs were asked."""
     with _open_lock:
+        _stopping.set()
         for context in _open.values():
             context.cancel.set()
         return len(_open)
+
+
+def allow_runs() -> None:
+    """Runs opened from now on run again (the caller of cancel_all has stopped what it ran)."""
+    _stopping.clear()
 
 
 # Called after each step completes, with the step's name: tests kill runs here.

@@ -24,7 +24,7 @@ import pandas as pd
 
 from amibake import logs, progress
 from amibake.errors import UserError
-from amibake.runner import cancel_all
+from amibake.runner import allow_runs, cancel_all
 from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation, Evaluator
@@ -203,9 +203,11 @@ def _search(
                         done += 1
                         if stop_after is not None and done >= stop_after:
                             raise KeyboardInterrupt  # tests: a controller stopped mid-search
-            except KeyboardInterrupt:
+            except BaseException as exc:  # Ctrl-C, or the loop's own failure: none goes on
                 stopped = cancel_all()
-                log.warning("[%s] interrupted: stopping %d trials in flight", run_id, stopped)
+                why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed ({exc})"
+                log.warning("[%s] %s: stopping %d trials in flight", run_id, why, stopped)
+                _spent_in_flight(results, run_id, futures)
                 raise
             finally:
                 counter.close()
@@ -214,6 +216,8 @@ def _search(
         # even while the process that ran it lives on (a caller that caught the interrupt).
         results.event(run_id, "stopped", reason=str(exc) or type(exc).__name__)
         raise
+    finally:
+        allow_runs()  # the pool's trials have all ended: this process's next runs may run
     spent = sum(budget.costs)
     reason = ""
     if budget.asked < spec.trials and budget.capped(0):
@@ -242,6 +246,21 @@ def trial_line(trial: int, evaluation: Evaluation, metric: Metric | None) -> str
         return f"trial {trial} ok"
     name = metric_label(metric) if metric is not None else "metric"
     return f"trial {trial} ok: {name} {evaluation.metric:.4g}"
+
+
+def _spent_in_flight(
+    results: Results, run_id: str, futures: dict[Future[Evaluation], tuple[int, dict[str, Any]]]
+) -> None:
+    """What the trials stopped in flight cost, once each has unwound: recorded (their results
+    are not: a resume runs them again), so that a resumed search's money budget counts it. It
+    was lost, and a resume could pass the cap the user approved."""
+    for future, (trial, _) in futures.items():
+        try:
+            evaluation = future.result()
+        except Exception:  # a crashed trial: it says nothing of its cost
+            continue
+        if evaluation.usd:
+            results.event(run_id, "spent", trial=trial, usd=evaluation.usd)
 
 
 def _record(

@@ -53,3 +53,29 @@ def test_a_sigterm_during_cleanup_is_held_until_the_cleanup_is_done(tmp_path: Pa
         Runner(context, [Step()]).run(object())
     assert done == ["instance terminated"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_a_run_opened_after_cancel_all_starts_cancelled_until_runs_are_allowed(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C reached the runs open at that moment only: a tune trial between its build's run
+    and its measurement's opened the next one uncancelled, and launched after the interrupt."""
+    from amibake import runner
+
+    def context(run_id: str) -> RunContext:
+        return RunContext(run_id, cast(Any, None), cast(Any, None), {}, tmp_path)
+
+    open_now, later = context("r-open"), context("r-later")
+    runner.opened(open_now)
+    try:
+        assert runner.cancel_all() == 1 and open_now.cancel.is_set()
+        runner.opened(later)
+        assert later.cancel.is_set()  # its first step stops it, before anything is made
+    finally:
+        runner.allow_runs()
+        runner.closed(open_now)
+        runner.closed(later)
+    after = context("r-after")
+    runner.opened(after)
+    runner.closed(after)
+    assert not after.cancel.is_set()

@@ -801,6 +801,9 @@ def test_ctrl_c_stops_the_trials_in_flight_and_leaves_nothing(
     assert wait_until_clean(local_dir) == []
     trials = results.trials(run_id)
     assert set(trials.state) == {"asked"}  # neither was scored: a resume runs both again
+    # But what they cost is recorded: a resume's money budget counts it (it was lost).
+    spent = tune.trial_costs(results, run_id)
+    assert sorted(spent) == [0, 1] and all(usd > 0 for usd in spent.values()), spent
 
 
 @pytest.mark.e2e
