@@ -209,6 +209,16 @@ class Journal:
         )
         return [Resource(*row) for row in rows]  # type: ignore[arg-type]
 
+    def instance_seconds(self, run_id: str) -> float:
+        """How long the run's instances lived, in all: each from its creation to its deletion
+        (or to now, while it lives)."""
+        rows = self._exec(
+            "SELECT created, deleted FROM resources WHERE run_id = ? AND kind = 'instance'",
+            (run_id,),
+        )
+        now = time.time()
+        return sum(float(str(deleted or now)) - float(str(created)) for created, deleted in rows)
+
     def alive(self, run_id: str | None = None, cloud: str | None = None) -> list[Resource]:
         sql = "SELECT run_id, kind, resource_id, region, cloud, created FROM resources"
         sql += " WHERE deleted IS NULL"

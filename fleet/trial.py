@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,8 +16,10 @@ from amibake.cloud import Cloud
 from amibake.config import Config
 from amibake.connect import connect
 from amibake.errors import AmibakeError, UserError
+from amibake.journal import Journal
 from amibake.pipelines import BuildRequest
 from amibake.pipelines import build as build_pipeline
+from amibake.runner import RunContext
 from amibake.steps.state import Variant
 from fleet import bench, container, control, stats
 from fleet.executor import BenchState, BuildArtifact, Replicate
@@ -24,6 +27,8 @@ from fleet.search.evaluation import Evaluation
 from fleet.space import TYPE
 from fleet.spec import PLAIN, BenchSpec, metric_from, recipe_metric
 from fleet.tune_spec import TuneSpec, broken_constraint
+
+BUILD_SIZE = "large"  # a trial's build instance: the family's large (what it compiles on)
 
 
 class Measured(AmibakeError):
@@ -53,7 +58,7 @@ class CloudEvaluator:
         )
         types = list(spec.space.params[TYPE].values) if TYPE in spec.space.params else spec.types
         self.types = [str(t) for t in types]
-        bench.price_lookup(
+        self.price_of = bench.price_lookup(
             types,
             not self.priced,
             config.results_dir,
@@ -130,19 +135,21 @@ class CloudEvaluator:
         instance_type = self.instance_type(params)
         artifacts: dict[str, BuildArtifact] = {}
         manifest: dict[str, Any] = {"image": self.spec.image} if self.spec.image else {}
+        built = 0.0  # USD: the build instance's time, counted against the budget as the trial's
         if not self.spec.image:  # an image's trials build nothing: run-time parameters only
             try:
-                artifacts["tuned"] = self._build(instance_type, "tuned", variant)
-            except AmibakeError as exc:
-                return Evaluation("failed", reason=f"build failed: {exc}")
+                artifacts["tuned"], built = self._build(instance_type, "tuned", variant)
+            except Measured as failed:
+                return Evaluation("failed", reason=f"build failed: {failed}", usd=failed.usd)
             manifest = dict(artifacts["tuned"].manifest)
         build = "tuned" if artifacts else PLAIN  # an image's trials are "plain", as in bench
         todo = [Replicate(instance_type, build, i, False) for i in range(self.spec.replicates)]
         began = time.time()
         try:
-            usd = self._measure(f"trial {trial}", trial, params, todo, artifacts)
+            usd = built + self._measure(f"trial {trial}", trial, params, todo, artifacts)
         except Measured as failed:
-            return Evaluation("failed", reason=failed.reason, manifest=manifest, usd=failed.usd)
+            usd = built + failed.usd
+            return Evaluation("failed", reason=failed.reason, manifest=manifest, usd=usd)
         rows = self.results.replicates(self.run_id)
         # This attempt's runs only: a trial in flight when its controller was killed is run
         # again on resume, and its dead attempt's rows would be scored with the new ones (or
@@ -172,14 +179,21 @@ class CloudEvaluator:
         and what the instance cost. Raises Measured when a build or the instance failed."""
         instance_type = self.instance_type(params)
         artifacts: dict[str, BuildArtifact] = {}
+        built = 0.0
         for build, variant in variants.items():
             try:
-                artifacts[build] = self._build(instance_type, build, variant)
-            except AmibakeError as exc:
-                raise Measured(f"the {build} build failed: {exc}", 0.0) from None
+                artifacts[build], usd = self._build(instance_type, build, variant)
+            except Measured as stopped:
+                raise Measured(
+                    f"the {build} build failed: {stopped}", built + stopped.usd
+                ) from None
+            built += usd
         todo = [Replicate(instance_type, b, i, False) for i in range(n) for b in variants]
         began = time.time()
-        usd = self._measure(label, trial, params, todo, artifacts)
+        try:
+            usd = built + self._measure(label, trial, params, todo, artifacts)
+        except Measured as stopped:
+            raise Measured(stopped.reason, built + stopped.usd) from None
         rows = self.results.replicates(self.run_id)
         # This attempt's runs only: an earlier one (a failed gain, or an earlier recommendation
         # before a resume) recorded under the same trial number.
@@ -193,24 +207,59 @@ class CloudEvaluator:
             raise Measured(f"no run of the {', '.join(short)} build finished: {why}", usd)
         return values, usd
 
-    def _build(self, instance_type: str, name: str, variant: Variant) -> BuildArtifact:
+    def _build(
+        self, instance_type: str, name: str, variant: Variant
+    ) -> tuple[BuildArtifact, float]:
         """The variant built for the type's family, through the artifact cache (a
-        configuration seen before is not rebuilt). Raises AmibakeError when it fails."""
+        configuration seen before is not rebuilt), and what its build instance cost. Raises
+        Measured when it fails (with what it cost until then)."""
+        opened: list[str] = []
+        record = control.recording_builds(self.results, self.run_id)
+
+        def on_open(context: RunContext) -> None:
+            record(context)
+            opened.append(context.run_id)
+
+        # The build's own type once launched; until then the size it asks for first.
+        asked = f"{instance_type.split('.')[0]}.{BUILD_SIZE}"
+        try:
+            outcome = self._build_run(instance_type, variant, on_open)
+        except AmibakeError as exc:  # refused before or while it ran (preflight, interrupted)
+            raise Measured(str(exc), self._build_usd(opened, asked, spot=True)) from None
+        state: Any = outcome.state
+        usd = self._build_usd(opened, state.instance_type or asked, state.market != "on-demand")
+        if not outcome.ok:
+            raise Measured(str(outcome.error), usd)
+        return BuildArtifact(name, state.artifact, dict(state.manifest)), usd
+
+    def _build_usd(self, runs: list[str], instance_type: str, spot: bool) -> float:
+        """What the build runs' instances cost: their lifetimes in the journal at the price of
+        the build's type and market. The estimate counted the builds and the budget did not: a
+        search of compile flags spent outside its max_usd."""
+        if not runs:
+            return 0.0
+        journal = Journal(self.config.results_dir / "journal.sqlite")
+        try:
+            seconds = sum(journal.instance_seconds(run) for run in runs)
+        finally:
+            journal.close()
+        return seconds * (self.price_of(instance_type, spot, "") or 0.0) / 3600
+
+    def _build_run(
+        self, instance_type: str, variant: Variant, on_open: Callable[[RunContext], None]
+    ) -> Any:
         outcome = build_pipeline(
             self.cloud(),
             BuildRequest(
                 families=[instance_type.split(".")[0]],
                 recipe=self.spec.recipe,
-                size="large",
+                size=BUILD_SIZE,
                 recipes_dir=self.config.recipes_dir,
                 variant=variant,
             ),
-            on_open=control.recording_builds(self.results, self.run_id),
+            on_open=on_open,
         )[0]
-        if not outcome.ok:
-            raise AmibakeError(str(outcome.error))
-        state: Any = outcome.state
-        return BuildArtifact(name, state.artifact, dict(state.manifest))
+        return outcome
 
     def _measure(
         self,

@@ -954,7 +954,7 @@ def test_a_trial_is_scored_on_its_own_attempt_and_fails_when_a_replicate_fails(
         table = pd.DataFrame(dead + rows, columns=columns)
         return table.assign(seconds=1.0, price_usd_hour=0.036, rss_max_mb=50.0)
 
-    monkeypatch.setattr(evaluator, "_build", lambda *_: SimpleNamespace(manifest={}))
+    monkeypatch.setattr(evaluator, "_build", lambda *_: (SimpleNamespace(manifest={}), 0.0))
     monkeypatch.setattr(evaluator, "_measure", measure)
     evaluator.results, evaluator.run_id = SimpleNamespace(replicates=frame), "ft-test"
     this = [("ok", 200.0, ""), ("ok", 210.0, ""), ("ok", 190.0, "")]
@@ -965,6 +965,67 @@ def test_a_trial_is_scored_on_its_own_attempt_and_fails_when_a_replicate_fails(
     failed = evaluator(0, {"threads": 2})
     assert failed.state == "failed" and failed.usd == 0.25
     assert failed.reason == "2 of 3 replicates failed: timed out after 60 s", failed.reason
+
+
+def test_a_trial_s_cost_counts_its_build_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search of compile flags builds each trial on an instance of its own: the estimate
+    counted those instances and the money budget did not (a trial cost its measurement only)."""
+    import sqlite3
+    from types import SimpleNamespace
+
+    from fleet.trial import CloudEvaluator
+
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    spec = tune.from_dict(
+        {
+            "recipe": "kernels",
+            "types": ["c5a.large"],
+            "objective": "metric",
+            "replicates": 1,
+            "params": {
+                "opt": {"kind": "categorical", "values": ["-O2", "-O3"], "stage": "compile"}
+            },
+        },
+        "t.toml",
+    )
+    evaluator = CloudEvaluator(spec, config.load())
+    journal = Journal(tmp_path / "journal.sqlite")
+    journal.start_run("ab-build", "build c5a kernels", "local", "us-east-1")
+    journal.created("ab-build", "instance", "i-0123456789abcdef0", "us-east-1", "local")
+    journal.deleted("instance", "i-0123456789abcdef0")
+    journal.close()
+    with sqlite3.connect(tmp_path / "journal.sqlite") as db:  # it lived 100 s
+        db.execute("UPDATE resources SET created = deleted - 100")
+
+    def build_run(instance_type: str, variant: Any, on_open: Any) -> Any:
+        on_open(SimpleNamespace(run_id="ab-build"))
+        state = SimpleNamespace(instance_type="c5a.large", market="spot", artifact=tmp_path,
+                                manifest={})  # fmt: skip
+        return SimpleNamespace(ok=True, state=state)
+
+    recorded: list[tuple[Any, ...]] = []
+
+    def measure(label: str, trial: int, params: Any, todo: Any, artifacts: Any) -> float:
+        recorded.append((trial, "ok", time.time(), 200.0, ""))
+        return 0.25
+
+    def frame(run_id: str) -> pd.DataFrame:
+        table = pd.DataFrame(recorded, columns=("trial", "state", "started", "metric", "error"))
+        return table.assign(seconds=1.0, price_usd_hour=0.036, rss_max_mb=50.0)
+
+    monkeypatch.setattr(evaluator, "_build_run", build_run)
+    monkeypatch.setattr(evaluator, "_measure", measure)
+    monkeypatch.setattr(evaluator, "price_of", lambda *_: 36.0)  # a cent a second
+    events: list[dict[str, Any]] = []
+    evaluator.results = SimpleNamespace(
+        replicates=frame, event=lambda run_id, kind, **detail: events.append(detail)
+    )
+    evaluator.run_id = "ft-test"
+    scored = evaluator(0, {"opt": "-O3"})
+    assert scored.state == "ok" and scored.usd == pytest.approx(0.25 + 1.00, abs=0.01)
+    assert events == [{"amibake_run": "ab-build"}]  # and fleet kill knows the build's run
 
 
 def test_a_trial_s_replicates_each_count_in_the_recommendation(
