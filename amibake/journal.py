@@ -209,15 +209,19 @@ class Journal:
         )
         return [Resource(*row) for row in rows]  # type: ignore[arg-type]
 
-    def instance_seconds(self, run_id: str) -> float:
-        """How long the run's instances lived, in all: each from its creation to its deletion
-        (or to now, while it lives)."""
+    def instance_lifetimes(self, run_id: str) -> dict[str, float]:
+        """Seconds each of the run's instances lived: from its creation to its deletion (or to
+        now, while it lives)."""
         rows = self._exec(
-            "SELECT created, deleted FROM resources WHERE run_id = ? AND kind = 'instance'",
+            "SELECT resource_id, created, deleted FROM resources "
+            "WHERE run_id = ? AND kind = 'instance'",
             (run_id,),
         )
         now = time.time()
-        return sum(float(str(deleted or now)) - float(str(created)) for created, deleted in rows)
+        return {
+            str(instance): float(str(deleted or now)) - float(str(created))
+            for instance, created, deleted in rows
+        }
 
     def alive(self, run_id: str | None = None, cloud: str | None = None) -> list[Resource]:
         sql = "SELECT run_id, kind, resource_id, region, cloud, created FROM resources"

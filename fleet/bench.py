@@ -22,6 +22,7 @@ from typing import Any
 from amibake import catalog, cpu, flags, instance_kinds, logs, progress
 from amibake.cloud import Cloud
 from amibake.errors import UserError
+from amibake.journal import Journal
 from amibake.pipelines import BuildRequest, Outcome, open_run, run_each
 from amibake.pipelines import build as build_pipeline
 from amibake.runner import Boundary, RunContext
@@ -332,6 +333,20 @@ def check_runnable(
                 )
 
 
+def build_spend(results_dir: Path, runs: Sequence[str], hourly: Callable[[str], float]) -> float:
+    """USD the build runs' instances cost: each one's lifetime in the journal at `hourly` of its
+    id (its build's type and market). Estimates count the builds; the spend did not, and a cap
+    or a search's budget left them out."""
+    if not runs:
+        return 0.0
+    journal = Journal(results_dir / "journal.sqlite")
+    try:
+        lived = {i: s for run in runs for i, s in journal.instance_lifetimes(run).items()}
+    finally:
+        journal.close()
+    return sum(seconds * hourly(instance) / 3600 for instance, seconds in lived.items())
+
+
 def ensure_builds(
     cloud: Cloud, spec: BenchSpec, on_open: Callable[[RunContext], None] | None = None
 ) -> dict[tuple[str, str], BuildArtifact]:
@@ -392,7 +407,7 @@ def _execute(
     spec = BenchSpec.from_json(record["spec"])
     control.take_over(cloud, results, run_id)
     # A type without a price stops the run here.
-    price_lookup(
+    price_of = price_lookup(
         spec.types, spec.allow_missing_price, cloud.config.results_dir, cloud.config.region
     )
     finished = results.finished(run_id)
@@ -403,14 +418,29 @@ def _execute(
         return {"run_id": run_id, "types": {}}
     builds = spec.builds if spec.recipe else ()
     check_runnable(cloud, spec.types, builds)
-    artifacts = ensure_builds(cloud, spec, control.recording_builds(results, run_id))
+    recorded = control.recording_builds(results, run_id)
+    build_runs: list[str] = []
+
+    def on_open(context: RunContext) -> None:
+        recorded(context)
+        build_runs.append(context.run_id)
+
+    artifacts = ensure_builds(cloud, spec, on_open)
     check_runnable(cloud, spec.types, builds, artifacts)
+    # The builds' instances were paid for too: the cap counts them, each at the dearest of the
+    # families' large types, spot, as ensure_builds asks (the journal does not say which
+    # instance built which family).
+    build_prices = [price_of(f"{t.split('.')[0]}.large", True, "") or 0.0 for t in spec.types]
+    built = build_spend(
+        cloud.config.results_dir, build_runs, lambda _: max(build_prices, default=0.0)
+    )
     board = Board(
         run_id,
         total=spec.planned,
         done=spec.planned - len(todo),
         cap=spec.max_cost if max_cost is None else max_cost,
         expected=planning.replicate_seconds(spec, results)[0],
+        spent=built,
     )
     summary: dict[str, Any] = {"run_id": run_id, "types": {}}
     try:

@@ -16,7 +16,6 @@ from amibake.cloud import Cloud
 from amibake.config import Config
 from amibake.connect import connect
 from amibake.errors import AmibakeError, UserError
-from amibake.journal import Journal
 from amibake.pipelines import BuildRequest
 from amibake.pipelines import build as build_pipeline
 from amibake.runner import RunContext
@@ -233,17 +232,11 @@ class CloudEvaluator:
         return BuildArtifact(name, state.artifact, dict(state.manifest)), usd
 
     def _build_usd(self, runs: list[str], instance_type: str, spot: bool) -> float:
-        """What the build runs' instances cost: their lifetimes in the journal at the price of
-        the build's type and market. The estimate counted the builds and the budget did not: a
-        search of compile flags spent outside its max_usd."""
-        if not runs:
-            return 0.0
-        journal = Journal(self.config.results_dir / "journal.sqlite")
-        try:
-            seconds = sum(journal.instance_seconds(run) for run in runs)
-        finally:
-            journal.close()
-        return seconds * (self.price_of(instance_type, spot, "") or 0.0) / 3600
+        """What the build runs' instances cost, at the build's type and market: the estimate
+        counted the builds and the budget did not (a search of compile flags spent outside
+        its max_usd)."""
+        price = self.price_of(instance_type, spot, "") or 0.0
+        return bench.build_spend(self.config.results_dir, runs, lambda _: price)
 
     def _build_run(
         self, instance_type: str, variant: Variant, on_open: Callable[[RunContext], None]

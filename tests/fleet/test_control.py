@@ -3,6 +3,7 @@ run that had already ended keeps its outcome (issue 27: kill relabelled a finish
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from amibake.cloud import Cloud
+from amibake.journal import Journal
 from fleet import bench, control, spec
 
 BENCH = 'types = ["c5a.large"]\ncommand = "echo {args}"\n'  # a type as data: nothing runs
@@ -44,6 +46,49 @@ def test_kill_of_a_run_whose_controller_died_records_it_killed(
     assert [k for _, k, _ in results.events("fb-0000000002")][-1] == "killed"
 
 
+def _bench_of_a_fresh_recipe(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, name: str
+) -> str:
+    """A bench run of a recipe of the test's own (the trivial one with a bench command): built
+    when it runs, not taken from an earlier test's artifact cache."""
+    from tests.fleet.test_bench import results_of
+
+    recipes = tmp_path / "recipes"
+    shutil.copytree(Path(__file__).parents[1] / "recipes" / "trivial", recipes / name)
+    text = (recipes / name / "recipe.toml").read_text()
+    text = text.replace('name = "trivial"', f'name = "{name}"')
+    (recipes / name / "recipe.toml").write_text(text + '\n[bench]\ncommand = "bin/hello"\n')
+    monkeypatch.setenv("AMIBAKE_RECIPES_DIR", str(recipes))  # a controller process's
+    monkeypatch.setattr(cloud, "config", dataclasses.replace(cloud.config, recipes_dir=recipes))
+    wanted = {"types": [f"{family}.large"], "recipe": name, "builds": ["tuned"], "replicates": 1}
+    wanted["warmups"] = 0
+    return bench.create(cloud, spec.load(None, wanted, recipes), results_of(cloud))
+
+
+def test_a_bench_s_spend_counts_its_builds_instances(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_family: str
+) -> None:
+    """The builds run first, on instances of their own: the cap counted from the first
+    replicate's instance, as if they had been free."""
+    from tests.fleet.test_bench import results_of
+
+    run_id = _bench_of_a_fresh_recipe(cloud, tmp_path, monkeypatch, host_family, "costly")
+    at_start: list[float] = []  # what the board had spent as the measuring began
+
+    class Watched(bench.Board):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            at_start.append(self.spent)
+
+    monkeypatch.setattr(bench, "Board", Watched)
+    bench.execute(cloud, run_id, results_of(cloud))
+    (build,) = [d["amibake_run"] for _, k, d in results_of(cloud).events(run_id) if k == "build"]
+    price = bench.prices.lookup(f"{host_family}.large").spot_median
+    lived = Journal(cloud.config.results_dir / "journal.sqlite").instance_lifetimes(build)
+    assert len(lived) == 1 and at_start == [pytest.approx(sum(lived.values()) * price / 3600)]
+    assert at_start[0] > 0
+
+
 def test_fleet_kill_removes_what_a_build_left_when_its_bench_was_sigkilled(
     cloud: Cloud,
     local_dir: Path,
@@ -55,21 +100,11 @@ def test_fleet_kill_removes_what_a_build_left_when_its_bench_was_sigkilled(
     instance up, `fleet kill` swept only the controllers' runs: the build's instance, fleet,
     launch template, group and key ran on until `amibake gc`. Each build's run is recorded as
     it opens now, and swept with the rest."""
-    from amibake.journal import Journal
     from fleet.cli import main
     from tests.fleet.test_bench import fleet_process, results_of, wait_for
     from tests.helpers import tagged_alive, wait_until_clean
 
-    # A recipe of this test's own (the trivial one with a bench command): built now, not taken
-    # from an earlier test's artifact cache.
-    recipes = tmp_path / "recipes"
-    shutil.copytree(Path(__file__).parents[1] / "recipes" / "trivial", recipes / "killed")
-    text = (recipes / "killed" / "recipe.toml").read_text()
-    text = text.replace('name = "trivial"', 'name = "killed"')
-    (recipes / "killed" / "recipe.toml").write_text(text + '\n[bench]\ncommand = "bin/hello"\n')
-    monkeypatch.setenv("AMIBAKE_RECIPES_DIR", str(recipes))  # the controller's too
-    wanted = {"types": [f"{host_family}.large"], "recipe": "killed", "builds": ["tuned"]}
-    run_id = bench.create(cloud, spec.load(None, wanted, recipes), results_of(cloud))
+    run_id = _bench_of_a_fresh_recipe(cloud, tmp_path, monkeypatch, host_family, "killed")
     results = results_of(cloud)
     journal = Journal(cloud.config.results_dir / "journal.sqlite")
 
