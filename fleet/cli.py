@@ -48,6 +48,22 @@ SEARCH_ONLY = {
 }
 
 
+def _of_tune_file(file: str | None, problem: str) -> str:
+    """A problem the evaluator found with what the tune file names (its recipe, a parameter
+    the recipe's workload does not take) said of the file and the key's line, as the file's
+    own checks say theirs: it named neither."""
+    if not file or not problem.startswith(("params.", "unknown recipe")):
+        return problem  # (a replay table's problem names its table)
+    from fleet.spec import line_of
+
+    key = problem.split(":", 1)[0] if problem.startswith("params.") else "recipe"
+    try:
+        line = line_of(Path(file).read_text(), key)
+    except (OSError, UnicodeDecodeError):
+        line = None
+    return f"{file}:{line}: {problem}" if line else f"{file}: {problem}"
+
+
 def _run_id(results: Results, name: str) -> str:
     """A run id, or `last` for the newest run."""
     if name != "last":
@@ -444,7 +460,10 @@ def _tune(args: argparse.Namespace) -> int:
             raise UserError("fleet tune needs a tune file (or compare, or --resume RUN)")
         spec = tune.load(Path(args.file), overrides)
         run_id = ""
-    evaluate = evaluators.evaluator(spec, cfg)
+    try:
+        evaluate = evaluators.evaluator(spec, cfg)
+    except UserError as exc:
+        raise UserError(_of_tune_file(args.file, str(exc))) from None
     if isinstance(evaluate, CloudEvaluator):
         # The cloud (credentials, region, the local cloud's daemon) is checked now: left to the
         # trials, each failed in turn and the search ended "none feasible" with exit 0. So is

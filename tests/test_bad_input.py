@@ -735,6 +735,10 @@ TUNE_FILES = [
               "recipe '../x' is not a plain name", "recipe=../x"),
     tune_file('recipe = "/etc"\ntypes = ["c5a.large"]\n' + PARAM_A, "{tmp}/tune.toml:1: recipe: "
               "recipe '/etc' is not a plain name", "recipe=/etc"),
+    # What the evaluator finds wrong with what the file names, said of the file and line (as
+    # params.NAME's below): it named neither.
+    tune_file('recipe = "nosuch"\ntypes = ["c5a.large"]\n' + PARAM_A, "{tmp}/tune.toml:1: "
+              "unknown recipe 'nosuch'; known: kernels, zstd", "recipe=nosuch"),
     tune_file(KERNELS + 'command = "echo"\n' + PARAM_A, "{tmp}/tune.toml:3: command: is for an "
               "image's tune (image = ...); drop it, or name the image", "recipe-and-command"),
     tune_file(KERNELS + 'gpus = 4\n' + PARAM_A, "{tmp}/tune.toml:3: gpus: is for an image's "
@@ -842,14 +846,16 @@ for body, start, name in (
      "workload takes threads as an integer", "categorical-fractions"),
 ):  # fmt: skip
     PARAMS.append(
-        case("fleet tune {tmp}/tune.toml", start, files={"tune.toml": KERNELS +
+        case("fleet tune {tmp}/tune.toml", "{tmp}/tune.toml:3: " + start, files={"tune.toml": KERNELS +
              f"[params.threads]\n{body}"}, id=f"tune:kernels-threads-{name}")
     )  # fmt: skip
 PARAMS += [
-    case("fleet tune {tmp}/tune.toml", "params.treads: kernels's workload takes no 'treads'",
+    case("fleet tune {tmp}/tune.toml", "{tmp}/tune.toml:3: params.treads: kernels's workload "
+         "takes no 'treads'",
          files={"tune.toml": KERNELS + '[params.treads]\nkind = "int"\nlow = 1\nhigh = 2\n'},
          id="tune:kernels-misspelt"),
-    case("fleet tune {tmp}/tune.toml", "params.threads: zstd's bench command (bin/zstd "
+    case("fleet tune {tmp}/tune.toml", "{tmp}/tune.toml:3: params.threads: zstd's bench "
+         "command (bin/zstd "
          "-b{level} -i{seconds}) has no {args} to pass it",
          files={"tune.toml": 'recipe = "zstd"\ntypes = ["c5a.large"]\n[params.threads]\n'
                 'kind = "int"\nlow = 1\nhigh = 2\n'}, id="tune:zstd-no-args"),
