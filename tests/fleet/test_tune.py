@@ -1141,7 +1141,8 @@ def test_a_run_parameter_the_workload_cannot_take_is_refused(
         path.write_text(f'recipe = "{recipe}"\ntypes = ["c5a.large"]\n' + run_param.format(name))
         assert main(["tune", str(path)]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"fleet: error: {expected}") and err.count("\n") == 1, err
+        said = f"fleet: error: {path}:3: {expected}"  # of the tune file's line
+        assert err.startswith(said) and err.count("\n") == 1, err
     assert Results(tmp_path / "results" / "fleet.sqlite").run_ids() == []
     # Said how to pass it, it goes: the check is for names the recipe never declared.
     path.write_text(
