@@ -88,13 +88,21 @@ def _run_config(args: argparse.Namespace, results: Results, run_id: str) -> Conf
     return config_from(args, cloud=record["cloud"], region=record["region"])
 
 
-def _list(text: str | None) -> list[str] | None:
-    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+def _list(text: str | None, flag: str) -> list[str] | None:
+    """A comma-separated flag's items; None when the flag was not given. Given and empty
+    (`--types ""`), it is refused: it fell back to the default, as if not given."""
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise UserError(f"{flag} lists nothing: name at least one (comma-separated)")
+    return items
 
 
-def _names(text: str | None) -> list[str] | None:
+def _names(text: str | None, flag: str) -> list[str] | None:
     """Families, sizes or instance types, in EC2's lowercase (`C7i.Large` is c7i.large)."""
-    return cliutil.names(text) if text else None
+    listed = _list(text, flag)
+    return None if listed is None else cliutil.names(",".join(listed))
 
 
 def _prices(args: argparse.Namespace) -> int:
@@ -156,12 +164,12 @@ def _bench(args: argparse.Namespace) -> int:
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
     overrides: dict[str, Any] = {
-        "types": _names(args.types),
-        "families": _names(args.families),
-        "sizes": _names(args.sizes),
+        "types": _names(args.types, "--types"),
+        "families": _names(args.families, "--families"),
+        "sizes": _names(args.sizes, "--sizes"),
         "recipe": args.recipe,
         "command": args.command_line,
-        "builds": _list(args.builds),
+        "builds": _list(args.builds, "--builds"),
         "replicates": args.replicates,
         "warmups": args.warmups,
         "args": args.args,
@@ -578,7 +586,7 @@ def _tune_compare(args: argparse.Namespace) -> int:
     else:
         column = args.objective_column or "metric"
         spec = tune.from_dict(replay.space_from_table(table, column), str(table))
-    algorithms = _list(args.algorithms) or ["auto", "tpe", "random", "grid"]
+    algorithms = _list(args.algorithms, "--algorithms") or ["auto", "tpe", "random", "grid"]
     evaluator = replay.ReplayEvaluator(table, spec)
     searched = len(evaluator.configurations())  # what the table holds of the space
     _check_compare(args, algorithms, spec, searched)
@@ -619,7 +627,7 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
         column = args.objective_column or "metric"
         raw = replay.space_from_table(table, column, exclude=noisy_replay.RUN_COLUMNS)
         spec = tune.from_dict(raw, str(table))
-    algorithms = _list(args.algorithms) or ["auto", "gp", "forest", "tpe", "random"]
+    algorithms = _list(args.algorithms, "--algorithms") or ["auto", "gp", "forest", "tpe", "random"]
     _check_compare(args, algorithms, spec, replicates=True)
     startup = spec.startup if args.startup_trials is None else args.startup_trials
     rows = noisy_replay.compare_noisy(table, spec, algorithms, args.seeds, args.budget, startup)

@@ -404,6 +404,10 @@ PLAN = [
 
 BENCH_FLAGS = [
     case("fleet bench", "command line: types: name at least one instance type"),
+    case("fleet bench --types '' --command true", "--types lists nothing: name at least one"),
+    case("fleet bench --types ', ,' --command true", "--types lists nothing"),
+    case("fleet bench --types c5a.large --recipe kernels --builds ''", "--builds lists nothing"),
+    case("fleet bench --families '' --command true", "--families lists nothing"),
     case("fleet bench --types c5x.large --command true", "--types: unknown instance type "
          "'c5x.large'"),
     case("fleet bench --types c5a.huge --command true", "--types: unknown instance type "
@@ -872,6 +876,9 @@ COMPARE = [
     # ...and a search's flags given to compare, ignored: --dry-run wrote the whole comparison.
     case("fleet tune compare --replay {tmp}/t.csv --dry-run", "--dry-run is for a search of a "
          "tune file; `fleet tune compare` takes nothing: it creates nothing", files=TABLE),
+    # A list flag given empty fell back to its default, as if it had not been given.
+    case("fleet tune compare --replay {tmp}/t.csv --algorithms ''", "--algorithms lists nothing: "
+         "name at least one", files=TABLE),
     case("fleet tune compare --replay {tmp}/t.csv --trials 3", "--trials is for a search of a "
          "tune file; `fleet tune compare` takes --budget", files=TABLE),
     case("fleet tune compare --replay {tmp}/t.csv --algorithm tpe", "--algorithm is for a search "
