@@ -181,8 +181,12 @@ def from_dict(
             if problem:
                 raise fail(key, f"{problem} (leave it out for no limit)")
     constraints = data.get("constraints", {})
-    if not isinstance(constraints, dict) or any(k not in CONSTRAINTS for k in constraints):
+    if not isinstance(constraints, dict):
         raise fail("constraints", f"a table of {', '.join(CONSTRAINTS)}")
+    for key in constraints:
+        if key not in CONSTRAINTS:  # named, with the one meant: "a table of ..." named neither
+            guess = did_you_mean(key, CONSTRAINTS)
+            raise fail(key, f"unknown constraint{guess}; known: {', '.join(CONSTRAINTS)}")
     for key, value in constraints.items():
         # A nan bound compares false with every trial: it would pass them all unchecked.
         problem = checks.number(value, above=0)

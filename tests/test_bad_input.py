@@ -699,8 +699,8 @@ TUNE_FILES = [
               "max_hours=1e9"),
     tune_file(TUNE_HEAD + "constraints = 5\n" + PARAM_A, "{tmp}/tune.toml:3: constraints: a "
               "table of max_seconds", "constraints=5"),
-    tune_file(TUNE + "[constraints]\nmax_speed = 1\n", "{tmp}/tune.toml:7: constraints: a table "
-              "of max_seconds", "constraints.unknown"),
+    tune_file(TUNE + "[constraints]\nmax_speed = 1\n", "{tmp}/tune.toml:8: max_speed: unknown "
+              "constraint; did you mean max_seconds", "constraints.unknown"),
     tune_file(TUNE + "[constraints]\nmax_seconds = nan\n", "{tmp}/tune.toml:8: max_seconds: must"
               " be a finite number above 0, not nan", "max_seconds=nan"),
     tune_file(TUNE + "[constraints]\nmax_seconds = inf\n", "{tmp}/tune.toml:8: max_seconds: must"
