@@ -81,6 +81,7 @@ COUNTS = {
 }
 MAX_TIMEOUT_S = 7 * 86400.0  # a replicate still running after a week is stuck
 # The flag that gives a key on the command line, where it is not --KEY.
+EXAMPLE = {"recipe": "kernels", "command": "my-app {args}"}
 FLAGS = {"command": "--command", "metric": "--metric-regex", "spot": "--on-demand"}
 # The most a cap may be: past it a number is a typo (and 1e400 is inf).
 MAX_COST_USD = 1e6
@@ -323,6 +324,9 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     for instance_type in types:  # a build needs the type's family in the build catalog
         check_type(instance_type, fail, build=bool(data.get("recipe")))
     types = list(dict.fromkeys(types))
+    for key in ("recipe", "command"):
+        if not isinstance(data.get(key, ""), str):  # ["echo"] ran the text "['echo']"
+            raise fail(key, f'must be a string, e.g. {key} = "{EXAMPLE[key]}"')
     recipe, command = str(data.get("recipe", "")), str(data.get("command", ""))
     image = data.get("image", "")
     if image:
