@@ -93,6 +93,27 @@ class Parser(argparse.ArgumentParser):
                 raise UserError(unrecognized(unknown, self, self.prog))
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
+    def _misplaced(self, given: list[str]) -> None:
+        """`amibake --cloud local ls`: a command's option before the command. argparse dropped
+        it and read its value as the command ("invalid choice: 'ls'" from `local`)."""
+        flag = given[0].split("=", 1)[0] if given and given[0].startswith("--") else ""
+        if not flag or self._subparsers is None:
+            return
+        own = {o for action in self._actions for o in action.option_strings}
+        taking = {w for w, sub, _ in subcommands(self) if flag in sub._option_string_actions}
+        if flag in own or not taking:
+            return
+        moved = given[:1] if "=" in given[0] else given[:2]  # the option and its value
+        rest = given[len(moved) :]
+        if rest and any(w.split()[0] == rest[0] for w in taking):
+            meant = f"`{' '.join([self.prog, *rest, *moved])}`"
+        else:
+            meant = f"e.g. `{self.prog} {sorted(taking)[0]} {' '.join(moved)}`"
+        raise UserError(
+            f"{flag} goes after the command: {meant} ({self.prog}'s own options are "
+            f"{', '.join(sorted(own))})"
+        )
+
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is None or value in action.choices:
             return
@@ -115,6 +136,7 @@ class Parser(argparse.ArgumentParser):
     ) -> argparse.Namespace:
         # argparse finds an unknown flag only back in the top parser, whose help does not list
         # the command's flags: point at the help of the command it was given to.
+        self._misplaced(list(sys.argv[1:] if args is None else args))
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             chosen = self._chosen(parsed)

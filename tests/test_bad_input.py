@@ -92,6 +92,10 @@ def recipe_file(replace: tuple[str, str] | bytes, start: str, id: str) -> Any:
 AMIBAKE = [
     case("amibake", "the following arguments are required: command"),
     case("amibake bogus", "argument command: invalid choice: 'bogus'"),
+    # A command's option before the command: its value was read as the command.
+    case("amibake --cloud local ls", "--cloud goes after the command: `amibake ls --cloud local`"),
+    case("fleet --region=eu-west-1 status", "--region goes after the command: `fleet status "
+         "--region=eu-west-1`"),
     case("amibake build", "the following arguments are required: --family"),
     case("amibake build --family c7i --tmpfs-gb 1", "unrecognized arguments: --tmpfs-gb 1"),
     case("amibake build --family ''", "--family needs at least one family"),
