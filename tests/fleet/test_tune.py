@@ -918,6 +918,17 @@ def test_a_cloud_trial_is_timed_per_unit_of_work(
     assert unchecked.reason.startswith("max_rss_mb 100 cannot be checked: the trial has no memory")
 
 
+def kernels_evaluator(monkeypatch: pytest.MonkeyPatch, results: Path, **spec: Any) -> Any:
+    """A cloud evaluator of the kernels recipe on a type given as data (nothing launches: the
+    tests call its scoring, or stand in for its build and measurement)."""
+    from fleet.trial import CloudEvaluator
+
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(results))
+    threads = {"threads": {"kind": "int", "low": 1, "high": 2, "stage": "run"}}
+    raw = {"recipe": "kernels", "types": ["c5a.large"], "params": threads, **spec}
+    return CloudEvaluator(tune.from_dict(raw, "t.toml"), config.load())
+
+
 def test_a_trial_is_scored_on_its_own_attempt_and_fails_when_a_replicate_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -927,20 +938,7 @@ def test_a_trial_is_scored_on_its_own_attempt_and_fails_when_a_replicate_fails(
     search to a configuration that mostly fails)."""
     from types import SimpleNamespace
 
-    from fleet.trial import CloudEvaluator
-
-    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
-    spec = tune.from_dict(
-        {
-            "recipe": "kernels",
-            "types": ["c5a.large"],
-            "objective": "metric",
-            "replicates": 3,
-            "params": {"threads": {"kind": "int", "low": 1, "high": 2, "stage": "run"}},
-        },
-        "t.toml",
-    )
-    evaluator = CloudEvaluator(spec, config.load())
+    evaluator = kernels_evaluator(monkeypatch, tmp_path, objective="metric", replicates=3)
     columns = ("trial", "state", "started", "metric", "error")
     dead = [(0, "ok", time.time() - 600, 1000.0, "")]  # the killed attempt's run
     rows: list[tuple[Any, ...]] = []
@@ -975,22 +973,8 @@ def test_a_trial_s_cost_counts_its_build_instance(
     import sqlite3
     from types import SimpleNamespace
 
-    from fleet.trial import CloudEvaluator
-
-    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
-    spec = tune.from_dict(
-        {
-            "recipe": "kernels",
-            "types": ["c5a.large"],
-            "objective": "metric",
-            "replicates": 1,
-            "params": {
-                "opt": {"kind": "categorical", "values": ["-O2", "-O3"], "stage": "compile"}
-            },
-        },
-        "t.toml",
-    )
-    evaluator = CloudEvaluator(spec, config.load())
+    opt = {"opt": {"kind": "categorical", "values": ["-O2", "-O3"], "stage": "compile"}}
+    evaluator = kernels_evaluator(monkeypatch, tmp_path, objective="metric", params=opt)
     journal = Journal(tmp_path / "journal.sqlite")
     journal.start_run("ab-build", "build c5a kernels", "local", "us-east-1")
     journal.created("ab-build", "instance", "i-0123456789abcdef0", "us-east-1", "local")
@@ -1034,20 +1018,8 @@ def test_a_trial_s_replicates_each_count_in_the_recommendation(
     """A cloud trial keeps each replicate's loss, and the recommendation pools them: a TPE
     search whose every trial ran 3 replicates (no configuration asked twice) gave one loss per
     trial and so never an interval."""
-    from fleet.trial import CloudEvaluator
-
-    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
-    spec = tune.from_dict(
-        {
-            "recipe": "kernels",
-            "types": ["c5a.large"],
-            "objective": "metric",
-            "replicates": 3,
-            "params": {"threads": {"kind": "int", "low": 1, "high": 2, "stage": "run"}},
-        },
-        "t.toml",
-    )
-    evaluator = CloudEvaluator(spec, config.load())
+    evaluator = kernels_evaluator(monkeypatch, tmp_path, objective="metric", replicates=3)
+    spec = evaluator.spec
     results = Results(tmp_path / "fleet.sqlite")
     run_id = tune.start(results, spec, "local", "us-east-1")
     rates = {1: [100.0, 104.0, 98.0], 2: [190.0, 200.0, 205.0]}  # work per second, maximised
