@@ -16,7 +16,7 @@ from typing import Any
 
 import archspec.cpu
 
-from amibake import catalog, cpu, isa
+from amibake import catalog, checks, cpu, isa
 from amibake.cloud import Cloud
 from amibake.cloud.calls import describe_image
 from amibake.cloud.ec2 import delete_image, describe_instance_types, snapshots_of
@@ -218,6 +218,11 @@ def from_tune(results_dir: Path, run: str) -> dict[str, Any]:
     def shape(data: Any) -> dict[str, Any]:
         for key in ("run_id", "recipe", "instance_type", "family", "cflags", "args"):
             str(data[key])
+        # Its flags go into the bake's build script as written: words a shell reads there ran
+        # as root on the bake instance, from a results file anyone who could write it wrote.
+        problem = checks.shell_words(str(data["cflags"]))
+        if problem:
+            raise ValueError(f"cflags: {problem}")
         return data  # type: ignore[no-any-return]
 
     return read_json(path, f"run `fleet report {run}`, which writes it anew", shape)

@@ -64,6 +64,27 @@ def number(
     return ""
 
 
+# A word a shell on an instance reads as written: no quote, $, `, \, ;, &, |, <, >, parentheses,
+# blank or glob. Flags and arguments that go into a build script's CFLAGS="..." or a replicate's
+# command line are such words: anything else ran as a command there (as root, in a build).
+SHELL_WORD = re.compile(r"[A-Za-z0-9_=,./+:@%^-]+")
+
+
+# A workload's option name, as --NAME on its command line and {NAME} in a recipe's command.
+FLAG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def shell_words(text: str) -> str:
+    """'' when every blank-separated word of `text` is a SHELL_WORD; else which one is not."""
+    odd = [word for word in text.split() if not SHELL_WORD.fullmatch(word)]
+    if not odd:
+        return ""
+    return (
+        f"{odd[0]!r} has a character the instance's shell reads (a quote, $, `, \\, ;, &, |, <, "
+        ">, parentheses, a glob)"
+    )
+
+
 def plain_name(value: Any) -> str:
     """Letters, digits, - and _, starting with a letter or digit: a name, never a path."""
     if isinstance(value, str) and PLAIN_NAME.fullmatch(value):

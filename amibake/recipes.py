@@ -42,11 +42,10 @@ TABLE_KEYS = {
     "bench": ("command", "metric", "parameters"),
 }
 ARCHIVE_KEYS = ("filename", "sha256", "url")
-# A compiler flag as build templates take base_cflags: a plain word. They write the flags into
-# the script as words (`{{ cc }} {{ base_cflags }} ...`) and inside double quotes
-# (`flags="{{ base_cflags }} {{ cflags }}"`): a quote, a $ or a ; there split the flags or ran
-# as shell (-DVERSION="1.2 beta" ended in "beta: command not found").
-_FLAG_WORD = re.compile(r"[A-Za-z0-9_=,./+:@%^-]+")
+# A compiler flag as build templates take base_cflags: a plain word (checks.shell_words). They
+# write the flags into the script as words (`{{ cc }} {{ base_cflags }} ...`) and inside double
+# quotes (`flags="{{ base_cflags }} {{ cflags }}"`): a quote, a $ or a ; there split the flags or
+# ran as shell (-DVERSION="1.2 beta" ended in "beta: command not found").
 # An archive's file name, as the build host's work directory receives it: a name, never a path.
 _FILE_NAME = re.compile(r"[A-Za-z0-9_+~][A-Za-z0-9._+~-]*")
 
@@ -301,12 +300,11 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     if not isinstance(base_cflags, str):
         problems.append('build.base_cflags must be a string of compiler flags, e.g. "-O3"')
     else:
-        odd = [word for word in base_cflags.split() if not _FLAG_WORD.fullmatch(word)]
-        if odd:
+        problem = checks.shell_words(base_cflags)
+        if problem:
             problems.append(
-                f"build.base_cflags: {odd[0]!r} has a character the build script's shell reads "
-                "(a quote, $, `, \\, ;, &, |, <, >, parentheses): give plain flags, and write a "
-                "define with spaces or a $ into the build template itself"
+                f"build.base_cflags: {problem}: give plain flags, and write a define with spaces "
+                "or a $ into the build template itself"
             )
     tmpfs_max = build.get("tmpfs_max_mb")
     if tmpfs_max is not None and (not isinstance(tmpfs_max, int) or tmpfs_max < 64):

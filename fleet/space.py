@@ -408,6 +408,14 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
         for key in ("flag", "arg"):
             if key in spec and not isinstance(spec[key], str):
                 raise fail(name, f'{key} must be a string such as "--{name} {{}}"')
+            # Into a build script's CFLAGS="..." or a replicate's command line on the instance,
+            # as written: a ; or $( ran there as a command (as root, in a build).
+            problem = checks.shell_words(str(spec.get(key, "")).replace("{}", "0"))
+            if problem:
+                raise fail(name, f"{key}: {problem}")
+        if stage != TYPE and not checks.FLAG_NAME.fullmatch(name):
+            raise fail(name, "a parameter's name is letters, digits, - and _: it is the "
+                       "workload's --NAME, or its recipe's {NAME}")  # fmt: skip
         values: tuple[Any, ...] = ()
         low = high = 0.0
         step = 1.0
@@ -423,6 +431,9 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
                     raise fail(name, f"values: {value} is not a finite number")
                 if not isinstance(value, str | int | float):
                     raise fail(name, f"values: {value!r} is not a string or a number")
+                problem = checks.shell_words(str(value)) if stage != TYPE else ""
+                if problem:
+                    raise fail(name, f"values: {problem}: give plain flags or words")
         else:
             if "values" in spec:
                 raise fail(name, f"{kind} takes low and high, not values (or kind = categorical)")

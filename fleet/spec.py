@@ -221,6 +221,10 @@ def _args_text(value: Any) -> str:
         for key, item in value.items():
             if isinstance(item, float) and checks.number(item):
                 raise TypeError(f"args.{key} is {item}, not a finite number")
+            if not isinstance(item, str | int | float):  # {b = 1} went in as "{'b': 1}"
+                raise TypeError(f"args.{key} is {item!r}: give a string or a number")
+            if not checks.FLAG_NAME.fullmatch(str(key)):  # --{key} goes into the command unquoted
+                raise TypeError(f"args: {key!r} is not a flag name (letters, digits, - and _)")
         return " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in value.items())
     raise TypeError("args must be a string or a table of name = value")
 

@@ -535,6 +535,8 @@ BENCH_FILE_ERRORS = {
     "executor": ":3: executor: 'k8s' is not one of ssh, batch",
     "args.threads=nan": ":3: args: args.threads is nan, not a finite number",
     "args.scale=-inf": ":3: args: args.scale is -inf, not a finite number",
+    "args.key;": ":3: args: args: 'x; id' is not a flag name (letters, digits, - and _)",
+    "args.x=table": ":3: args: args.x is {'b': 1}: give a string or a number",
     "recipe=../x": ":2: recipe: recipe '../x' is not a plain name",
     "recipe=/etc": ":2: recipe: recipe '/etc' is not a plain name",
     "recipe-and-command": ":3: recipe: give exactly one of recipe (a build recipe) or command",
@@ -598,6 +600,8 @@ BENCH_FILES = [
     bench_file(BENCH + 'executor = "k8s"\n', "executor"),
     bench_file(BENCH + "[args]\nthreads = nan\n", "args.threads=nan"),
     bench_file(BENCH + "[args]\nscale = -inf\n", "args.scale=-inf"),
+    bench_file(BENCH + '[args]\n"x; id" = 1\n', "args.key;"),
+    bench_file(BENCH + "[args]\nx = {b = 1}\n", "args.x=table"),
     bench_file('types = ["c5a.large"]\nrecipe = "../x"\n', "recipe=../x"),
     bench_file('types = ["c5a.large"]\nrecipe = "/etc"\n', "recipe=/etc"),
     bench_file(BENCH + 'recipe = "kernels"\n', "recipe-and-command"),
@@ -768,6 +772,16 @@ PARAMS = [
     tune_file(TUNE_HEAD + "[params]\na = 5\n", "{tmp}/tune.toml: params.a: must be a table",
               "params:not-a-table"),
     param('kind = "normal"\n', "{tmp}/tune.toml:3: params.a: unknown kind 'normal'", "kind"),
+    # Into the instance's shell as written (a build's CFLAGS="...", as root; a replicate's
+    # command line): a value, a flag template or a name a shell reads ran there as a command.
+    param('kind = "categorical"\nvalues = ["-O2", "-O2; touch /tmp/pwned"]\nstage = "compile"\n',
+          "{tmp}/tune.toml:3: params.a: values: '-O2;' has a character", "value;"),
+    param('kind = "categorical"\nvalues = ["$(id)"]\n', "{tmp}/tune.toml:3: params.a: values: "
+          "'$(id)' has a character the instance's shell reads", "value$("),
+    param('kind = "int"\nlow = 1\nhigh = 3\narg = "--n {} `id`"\n', "{tmp}/tune.toml:3: params.a: "
+          "arg: '`id`' has a character", "arg`"),
+    tune_file(TUNE_HEAD + '[params."a;id"]\nkind = "int"\nlow = 1\nhigh = 3\n', "{tmp}/tune.toml: "
+              "params.a;id: a parameter's name is letters, digits, - and _", "name;"),
     param('kind = "int"\nlow = 1\nhigh = 3\nflg = "-x{}"\n', "{tmp}/tune.toml:3: params.a: "
           "unknown key 'flg'; did you mean flag?; known: kind, values", "unknown-key"),
     param('kind = "int"\nlow = 1\nhigh = 3\nstage = "link"\n', "{tmp}/tune.toml:3: params.a: "

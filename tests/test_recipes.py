@@ -74,7 +74,7 @@ def test_structural_problems_are_reported_together(tmp_path: Path) -> None:
         # written into the script's shell: split the flags, or ran as a command
         (
             ('base_cflags = "-O2"', """base_cflags = '-O2 -DVERSION="1.2 beta"'"""),
-            """build.base_cflags: '-DVERSION="1.2' has a character the build script's shell reads""",
+            """build.base_cflags: '-DVERSION="1.2' has a character the instance's shell reads""",
         ),
         (
             ('base_cflags = "-O2"', """base_cflags = '-O3"; touch /tmp/x; echo "'"""),

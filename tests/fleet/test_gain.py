@@ -248,6 +248,15 @@ def test_bake_from_tune_refuses_what_it_cannot_bake_in_one_line(
         assert err.startswith("amibake: error: ") and expected in err and err.count("\n") == 1, err
     assert amibake(["bake", "--from-tune", "ft-abcdefabcd", "--cloud", "local"]) == 2
     assert "ft-abcdefabcd.json is damaged" in capsys.readouterr().err
+    # Its flags go into the bake's build script as written: a shell's words ran as root there.
+    fields = {"run_id": "ft-abcdefabcd", "recipe": "kernels", "instance_type": "c7g.large",
+              "family": "c7g", "args": ""}  # fmt: skip
+    (tunes / "ft-abcdefabcd.json").write_text(json.dumps({**fields, "cflags": "-O2 $(id>/tmp/x)"}))
+    assert amibake(["bake", "--from-tune", "ft-abcdefabcd", "--cloud", "local"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "ft-abcdefabcd.json is damaged (ValueError: cflags: '$(id>/tmp/x)' has a character" in err
+    )
     (tunes / "ft-abcdefabcd.json").unlink()
     assert amibake(["bake", *cases[0][0], "--cloud", "local"]) == 2
     assert cases[0][1] in capsys.readouterr().err
