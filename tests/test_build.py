@@ -147,6 +147,7 @@ def test_a_run_waiting_for_another_to_build_the_same_stops_when_cancelled(cloud:
     finally:  # released before the pool is joined, so a failed assertion cannot hang here
         held.close()
         pool.shutdown(wait=True)
+        runner.allow_runs()  # as the search does once its trials have stopped
     assert still_waiting and asked == 1
     assert all(not o.ok and "interrupted" in o.error for o in outcomes), outcomes
     assert journal.alive(journal.last_run_id() or "") == []  # it created nothing
