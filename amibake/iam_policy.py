@@ -47,6 +47,7 @@ _LAUNCH = [
     "ec2:DeleteLaunchTemplate",
     "ec2:DeleteSecurityGroup",
     "ec2:DescribeFleets",
+    "ec2:DescribeImages",  # the base image's root device, whose volume the launch encrypts
     "ec2:DescribeInstanceTypeOfferings",
     "ec2:DescribeInstanceTypes",
     "ec2:DescribeInstances",
@@ -69,7 +70,6 @@ ACTIONS: dict[str, list[str]] = {
         "ec2:CreateImage",
         "ec2:DeleteSnapshot",
         "ec2:DeregisterImage",
-        "ec2:DescribeImages",
         "ec2:ModifyImageAttribute",
     ],
     "batch": [

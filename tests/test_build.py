@@ -393,3 +393,41 @@ def test_the_tmpfs_is_capped_by_the_recipe_and_a_missing_artifact_is_named(
     )
     assert "shared tmpfs: 96 MiB" in logs
     assert_nothing_left(cloud, run_id, local_dir)
+
+
+def test_the_launch_encrypts_the_base_image_s_own_root_volume(cloud: Cloud) -> None:
+    """Amazon Linux's root device is /dev/xvda, another base image's may be /dev/sda1: a mapping
+    of /dev/xvda then added an empty encrypted volume and left the root as the image had it."""
+    from amibake.steps.launch import LaunchTemplate
+    from amibake.steps.preflight import preflight_instance
+    from amibake.steps.state import InstanceState
+    from tests.helpers import base_ami
+
+    volume = cloud.ec2.create_volume(AvailabilityZone=f"{cloud.config.region}a", Size=8)
+    snapshot = cloud.ec2.create_snapshot(VolumeId=volume["VolumeId"])["SnapshotId"]
+    other = cloud.ec2.register_image(
+        Name=f"sda1-{time.time_ns()}",
+        Architecture="x86_64",
+        RootDeviceName="/dev/sda1",
+        BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"SnapshotId": snapshot}}],
+    )["ImageId"]
+    try:
+        for image, root in ((base_ami(cloud), "/dev/xvda"), (other, "/dev/sda1")):
+            state = InstanceState(family=catalog.family("c7i"), size="large", base_ami=image)
+            preflight_instance(cloud, state)
+            assert state.root_device == root
+            with pipelines.open_run(cloud, "test root device") as context:
+                step = LaunchTemplate(context)
+                step.run(state)
+                try:
+                    data = cloud.ec2.describe_launch_template_versions(
+                        LaunchTemplateId=state.launch_template_id
+                    )["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+                finally:
+                    step.cleanup(state)
+            (mapping,) = data["BlockDeviceMappings"]
+            assert mapping["DeviceName"] == root and mapping["Ebs"]["Encrypted"] is True
+    finally:
+        cloud.ec2.deregister_image(ImageId=other)
+        cloud.ec2.delete_snapshot(SnapshotId=snapshot)
+        cloud.ec2.delete_volume(VolumeId=volume["VolumeId"])

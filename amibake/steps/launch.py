@@ -110,7 +110,7 @@ class LaunchTemplate:
                     },
                     "BlockDeviceMappings": [
                         {
-                            "DeviceName": "/dev/xvda",
+                            "DeviceName": state.root_device,
                             "Ebs": {
                                 "Encrypted": True,
                                 "DeleteOnTermination": True,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import botocore.exceptions
 
 from amibake.cloud import Cloud
-from amibake.cloud.calls import error_code, every, no_default_vpc, wait_until
+from amibake.cloud.calls import describe_image, error_code, every, no_default_vpc, wait_until
 from amibake.cloud.ec2 import describe_instance_types
 from amibake.cloud.network import find as find_network
 from amibake.cloud.tags import RUN_ID
@@ -180,6 +180,9 @@ def preflight_instance(
         if parameter not in lookups.base_amis:
             raise CloudError(f"preflight for {family.name}: no SSM parameter {parameter}")
         state.base_ami = lookups.base_amis[parameter]
+    image = describe_image(cloud.ec2, state.base_ami)  # missing: the dry run below says so
+    if image is not None and image.get("RootDeviceName"):
+        state.root_device = str(image["RootDeviceName"])
     if not lookups.offered & set(types):
         raise UserError(f"none of {', '.join(types)} is offered in {cloud.config.region}")
     try:

@@ -28,8 +28,12 @@ class InstanceState:
     on_demand_fallback: bool = False
     exact_size: bool = False  # fleet measures one instance type: no second size as a fallback
     base_ami: str = ""
+    # The base image's root device, whose volume the launch encrypts (Amazon Linux's /dev/xvda;
+    # another base image's may be /dev/sda1, and a mapping of /dev/xvda then added an empty
+    # encrypted volume and left the root as the image had it).
+    root_device: str = "/dev/xvda"
     key_name: str = ""
-    private_key: str = ""
+    private_key: str = field(default="", repr=False)  # never in a traceback or a test's output
     security_group_id: str = ""
     launch_template_id: str = ""
     fleet_id: str = ""
