@@ -16,6 +16,7 @@ from amibake.errors import UserError
 from fleet import gain, recommended
 from fleet.page import Report, png, pyplot, render_page
 from fleet.results import Results
+from fleet.search.engines import DEFAULT
 from fleet.stats import pareto
 
 if TYPE_CHECKING:
@@ -70,7 +71,8 @@ def make_tune(
     tally = ", ".join(f"{n} {state}" for state, n in counts.items())
     lines.append(
         f"tune run {run_id}: {len(final)} trials ({tally}); "
-        f"algorithm {spec.get('algorithm', 'tpe')}, objective {spec.get('objective', 'runtime')}"
+        # A file that names none ran the default (auto): "tpe" named a search that did not run.
+        f"algorithm {spec.get('algorithm', DEFAULT)}, objective {spec.get('objective', 'runtime')}"
     )
     chosen = recommend(ok, prefer)
     if chosen is not None:

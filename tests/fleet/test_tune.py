@@ -654,6 +654,20 @@ def test_the_tune_report_shows_best_recommendation_and_plots(
     assert len((tmp_path / "reports" / run_id / "trials.csv").read_text().splitlines()) == 61
 
 
+def test_the_tune_report_names_the_search_that_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that names no algorithm runs the default; the report said "algorithm tpe"."""
+    from fleet.search.engines import DEFAULT
+
+    monkeypatch.setenv("AMIBAKE_RESULTS_DIR", str(tmp_path))
+    assert main(["tune", str(tune_file(tmp_path, known_optimum(tmp_path), trials=6))]) == 0
+    capsys.readouterr()
+    assert main(["report", "last"]) == 0
+    second = capsys.readouterr().out.splitlines()[1]
+    assert second.endswith(f"algorithm {DEFAULT}, objective metric") and DEFAULT != "tpe", second
+
+
 def test_the_best_is_told_in_the_objectives_own_terms() -> None:
     # A rate is searched negated; the user reads it as the rate, its interval flipped.
     rate = tune.in_own_terms("metric", -104.476, 104.476, [-111.6, -103.5])
