@@ -76,6 +76,10 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
     rows = results.replicates(run_id)
     replicates = BenchSpec.from_json(record["spec"]).planned if record["kind"] == "bench" else 0
     done = rows[rows.state.isin(["ok", "failed"])] if len(rows) else rows
+    # Each planned replicate once: a spot rerun's warm-ups, run again on the new instance, made
+    # "38/36 replicates finished".
+    if len(done):
+        done = done.drop_duplicates(["instance_type", "build", "replicate", "warmup"])
     per_type: dict[str, dict[str, int]] = {}
     for _, row in rows.iterrows():
         counts = per_type.setdefault(row.instance_type, {"ok": 0, "failed": 0, "interrupted": 0})
@@ -93,6 +97,12 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
             "note": record["note"],
             **search,
         }
+    spent = sum(d.get("spent", 0.0) for _, k, d in events if k in ENDED)
+    if state == "running" and len(rows):
+        # A controller records its spend as it ends: while it runs, "$0.0000 spent" beside its
+        # own progress line's dollars. Its replicates' time at their price, at least, is known.
+        priced = rows.dropna(subset=["seconds", "price_usd_hour"])
+        spent += float((priced.seconds * priced.price_usd_hour).sum()) / 3600
     # Every type asked for is shown, failures first: one that failed as a whole (no replicate
     # row) was missing from status altogether.
     lost = {
@@ -107,7 +117,8 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
         "kind": record["kind"],
         "state": state,
         **when,
-        "spent_usd": sum(d.get("spent", 0.0) for _, k, d in events if k in ENDED),
+        "spent_usd": spent,
+        "spent_so_far": state == "running",
         "planned": replicates,
         "finished": len(done),
         "interrupted": int((rows.state == "interrupted").sum()) if len(rows) else 0,
@@ -190,7 +201,8 @@ def status_text(s: dict[str, Any]) -> str:
     lines = [
         f"run {s['run_id']} ({s['kind']}): {s['state']}; {s['finished']}/{s['planned']} "
         f"replicates finished, {s['failed']} failed, {s['interrupted']} interrupted and rerun; "
-        f"{cost.dollars(s['spent_usd'])} spent",
+        f"{'at least ' if s.get('spent_so_far') else ''}{cost.dollars(s['spent_usd'])} spent"
+        f"{' so far (its replicates; the whole when it ends)' if s.get('spent_so_far') else ''}",
         f"  {_span(s)}",
     ]
     for instance_type, counts in s["types"].items():

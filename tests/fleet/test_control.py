@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,29 @@ def test_fleet_kill_removes_what_a_build_left_when_its_bench_was_sigkilled(
     assert main(["kill", run_id]) == 0
     assert tagged_alive(cloud, build) == [] and journal.alive(build) == []
     assert wait_until_clean(local_dir) == []
+
+
+def test_status_of_a_running_bench_counts_each_planned_replicate_once_and_what_it_spent(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """After a spot rerun, its warm-up run again on the new instance read "5/4 replicates"; and
+    while the controller runs (it records its spend as it ends) status said "$0.0000 spent"."""
+    from fleet.results import ReplicateRow
+
+    results = bench.results_db(tmp_path / "results")
+    run_id = "fb-0000000003"
+    results.create_run(run_id, "bench", _spec(tmp_path), "local", cloud.config.region)
+    here = {"pid": os.getpid(), "host": socket.gethostname()}  # a live controller
+    results.event(run_id, "controller", **here, amibake_run="ab-000000000003")
+
+    def row(replicate: int, warmup: bool, state: str) -> ReplicateRow:
+        return ReplicateRow("c5a.large", "plain", replicate, warmup, state, metric=1.0,
+                            seconds=360.0, price_usd_hour=1.0)  # fmt: skip
+
+    first = [row(0, True, "ok"), row(0, False, "ok"), row(1, False, "interrupted")]
+    again = [row(0, True, "ok"), row(1, False, "ok"), row(2, False, "ok")]  # a new instance
+    results.record_many(run_id, first + again)
+    status = control.status(results, run_id)
+    assert (status["state"], status["planned"], status["finished"]) == ("running", 4, 4)
+    assert status["spent_usd"] == pytest.approx(0.6)  # six runs of 360 s at $1 an hour
+    assert "at least $0.6000 spent so far" in control.status_text(status)
