@@ -165,6 +165,7 @@ demo: install
 	  --builds tuned,generic --replicates 3 --warmups 1 --args "--size 2"
 	$(BIN)/fleet report last
 	$(BIN)/fleet plan last --work 1e6 --deadline 1h --budget 1
+	$(BIN)/fleet status
 	$(BIN)/amibake ls --cloud local
 	$(BIN)/amibake gc --cloud local --dry-run
 	$(BIN)/amibake local down
