@@ -452,7 +452,7 @@ def table(resources: list[Resource], region: str) -> str:
     total = totals(resources)
     return "\n".join(
         [
-            tabulate(rows, headers=["kind", "id", "run", "age", "size", "cost", ""]),
+            tabulate(rows, headers=["kind", "id", "run", "age", "size", "cost", "what"]),
             f"{len(resources)} resources in {region}: ${total['usd_per_hour']:.4f}/h running, "
             f"${total['usd_per_month']:.4f}/month stored",
             basis(region),

@@ -190,6 +190,7 @@ def test_ls_lists_exactly_what_is_alive_priced_and_gc_dry_run_marks_it(
     assert main(["ls"]) == 0
     shown = capsys.readouterr().out
     assert image in shown and "\nprices: instances per hour from amibake/catalog/" in shown
+    assert shown.split()[:7] == ["kind", "id", "run", "age", "size", "cost", "what"]  # all named
 
     capsys.readouterr()
     assert main(["gc", "--dry-run"]) == 0
