@@ -395,7 +395,9 @@ def test_the_tmpfs_is_capped_by_the_recipe_and_a_missing_artifact_is_named(
     assert_nothing_left(cloud, run_id, local_dir)
 
 
-def test_the_launch_encrypts_the_base_image_s_own_root_volume(cloud: Cloud) -> None:
+def test_the_launch_encrypts_the_base_image_s_own_root_volume_and_asks_imdsv2(
+    cloud: Cloud,
+) -> None:
     """Amazon Linux's root device is /dev/xvda, another base image's may be /dev/sda1: a mapping
     of /dev/xvda then added an empty encrypted volume and left the root as the image had it."""
     from amibake.steps.launch import LaunchTemplate
@@ -427,6 +429,12 @@ def test_the_launch_encrypts_the_base_image_s_own_root_volume(cloud: Cloud) -> N
                     step.cleanup(state)
             (mapping,) = data["BlockDeviceMappings"]
             assert mapping["DeviceName"] == root and mapping["Ebs"]["Encrypted"] is True
+            # IMDSv2 only, one hop: the instance's own processes, no container's (the local
+            # cloud's IMDS asks a token of every call whatever the template says, so the
+            # template itself is read here).
+            metadata = data["MetadataOptions"]
+            assert metadata["HttpTokens"] == "required"
+            assert int(metadata["HttpPutResponseHopLimit"]) == 1
     finally:
         cloud.ec2.deregister_image(ImageId=other)
         cloud.ec2.delete_snapshot(SnapshotId=snapshot)
