@@ -395,11 +395,12 @@ def test_the_tmpfs_is_capped_by_the_recipe_and_a_missing_artifact_is_named(
     assert_nothing_left(cloud, run_id, local_dir)
 
 
-def test_the_launch_encrypts_the_base_image_s_own_root_volume_and_asks_imdsv2(
+def test_the_launch_encrypts_the_base_image_s_own_root_volume_asks_imdsv2_and_opens_ssh_alone(
     cloud: Cloud,
 ) -> None:
     """Amazon Linux's root device is /dev/xvda, another base image's may be /dev/sda1: a mapping
     of /dev/xvda then added an empty encrypted volume and left the root as the image had it."""
+    from amibake.steps.access import SecurityGroup
     from amibake.steps.launch import LaunchTemplate
     from amibake.steps.preflight import preflight_instance
     from amibake.steps.state import InstanceState
@@ -419,14 +420,25 @@ def test_the_launch_encrypts_the_base_image_s_own_root_volume_and_asks_imdsv2(
             preflight_instance(cloud, state)
             assert state.root_device == root
             with pipelines.open_run(cloud, "test root device") as context:
-                step = LaunchTemplate(context)
-                step.run(state)
+                group, step = SecurityGroup(context), LaunchTemplate(context)
+                group.run(state)
                 try:
-                    data = cloud.ec2.describe_launch_template_versions(
-                        LaunchTemplateId=state.launch_template_id
-                    )["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+                    (rule,) = cloud.ec2.describe_security_groups(
+                        GroupIds=[state.security_group_id]
+                    )["SecurityGroups"][0]["IpPermissions"]
+                    step.run(state)
+                    try:
+                        data = cloud.ec2.describe_launch_template_versions(
+                            LaunchTemplateId=state.launch_template_id
+                        )["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+                    finally:
+                        step.cleanup(state)
                 finally:
-                    step.cleanup(state)
+                    group.cleanup(state)
+            # SSH alone, from the caller's address alone (the local cloud's is loopback's).
+            assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 22, 22)
+            assert [r["CidrIp"] for r in rule["IpRanges"]] == ["127.0.0.1/32"]
+            assert not rule.get("Ipv6Ranges") and not rule.get("UserIdGroupPairs")
             (mapping,) = data["BlockDeviceMappings"]
             assert mapping["DeviceName"] == root and mapping["Ebs"]["Encrypted"] is True
             # IMDSv2 only, one hop: the instance's own processes, no container's (the local
