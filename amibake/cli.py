@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     cliutil.add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    local = commands.add_parser("local", help="the embedded local cloud (up, status, down, interrupt)")
+    local = commands.add_parser(
+        "local", help="the embedded local cloud (up, status, down, interrupt)"
+    )
     local_commands = local.add_subparsers(dest="local_command", required=True, parser_class=Parser)
     for name, text in (
         ("up", "start the local cloud (a background daemon) unless it is running"),

@@ -165,6 +165,7 @@ def test_families_are_preflighted_side_by_side_and_shared_lookups_made_once(
     assert states[0].base_ami != states[2].base_ami  # x86_64 and arm64 AMIs, from one call
     assert sorted(calls) == sorted(
         ["GetParameters", "DescribeInstanceTypeOfferings", "DescribeInstanceTypes"]
+        + ["DescribeImages"]  # the base images' root devices, all at once
         + ["RunInstances"] * 3
     )
 

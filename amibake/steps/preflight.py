@@ -8,12 +8,12 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import botocore.exceptions
 
 from amibake.cloud import Cloud
-from amibake.cloud.calls import describe_image, error_code, every, no_default_vpc, wait_until
+from amibake.cloud.calls import error_code, every, no_default_vpc, wait_until
 from amibake.cloud.ec2 import describe_instance_types
 from amibake.cloud.network import find as find_network
 from amibake.cloud.tags import RUN_ID
@@ -126,6 +126,10 @@ class Lookups:
     offered: set[str]  # instance types offered in the region
     memory: dict[str, int]  # instance type -> MiB
     subnet: str = ""  # the first of subnet_ids: where a launch must go without a default VPC
+    # AMI id -> its root device, whose volume the launch encrypts (Amazon Linux's /dev/xvda;
+    # another base image's may be /dev/sda1, where a mapping of /dev/xvda added an empty
+    # encrypted volume and left the root as the image had it)
+    root_devices: dict[str, str] = field(default_factory=dict)
 
 
 def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
@@ -153,6 +157,12 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
             t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"]
             for t in describe_instance_types(cloud.ec2, types)
         }
+        images = sorted({*base_amis.values(), *(s.base_ami for s in states if s.base_ami)})
+        root_devices = {
+            str(i["ImageId"]): str(i["RootDeviceName"])
+            for i in (cloud.ec2.describe_images(ImageIds=images)["Images"] if images else [])
+            if i.get("RootDeviceName")
+        }
     except botocore.exceptions.ClientError as exc:
         if len(states) == 1:
             raise CloudError(f"preflight for {states[0].family.name}: {exc}") from exc
@@ -162,8 +172,9 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
             {t for part in parts for t in part.offered},
             {t: m for part in parts for t, m in part.memory.items()},
             subnet,
+            {i: d for part in parts for i, d in part.root_devices.items()},
         )
-    return Lookups(base_amis, offered, memory, subnet)
+    return Lookups(base_amis, offered, memory, subnet, root_devices)
 
 
 def preflight_instance(
@@ -180,9 +191,7 @@ def preflight_instance(
         if parameter not in lookups.base_amis:
             raise CloudError(f"preflight for {family.name}: no SSM parameter {parameter}")
         state.base_ami = lookups.base_amis[parameter]
-    image = describe_image(cloud.ec2, state.base_ami)  # missing: the dry run below says so
-    if image is not None and image.get("RootDeviceName"):
-        state.root_device = str(image["RootDeviceName"])
+    state.root_device = lookups.root_devices.get(state.base_ami, state.root_device)
     if not lookups.offered & set(types):
         raise UserError(f"none of {', '.join(types)} is offered in {cloud.config.region}")
     try:
