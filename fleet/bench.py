@@ -418,14 +418,8 @@ def _execute(
         return {"run_id": run_id, "types": {}}
     builds = spec.builds if spec.recipe else ()
     check_runnable(cloud, spec.types, builds)
-    recorded = control.recording_builds(results, run_id)
     build_runs: list[str] = []
-
-    def on_open(context: RunContext) -> None:
-        recorded(context)
-        build_runs.append(context.run_id)
-
-    artifacts = ensure_builds(cloud, spec, on_open)
+    artifacts = ensure_builds(cloud, spec, control.recording_builds(results, run_id, build_runs))
     check_runnable(cloud, spec.types, builds, artifacts)
     # The builds' instances were paid for too: the cap counts them, each at the dearest of the
     # families' large types, spot, as ensure_builds asks (the journal does not say which

@@ -273,13 +273,17 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
 AMIBAKE_RUNS = ("controller", "build")
 
 
-def recording_builds(results: Results, run_id: str) -> Callable[[RunContext], None]:
+def recording_builds(
+    results: Results, run_id: str, opened: list[str]
+) -> Callable[[RunContext], None]:
     """An on_open for amibake's build pipeline: the build's run recorded in the fleet run's,
     before it makes anything, so that `fleet kill` and a resume sweep what a SIGKILL left of
-    it (they found only the controllers', and a build's instance ran on until `amibake gc`)."""
+    it (they found only the controllers', and a build's instance ran on until `amibake gc`);
+    its id appended to `opened`, for what its instances cost."""
 
     def record(context: RunContext) -> None:
         results.event(run_id, "build", amibake_run=context.run_id)
+        opened.append(context.run_id)
 
     return record
 

@@ -213,12 +213,7 @@ class CloudEvaluator:
         configuration seen before is not rebuilt), and what its build instance cost. Raises
         Measured when it fails (with what it cost until then)."""
         opened: list[str] = []
-        record = control.recording_builds(self.results, self.run_id)
-
-        def on_open(context: RunContext) -> None:
-            record(context)
-            opened.append(context.run_id)
-
+        on_open = control.recording_builds(self.results, self.run_id, opened)
         # The build's own type once launched; until then the size it asks for first.
         asked = f"{instance_type.split('.')[0]}.{BUILD_SIZE}"
         try:
