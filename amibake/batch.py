@@ -255,7 +255,17 @@ def _ensure_job_role(cloud: Cloud, bucket: str) -> str:
                 "Principal": {"AWS": arn},
                 "Action": ["s3:GetObject", "s3:PutObject"],
                 "Resource": f"arn:aws:s3:::{bucket}/fleet/*",
-            }
+            },
+            {
+                # TLS or nothing, whoever asks (AWS Security Hub's S3.5): the payloads jobs run
+                # are in it, and a plain-HTTP read or write of them could be seen or altered.
+                "Sid": "TlsOnly",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "s3:*",
+                "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
+                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            },
         ],
     }
     s3 = cloud.client("s3")

@@ -498,3 +498,28 @@ def test_iam_analysers_find_no_escalation_or_exposure() -> None:
         ]
         assert others == [], [(f.issue, f.detail) for f in others]
     assert iam_policy.unscoped() == []  # every action listed says where it may act
+
+
+def test_under_enforcement_a_bucket_policy_s_deny_wins_over_the_caller_s_allow(
+    enforcing_cloud: dict[str, Any],
+) -> None:
+    """AWS evaluates the bucket's policy beside the caller's, and an explicit Deny in either
+    wins; the local cloud read the bucket's only where the caller's said nothing."""
+    anything = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
+    enforcing_cloud["allow"]({"Version": "2012-10-17", "Statement": [anything]})
+    s3 = enforcing_cloud["user"]().client("s3")
+    bucket = "enforced-deny"
+    s3.create_bucket(Bucket=bucket)
+    for transport, denied in (("true", True), ("false", False)):
+        deny = {"Effect": "Deny", "Principal": "*", "Action": "s3:ListBucket",
+                "Resource": f"arn:aws:s3:::{bucket}",
+                "Condition": {"Bool": {"aws:SecureTransport": transport}}}  # fmt: skip
+        s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Statement": [deny]}))
+        if denied:
+            with pytest.raises(botocore.exceptions.ClientError) as refused:
+                s3.list_objects_v2(Bucket=bucket)
+            assert "s3:ListBucket" in str(refused.value), refused.value
+        else:
+            assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+    s3.delete_bucket_policy(Bucket=bucket)
+    s3.delete_bucket(Bucket=bucket)

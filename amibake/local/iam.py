@@ -20,6 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Context = dict[str, Any]  # condition key -> value (a str, or a list for multivalued keys)
+# Every request the local cloud serves stands for one amibake makes to AWS over TLS (boto3's
+# endpoints and the job agent's are https: fleet/agent/s3.py), and it travels on loopback
+# addresses no other host reaches. So each carries aws:SecureTransport "true": a policy that
+# refuses plain HTTP (AWS Security Hub's S3.5) refuses none of amibake's calls, here as on AWS.
+TRANSPORT: Context = {"aws:SecureTransport": "true"}
 
 
 @dataclass

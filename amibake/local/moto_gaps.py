@@ -31,6 +31,7 @@ def apply() -> None:
     _job_definition_by_revision()
     _batch_action_names()
     _s3_action_names()
+    _bucket_policy_by_condition()
     _spot_prices()
 
 
@@ -354,6 +355,37 @@ def _s3_action_names() -> None:
         bucket[method].update(names)
 
 
+def _bucket_policy_by_condition() -> None:
+    """moto judges a bucket's policy on every object request by action and resource alone,
+    blind to Principal and Condition: a statement AWS applies to some requests applied to all.
+    The TLS-only Deny (aws:SecureTransport "false") refused every PutObject to the job bucket,
+    however it was sent. Judged by the local cloud's evaluator instead, with the context every
+    request carries (iam.TRANSPORT); moto passes on nothing of the caller here, so a statement
+    naming principals is judged where the caller is known (IAM enforcement's check above)."""
+    import json
+
+    from moto.iam.access_control import PermissionResult
+    from moto.s3.models import FakeBucket
+
+    from amibake.local import iam
+
+    original = FakeBucket.get_permission
+    if getattr(original, "_amibake", False):
+        return
+
+    def get_permission(self: Any, action: str, resource: str) -> Any:
+        if self.policy is None:
+            return PermissionResult.NEUTRAL
+        raw = self.policy if isinstance(self.policy, str) else self.policy.decode()
+        verdict = iam.decide([json.loads(raw)], iam.Check(action, resource, dict(iam.TRANSPORT)))
+        return {"deny": PermissionResult.DENIED, "allow": PermissionResult.PERMITTED}.get(
+            verdict, PermissionResult.NEUTRAL
+        )
+
+    get_permission._amibake = True  # type: ignore[attr-defined]
+    FakeBucket.get_permission = get_permission  # type: ignore[method-assign]
+
+
 def _authorization_by_resource() -> None:
     """Under IAM enforcement, decide as AWS does: by resource ARN and condition, for the
     authorization requests AWS makes for the call (amibake.local.authorization), where moto
@@ -385,11 +417,15 @@ def _authorization_by_resource() -> None:
             checks = calls.checks(service, action, params)
         policies = list(iam.documents(self._access_key.collect_policies()))
         for one in checks:
+            one.context.update(iam.TRANSPORT)
             verdict = iam.decide(policies, one)
-            if verdict == "implicit" and isinstance(self, S3IAMRequest):
+            if isinstance(self, S3IAMRequest):
+                # the bucket's policy beside the caller's: its explicit Deny wins over the
+                # caller's Allow, and its Allow grants what the caller's policies do not
                 bucket = resource.split(":::", 1)[-1].split("/", 1)[0]
                 held = authorization.bucket_policy(bucket)
-                verdict = iam.decide([held], one) if held else verdict
+                own = iam.decide([held], one) if held else "implicit"
+                verdict = next(v for v in ("deny", "allow", "implicit") if v in (verdict, own))
             if verdict != "allow":
                 self._action = one.action  # the denial names what was missing
                 self._raise_access_denied()

@@ -216,6 +216,34 @@ def test_the_job_bucket_is_random_recorded_and_every_s3_call_names_its_owner(
     assert headers, "batch up made no S3 call: the recording is broken"
     for operation, sent in headers:
         assert sent.get("x-amz-expected-bucket-owner") == cloud.account, operation
+    # Its policy lets the job role read and write the run files, over TLS only (Security Hub's
+    # S3.5), as AWS evaluates it: a plain-HTTP request is denied, whoever makes it.
+    from amibake.local import iam
+
+    policy = json.loads(s3.get_bucket_policy(Bucket=name)["Policy"])
+    role = cloud.client("iam").get_role(RoleName=batch.JOB_ROLE)["Role"]["Arn"]
+    payload = f"arn:aws:s3:::{name}/fleet/fb-0123456789/payload.tar"
+    for action in ("s3:GetObject", "s3:PutObject"):
+        over = {"aws:PrincipalArn": role}
+        assert (
+            iam.decide(
+                [policy], iam.Check(action, payload, {**over, "aws:SecureTransport": "true"})
+            )
+            == "allow"
+        )
+        assert (
+            iam.decide(
+                [policy], iam.Check(action, payload, {**over, "aws:SecureTransport": "false"})
+            )
+            == "deny"
+        )
+    anyone = {
+        "aws:PrincipalArn": f"arn:aws:iam::{cloud.account}:root",
+        "aws:SecureTransport": "false",
+    }
+    assert (
+        iam.decide([policy], iam.Check("s3:ListBucket", f"arn:aws:s3:::{name}", anyone)) == "deny"
+    )
 
 
 def test_a_recorded_bucket_another_account_holds_is_refused_untouched(

@@ -195,7 +195,7 @@ def test_up_waits_until_s3_knows_the_job_role_it_just_made(faulty: Faulty) -> No
     bucket = batch.job_bucket(cloud)
     assert bucket is not None
     policy = json.loads(cloud.client("s3").get_bucket_policy(Bucket=bucket)["Policy"])
-    (statement,) = policy["Statement"]
+    (statement,) = [s for s in policy["Statement"] if s["Effect"] == "Allow"]
     assert statement["Principal"]["AWS"].endswith(f":role/amibake/{batch.JOB_ROLE}"), statement
     batch.down(cloud)
     _nothing_registered(cloud)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -163,3 +164,40 @@ def test_a_job_definition_is_described_by_name_and_revision(cloud: Any) -> None:
     assert statuses(f"gap-test-definition:{first}") == [(first, "INACTIVE")]
     assert statuses("gap-test-definition") == [(first, "INACTIVE"), (second, "ACTIVE")]
     batch.deregister_job_definition(jobDefinition=f"gap-test-definition:{second}")
+
+
+def _bucket_denying(s3: Any, bucket: str, condition: Any, principal: Any = "*") -> None:
+    statement: dict[str, Any] = {"Effect": "Deny", "Principal": principal, "Action": "s3:*",
+                                 "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}  # fmt: skip
+    if condition:
+        statement["Condition"] = condition
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Statement": [statement]}))
+
+
+def test_a_bucket_policy_applies_to_the_requests_its_conditions_and_principals_name(
+    cloud: Any,
+) -> None:
+    """moto applied every statement of a bucket's policy to every object request, whatever its
+    Condition and Principal: the TLS-only Deny refused the job bucket's every PutObject. A
+    request to the local cloud stands for one over TLS (iam.TRANSPORT)."""
+    import botocore.exceptions
+
+    s3 = cloud.client("s3")
+    bucket = "moto-gaps-conditions"
+    s3.create_bucket(Bucket=bucket)
+    try:
+        plain_http = {"Bool": {"aws:SecureTransport": "false"}}
+        other = {"AWS": f"arn:aws:iam::{cloud.account}:role/someone-else"}
+        for condition, principal in ((plain_http, "*"), (None, other)):
+            _bucket_denying(s3, bucket, condition, principal)
+            s3.put_object(Bucket=bucket, Key="k", Body=b"1")
+            assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"1"
+        # the same statement where its condition holds: denied, so the policy is judged
+        _bucket_denying(s3, bucket, {"Bool": {"aws:SecureTransport": "true"}})
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            s3.put_object(Bucket=bucket, Key="k", Body=b"2")
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    finally:
+        s3.delete_bucket_policy(Bucket=bucket)
+        s3.delete_object(Bucket=bucket, Key="k")
+        s3.delete_bucket(Bucket=bucket)
