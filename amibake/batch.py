@@ -533,14 +533,20 @@ def pages(batch: Any, operation: str, key: str, **params: Any) -> list[dict[str,
 
 
 def environments(batch: Any, *names: str) -> list[dict[str, Any]]:
-    """The compute environments named (by name or ARN), or every one when none is named."""
+    """The compute environments named (by name or ARN), or every one when none is named. One
+    deleted is described DELETED for a while after (as terraform-provider-aws's finders, it is
+    not there: a wait for it to go waited that out, and failed)."""
     params = {"computeEnvironments": list(names)} if names else {}
-    return pages(batch, "describe_compute_environments", "computeEnvironments", **params)
+    found = pages(batch, "describe_compute_environments", "computeEnvironments", **params)
+    return [e for e in found if e.get("status") != "DELETED"]
 
 
 def queues(batch: Any, *names: str) -> list[dict[str, Any]]:
+    """The job queues named (by name or ARN), or every one; a deleted one is not there, as
+    for environments."""
     params = {"jobQueues": list(names)} if names else {}
-    return pages(batch, "describe_job_queues", "jobQueues", **params)
+    found = pages(batch, "describe_job_queues", "jobQueues", **params)
+    return [q for q in found if q.get("status") != "DELETED"]
 
 
 def _described(batch: Any, kind: str, name: str) -> dict[str, Any] | None:

@@ -298,18 +298,14 @@ def still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0
         if kind == "volume":
             return bool(ec2.describe_volumes(VolumeIds=[resource_id])["Volumes"])
         if kind == "job-queue":
-            queues = cloud.client("batch").describe_job_queues(jobQueues=[resource_id])
-            return any(q.get("status") != "DELETED" for q in queues["jobQueues"])
+            return bool(batch.queues(cloud.client("batch"), resource_id))
         if kind == "job-definition":
             definitions = cloud.client("batch").describe_job_definitions(
                 jobDefinitions=[resource_id]
             )
             return any(d.get("status") == "ACTIVE" for d in definitions["jobDefinitions"])
         if kind == "compute-environment":
-            envs = cloud.client("batch").describe_compute_environments(
-                computeEnvironments=[resource_id]
-            )
-            return any(e.get("status") != "DELETED" for e in envs["computeEnvironments"])
+            return bool(batch.environments(cloud.client("batch"), resource_id))
     except botocore.exceptions.ClientError as exc:
         code = error_code(exc)
         if kind == "instance" and code == "InvalidInstanceID.NotFound":

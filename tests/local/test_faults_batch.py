@@ -155,6 +155,30 @@ def test_an_environment_still_in_its_queue_is_deleted(
     _nothing_registered(cloud)
 
 
+def test_a_deleted_queue_and_environment_described_deleted_are_gone(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    """Batch describes a deleted queue or environment for a while after, status DELETED: the
+    waits for them to go waited that out (300 s each, then failed), so `down` stopped before
+    the job definitions, and an `up` after it took the deleted environment for its own."""
+    cloud = faulty("batch-environments", 0)
+    image = _image(cloud)
+    batch.up(cloud, [image])
+    batch.down(cloud)
+    client = cloud.client("batch")
+    described = client.describe_compute_environments()["computeEnvironments"]
+    assert [e["status"] for e in described] == ["DELETED"], described
+    assert [q["status"] for q in client.describe_job_queues()["jobQueues"]] == ["DELETED"]
+    assert met(cloud)["batch-environments"]["deleted still described"] > 0
+    _nothing_registered(cloud)
+    batch.up(cloud, [image])  # the same names again, while the deleted ones are described
+    env_name, queue = batch.names(image)
+    assert [e["status"] for e in batch.environments(client, env_name)] == ["VALID"]
+    assert [q["status"] for q in batch.queues(client, queue)] == ["VALID"]
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
 # --- a new role not yet known to S3 ------------------------------------------------------
 
 

@@ -16,14 +16,21 @@ queue deleted) still counts as the queue's for a moment: DeleteComputeEnvironmen
 ClientException "Cannot delete, found existing JobQueue relationship" though the update succeeded
 (hashicorp/terraform-provider-aws#46925, "AWS Batch has eventual consistency").
 
+And a queue or environment deleted is still described for a while, with status DELETED (the
+Batch API's JQStatus and CEStatus have it; terraform-provider-aws waited for DELETED as the
+target of a deletion, and its finders now take DELETED for not found).
+
 Locally: an environment created within FRESH_S of an IAM role or instance profile being made
 (or a role added to a profile) goes INVALID at a seeded rate, and is described so, whatever its
 state, until it is deleted. An environment deleted within LINGER_S (seeded) of a queue's update
-or deletion is refused so.
+or deletion is refused so. A queue or environment deleted is described (by name, by ARN, or in
+a listing's last page) as it last was, DELETED and DISABLED, for DELETED_S (seeded), unless one
+of its name is made again.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from amibake.local.faults import Behaviour, Faults, Reply, Request, json_error
@@ -33,6 +40,22 @@ from amibake.local.faults import Behaviour, Faults, Reply, Request, json_error
 FRESH_S = 60.0
 INVALID = 0.35  # share of environments created in that window that go INVALID
 LINGER_S = (0.5, 3.0)  # a queue's old relationship to an environment, after its update
+# How long a deleted queue or environment is described DELETED: AWS does not say; long enough
+# that a wait for it to vanish from the describe runs out (fleet's and gc's waited 300 s).
+DELETED_S = (400.0, 900.0)
+# each describe's list (asked and answered under one key) and its entries' name field
+DESCRIBED = {
+    "DescribeJobQueues": ("jobQueues", "jobQueueName"),
+    "DescribeComputeEnvironments": ("computeEnvironments", "computeEnvironmentName"),
+}
+DELETES = {
+    "DeleteJobQueue": ("DescribeJobQueues", "jobQueue"),
+    "DeleteComputeEnvironment": ("DescribeComputeEnvironments", "computeEnvironment"),
+}
+CREATES = {
+    "CreateJobQueue": ("DescribeJobQueues", "jobQueueName"),
+    "CreateComputeEnvironment": ("DescribeComputeEnvironments", "computeEnvironmentName"),
+}
 # What changes an IAM principal an environment uses (AttachRolePolicy of a policy already
 # attached changes nothing: amibake repeats it on every `up`).
 IAM_CHANGES = (
@@ -72,9 +95,62 @@ def _before(faults: Faults, request: Request) -> Reply | None:
     return None
 
 
+def _deleted_lingers(faults: Faults, request: Request, reply: Reply) -> Reply:
+    """Remember each queue and environment as last described; describe a deleted one DELETED
+    for DELETED_S after its deletion. Keyed "account action name"."""
+    seen = faults.remember("batch-environments:seen")
+    gone = faults.remember("batch-environments:deleted")  # key -> (until, entry)
+    if request.action in CREATES:
+        action, field = CREATES[request.action]
+        gone.pop(f"{request.account} {action} {request.params.get(field, '')}", None)
+        return reply
+    if request.action in DELETES:
+        action, field = DELETES[request.action]
+        name = _name(str(request.params.get(field, "")))
+        key = f"{request.account} {action} {name}"
+        last = copy.deepcopy(seen.get(key) or {DESCRIBED[action][1]: name})
+        last.update(status="DELETED", state="DISABLED")
+        with faults.lock:
+            made = faults.state.setdefault("batch-environments:deletions", [0])
+            made[0] += 1
+            n = made[0]
+        gone[key] = (faults.now() + faults.between(*DELETED_S, "batch-deleted", n), last)
+        return reply
+    if request.action not in DESCRIBED:
+        return reply
+    listed_key, name_key = DESCRIBED[request.action]
+    data = reply.json()
+    listed: list[dict[str, Any]] = data.get(listed_key, [])
+    prefix = f"{request.account} {request.action} "
+    for entry in listed:
+        seen[prefix + str(entry.get(name_key, ""))] = copy.deepcopy(entry)
+    if data.get("nextToken"):  # the deleted ones go on the last page
+        return reply
+    asked = {_name(str(a)) for a in request.params.get(listed_key) or []}
+    live = {str(e.get(name_key, "")) for e in listed}
+    now = faults.now()
+    added = False
+    for key, (until, entry) in list(gone.items()):
+        name = key.removeprefix(prefix)
+        if not key.startswith(prefix):
+            continue
+        if now >= until:
+            gone.pop(key, None)
+        elif name not in live and (not asked or name in asked):
+            listed.append(copy.deepcopy(entry))
+            added = True
+            faults.count(BEHAVIOUR.name, "deleted still described")
+    if not added:
+        return reply
+    data[listed_key] = listed
+    return reply.with_json(data)
+
+
 def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
     if not reply.ok:
         return reply
+    if request.service == "batch":
+        reply = _deleted_lingers(faults, request, reply)
     now = faults.now()
     if request.service == "batch" and request.action in ("UpdateJobQueue", "DeleteJobQueue"):
         with faults.lock:
@@ -126,8 +202,8 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
 BEHAVIOUR = Behaviour(
     name="batch-environments",
     source=(
-        "terraform-provider-aws#37945, #21281, #46925; kops#35; metaflow-tools#9; "
-        "Batch API reference"
+        "terraform-provider-aws#37945, #21281, #46925, its job queue finder; kops#35; "
+        "metaflow-tools#9; Batch API reference"
     ),
     before=_before,
     after=_after,
