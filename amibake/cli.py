@@ -811,8 +811,13 @@ def _gc(args: argparse.Namespace) -> int:
         leftovers = [x for x in alive if not x.kept]
         deleted: list[Any] = []
         failures: list[str] = []
-    else:
-        alive = leftovers = gc.find(cloud, journal, run_id=args.run_id, older_than=older)
+    else:  # what is kept is said only where a run still runs (it may be thought left)
+        alive = [
+            x
+            for x in inventory.discover(cloud, journal, run_id=args.run_id, older_than=older)
+            if not x.kept or x.running
+        ]
+        leftovers = [x for x in alive if not x.kept]
         deleted, failures = gc.delete(cloud, journal, leftovers)
         for run_id in {x.run_id for x in leftovers if x.run_id}:
             journal.cleaned_up(run_id)

@@ -39,7 +39,8 @@ def find(
     older_than: timedelta | None = None,
 ) -> list[Resource]:
     """What gc deletes: amibake's resources in the region (inventory.discover) that are not
-    kept (baked images and their snapshots, and what `amibake batch up` registered)."""
+    kept (baked images and their snapshots, what `amibake batch up` registered, and what runs
+    still running hold)."""
     found = inventory.discover(cloud, journal, run_id=run_id, older_than=older_than)
     return [item for item in found if not item.kept]
 

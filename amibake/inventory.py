@@ -64,6 +64,7 @@ class Resource:
     run_id: str
     created: datetime | None
     kept: str = ""  # why gc leaves it alone; '' when it is a leftover gc deletes
+    running: bool = False  # kept because its run is running (gc says so, dry run or not)
     size_gib: float | None = None  # volumes, snapshots
     objects: int | None = None  # buckets
     size_bytes: int | None = None  # buckets
@@ -369,8 +370,9 @@ def discover(
             journal.deleted(entry.kind, entry.resource_id)
     if everything:
         found.update({(r.kind, r.resource_id): r for r in _batch_extras(cloud)})
+    live, elsewhere = journal.live_runs(), journal.running_elsewhere()
     chosen = [
-        item
+        _unless_running(item, live, {} if run_id is not None else elsewhere)
         for item in found.values()
         if (run_id is None or item.run_id == run_id)
         and (
@@ -380,6 +382,27 @@ def discover(
         )
     ]
     return sorted(chosen, key=lambda x: (ORDER.index(x.kind), x.resource_id))
+
+
+def _unless_running(item: Resource, live: dict[str, int], elsewhere: dict[str, str]) -> Resource:
+    """Kept while its run runs: on this machine (`live`: its own cleanup removes it; gc took a
+    live bake's image, a bench's instance, a colleague's run in the same results dir), or, as
+    far as the journal knows, on another (`elsewhere`; empty when gc is given a run id: what
+    runs there cannot be told from here)."""
+    if item.kept or not item.run_id:
+        return item
+    pid = live.get(item.run_id)
+    if pid is not None:
+        why = f"run {item.run_id} is running (pid {pid}): its own cleanup removes it on exit"
+        return replace(item, kept=why, running=True)
+    host = elsewhere.get(item.run_id)
+    if host is not None:
+        why = (
+            f"run {item.run_id} is running on {host} as far as the journal knows: gc there, "
+            f"or amibake gc --run-id {item.run_id} once it has stopped"
+        )
+        return replace(item, kept=why, running=True)
+    return item
 
 
 def totals(resources: list[Resource]) -> dict[str, float]:

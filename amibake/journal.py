@@ -15,13 +15,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from amibake import procs
 from amibake.errors import UserError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, command TEXT NOT NULL, cloud TEXT NOT NULL, region TEXT NOT NULL,
     started REAL NOT NULL, finished REAL, state TEXT NOT NULL DEFAULT 'running', detail TEXT,
-    pid INTEGER, host TEXT
+    pid INTEGER, host TEXT, pid_started TEXT
 );
 CREATE TABLE IF NOT EXISTS resources (
     run_id TEXT NOT NULL, kind TEXT NOT NULL, resource_id TEXT NOT NULL, region TEXT NOT NULL,
@@ -29,16 +30,6 @@ CREATE TABLE IF NOT EXISTS resources (
     PRIMARY KEY (kind, resource_id)
 );
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: alive
-        return True
-    return True
 
 
 @dataclass(frozen=True)
@@ -136,9 +127,18 @@ class Journal:
 
     def start_run(self, run_id: str, command: str, cloud: str, region: str) -> None:
         self._exec(
-            "INSERT INTO runs (run_id, command, cloud, region, started, pid, host) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (run_id, command, cloud, region, time.time(), os.getpid(), socket.gethostname()),
+            "INSERT INTO runs (run_id, command, cloud, region, started, pid, host, pid_started) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id,
+                command,
+                cloud,
+                region,
+                time.time(),
+                os.getpid(),
+                socket.gethostname(),
+                procs.started(os.getpid()),
+            ),
         )
 
     def finish_run(self, run_id: str, state: str, detail: str = "") -> None:
@@ -161,16 +161,43 @@ class Journal:
         process lives, is left alone. Returns the runs closed."""
         closed = []
         here = socket.gethostname()
+        live = self.live_runs()
         for run_id, pid, host in self._exec(
             "SELECT run_id, pid, host FROM runs WHERE state = 'running'"
         ):
-            if host != here or not isinstance(pid, int) or _alive(pid):
+            if host != here or not isinstance(pid, int) or run_id in live:
                 continue
             left = self.alive(str(run_id))
             detail = f"its process ended without closing it; {len(left)} resources left"
             self.finish_run(str(run_id), "killed", detail)
             closed.append(str(run_id))
         return closed
+
+    def live_runs(self) -> dict[str, int]:
+        """Runs still running on this machine: run id -> pid. Its process is alive and is the
+        one that started the run (a pid taken since by another process is not)."""
+        here = socket.gethostname()
+        return {
+            str(run_id): pid
+            for run_id, pid, host, when in self._exec(
+                "SELECT run_id, pid, host, pid_started FROM runs WHERE state = 'running'"
+            )
+            if host == here
+            and isinstance(pid, int)
+            and procs.same_process(pid, str(when) if when else None)
+        }
+
+    def running_elsewhere(self) -> dict[str, str]:
+        """Runs this journal has as running on another machine (a results dir shared between
+        machines): run id -> host. Whether they live cannot be told from here."""
+        here = socket.gethostname()
+        return {
+            str(run_id): str(host)
+            for run_id, host in self._exec(
+                "SELECT run_id, host FROM runs WHERE state = 'running' AND host IS NOT NULL"
+            )
+            if host != here
+        }
 
     def cleaned_up(self, run_id: str) -> None:
         """gc removed the last of what the run left: its record says so."""

@@ -3,6 +3,8 @@ controller, the local cloud's daemon), so neither imports the other for it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psutil
 
 
@@ -13,3 +15,24 @@ def process_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def started(pid: int) -> str:
+    """When the process started, in clock ticks since boot (/proc/PID/stat's 22nd field): a
+    pid taken by another process since has another; a wall-clock time (psutil's create_time)
+    moved with the clock, and a live run's file was taken for a dead one. "" if it is gone (or
+    where there is no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def same_process(pid: int, when: str | None) -> bool:
+    """Whether `pid` is still the process that recorded `when` (its `started`): alive, and not
+    a later process given the same pid. A record without a start time (an older record, or a
+    system without /proc) is judged by the pid alone."""
+    if when and started(pid) != when:
+        return False
+    return process_alive(pid)

@@ -336,6 +336,7 @@ def test_gc_says_each_deletion_once_and_a_failed_one_only_as_failed(
     run_id = new_run_id()
     journal = Journal(cloud.config.results_dir / "journal.sqlite")
     journal.start_run(run_id, "build", "local", cloud.config.region)
+    journal.finish_run(run_id, "killed")  # its process died: gc leaves a live run's alone
     tags = [{"Key": "amibake:run-id", "Value": run_id}]
     name = f"amibake-{run_id}"
     cloud.ec2.create_key_pair(
@@ -374,6 +375,7 @@ def test_gc_names_the_regions_it_did_not_look_in(
     run_id = new_run_id()
     journal = Journal(cloud.config.results_dir / "journal.sqlite")
     journal.start_run(run_id, "build", "local", "eu-west-1")
+    journal.finish_run(run_id, "killed")
     name = f"amibake-{run_id}"
     there.ec2.create_key_pair(
         KeyName=name,
@@ -459,3 +461,68 @@ def test_a_recipe_that_does_not_ask_for_gcc_is_told_to(
     assert not outcome.ok
     assert outcome.error.endswith(f"has no gcc to build c5a: add gcc to the packages of {toml}")
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def _pid_started(journal: Journal, run_id: str, when: str) -> None:
+    """The run's process as recorded: `when` it started (another process's pid, reused)."""
+    import sqlite3
+
+    with sqlite3.connect(journal.path) as db:
+        db.execute("UPDATE runs SET pid_started = ? WHERE run_id = ?", (when, run_id))
+
+
+def test_gc_leaves_a_live_run_s_resources_and_takes_them_once_it_is_dead(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gc deleted whatever was not kept, live runs' too: a bake's image before it was kept, a
+    bench's instances, a colleague's run in the same results dir. A run whose process is alive
+    (this one) keeps its resources; one whose pid another process has taken since is dead."""
+    run_id = new_run_id()
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    journal.start_run(run_id, "build", "local", cloud.config.region)
+    name = f"amibake-{run_id}"
+    tags = [{"Key": "amibake:run-id", "Value": run_id}]
+    cloud.ec2.create_key_pair(
+        KeyName=name, TagSpecifications=[{"ResourceType": "key-pair", "Tags": tags}]
+    )
+    journal.created(run_id, "key-pair", name, cloud.config.region, "local")
+    assert journal.live_runs() == {run_id: os.getpid()}
+    for args in ([], ["--run-id", run_id]):
+        assert main(["gc", *args]) == 0
+        out = capsys.readouterr().out
+        assert f"keep key-pair {name}" in out and f"run {run_id} is running (pid {os.getpid()})" in out, out  # fmt: skip
+        assert tagged_alive(cloud, run_id) == [f"key-pair {name}"]
+    assert journal.run_state(run_id) == "running"
+    _pid_started(journal, run_id, "1")  # the pid is another process's now
+    assert journal.live_runs() == {}
+    assert main(["gc"]) == 0
+    assert f"deleted key-pair {name}" in capsys.readouterr().out
+    assert tagged_alive(cloud, run_id) == []
+    assert journal.run_state(run_id) == "killed"
+
+
+def test_gc_leaves_a_run_another_machine_runs_unless_given_its_id(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A results dir shared between machines: whether another's run lives cannot be told here."""
+    import sqlite3
+
+    run_id = new_run_id()
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    journal.start_run(run_id, "build", "local", cloud.config.region)
+    with sqlite3.connect(journal.path) as db:
+        db.execute("UPDATE runs SET host = 'ci-runner-7' WHERE run_id = ?", (run_id,))
+    name = f"amibake-{run_id}"
+    cloud.ec2.create_key_pair(
+        KeyName=name,
+        TagSpecifications=[
+            {"ResourceType": "key-pair", "Tags": [{"Key": "amibake:run-id", "Value": run_id}]}
+        ],
+    )
+    journal.created(run_id, "key-pair", name, cloud.config.region, "local")
+    assert main(["gc"]) == 0
+    out = capsys.readouterr().out
+    assert f"run {run_id} is running on ci-runner-7" in out, out
+    assert main(["gc", "--run-id", run_id]) == 0
+    assert f"deleted key-pair {name}" in capsys.readouterr().out
+    assert tagged_alive(cloud, run_id) == []

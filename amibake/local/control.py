@@ -28,7 +28,7 @@ from amibake.local.daemon import ERROR_FILE, INFO_FILE, REGISTRY_DIR
 from amibake.local.engine import LocalSettings
 from amibake.local.images import LAUNCHER_NS_ENV
 from amibake.local.sandbox import check_host, port_free, remove_tree
-from amibake.procs import process_alive
+from amibake.procs import process_alive, same_process, started
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0  # a daemon asked to stop shuts its sandboxes down first
@@ -278,7 +278,7 @@ def hold(config: Config) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         staged = path.with_name(f".{path.name}.new")  # whole or absent, never half-written
         staged.write_text(
-            json.dumps({"pid": os.getpid(), "started": _started(os.getpid()), "command": command})
+            json.dumps({"pid": os.getpid(), "started": started(os.getpid()), "command": command})
         )
         os.replace(staged, path)
     except OSError:
@@ -297,25 +297,14 @@ def holders(config: Config) -> list[tuple[str, int]]:
             continue
         try:
             info = json.loads(path.read_text())
-            pid, started = int(info["pid"]), str(info["started"])
+            pid, when = int(info["pid"]), str(info["started"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge
-        if started and _started(pid) == started and process_alive(pid):
+        if when and same_process(pid, when):
             found.append((str(info.get("command", "")), pid))
         else:
             path.unlink(missing_ok=True)
     return found
-
-
-def _started(pid: int) -> str:
-    """When the process started, in clock ticks since boot (/proc/PID/stat's 22nd field): a
-    pid taken by another process since has another; a wall-clock time (psutil's create_time)
-    moved with the clock, and a live run's file was taken for a dead one. "" if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[-1].split()[19]
 
 
 def _clean_leftovers(directory: Path) -> list[str]:
