@@ -8,8 +8,6 @@ holds as finished, so `--resume` after any stop (Ctrl-C, SIGKILL, `fleet kill`) 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import statistics
 import threading
 import time
@@ -564,8 +562,7 @@ def measure(
         results.event(
             run_id,
             "controller",
-            pid=os.getpid(),
-            host=socket.gethostname(),
+            **control.this_process(),
             amibake_run=context.run_id,
         )
         try:

@@ -18,7 +18,7 @@ from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.errors import UserError
 from amibake.journal import Journal
-from amibake.procs import process_alive
+from amibake.procs import process_alive, same_process, started
 from amibake.runner import RunContext
 from fleet.results import Results
 
@@ -34,6 +34,14 @@ STARTED = ("controller", "searching")
 ENDED = ("finished", "failed", "stopped", "killed")
 
 
+def this_process() -> dict[str, Any]:
+    """What a controller's event says of the process running it: pid, when it started (a pid
+    another process takes later is not taken for the controller: fleet kill signalled it) and
+    the machine."""
+    pid = os.getpid()
+    return {"pid": pid, "pid_started": started(pid), "host": socket.gethostname()}
+
+
 def controller(results: Results, run_id: str) -> dict[str, Any] | None:
     """The latest controller of the run, if it is alive on this machine."""
     for _, kind, detail in reversed(results.events(run_id)):
@@ -41,7 +49,8 @@ def controller(results: Results, run_id: str) -> dict[str, Any] | None:
             return None
         if kind in STARTED:
             mine = detail.get("host") == socket.gethostname()
-            return detail if mine and process_alive(int(detail["pid"])) else None
+            same = same_process(int(detail["pid"]), detail.get("pid_started"))
+            return detail if mine and same else None
     return None
 
 

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import socket
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -25,6 +24,7 @@ import pandas as pd
 from amibake import logs, progress
 from amibake.errors import UserError
 from amibake.runner import allow_runs, cancel_all
+from fleet import control
 from fleet.results import LOCAL_NOTE, Results, new_run_id
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation, Evaluator
@@ -162,7 +162,7 @@ def _search(
     in_flight = _replay_record(engine, results, run_id)
     budget = Budget.of_run(spec, results, run_id)
     # Who runs the search: `fleet status` and `fleet kill` find the controller by it.
-    results.event(run_id, "searching", pid=os.getpid(), host=socket.gethostname())
+    results.event(run_id, "searching", **control.this_process())
     done = 0
     # One line per trial told, with elapsed time and what is left at the pace so far.
     counter = progress.Counter(run_id, spec.trials, budget.asked - len(in_flight), noun="trials")

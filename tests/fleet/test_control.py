@@ -47,6 +47,21 @@ def test_kill_of_a_run_whose_controller_died_records_it_killed(
     assert [k for _, k, _ in results.events("fb-0000000002")][-1] == "killed"
 
 
+def test_a_controller_s_pid_taken_by_another_process_is_not_the_controller(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """fleet kill signals the controller it finds, SIGKILL after 300 s: a pid reused since (by
+    any process, root's in CI) was taken for it, as a resume was refused while it lived."""
+    results = bench.results_db(tmp_path / "results")
+    results.create_run("fb-0000000003", "bench", _spec(tmp_path), "local", cloud.config.region)
+    me = control.this_process()
+    results.event("fb-0000000003", "controller", **me, amibake_run="ab-000000000003")
+    found = control.controller(results, "fb-0000000003")
+    assert found is not None and found["pid"] == os.getpid()
+    results.event("fb-0000000003", "controller", **{**me, "pid_started": "1"})
+    assert control.controller(results, "fb-0000000003") is None
+
+
 def _bench_of_a_fresh_recipe(
     cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, name: str
 ) -> str:
