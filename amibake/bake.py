@@ -9,6 +9,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 import archspec.cpu
 
-from amibake import catalog, checks, cpu, isa
+from amibake import catalog, checks, cpu, isa, saved
 from amibake.cloud import Cloud
 from amibake.cloud.calls import describe_image
 from amibake.cloud.ec2 import delete_image, describe_instance_types, snapshots_of
@@ -109,7 +111,8 @@ def retire_older(cloud: Cloud, amis_file: Path, image_id: str, keep: int) -> lis
     `keep` (amis.json is in the order baked), deregistered with their snapshots
     (DeregisterImage's DeleteAssociatedSnapshots, which cannot race) and marked retired in
     amis.json; what was retired."""
-    records = baked(amis_file)
+    with saved.locked(amis_file):  # what the slow deregistering began with may have grown
+        records = baked(amis_file)
     new = next(r for r in records if r["image_id"] == image_id)
     same = [
         r
@@ -136,8 +139,24 @@ def retire_older(cloud: Cloud, amis_file: Path, image_id: str, keep: int) -> lis
             }
         )
     if retired:
-        amis_file.write_text(json.dumps(records, indent=2))
+        stamps = {r["image_id"]: r["retired"] for r in same if r.get("retired")}
+        with amis_changed(amis_file) as now:  # as it is now: another bake may have added
+            for record in now:
+                if record["image_id"] in stamps:
+                    record["retired"] = stamps[record["image_id"]]
     return retired
+
+
+@contextmanager
+def amis_changed(amis_file: Path) -> Iterator[list[dict[str, Any]]]:
+    """amis.json's records, read, changed in place by the caller and written back whole, under
+    the file's lock: two bakes at once, or one bake's two architectures, each wrote back what it
+    had read, and the other's image was lost from the record (kept, so never gc'd, retired or
+    registered)."""
+    with saved.locked(amis_file):
+        records = baked(amis_file)
+        yield records
+        saved.write_whole(amis_file, json.dumps(records, indent=2))
 
 
 def _manifest(manifest: Any) -> dict[str, Any]:

@@ -5,10 +5,10 @@ the other way round): this file is the hand-over, plain data a person can read t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from amibake import saved
 from fleet.tune_spec import TuneSpec
 
 
@@ -44,9 +44,5 @@ def write(
         # Unchanged: not rewritten, so that `bake --from-tune last` (the newest file) means
         # the newest recommendation, not the run last reported.
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Whole or not at all: bake reads it, maybe while a report rewrites it.
-    partial = out.with_suffix(".json.part")
-    partial.write_text(text)
-    os.replace(partial, out)
+    saved.write_whole(out, text)  # bake reads it, maybe while a report rewrites it
     return out

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -521,3 +522,40 @@ def test_a_damaged_record_is_named_before_anything_is_made(
     assert err.startswith(f"amibake: error: {manifest} is damaged (JSONDecodeError: "), err
     assert "build the family again (amibake build)" in err
     assert Journal(results / "journal.sqlite").last_run_id() is None  # no run started
+
+
+def _baked(image_id: str, cloud: Cloud) -> dict[str, Any]:
+    return {"image_id": image_id, "architecture": "x86_64", "region": cloud.config.region,
+            "cloud": cloud.config.cloud, "artifacts": {"a.tar": {"app": "trivial"}}}  # fmt: skip
+
+
+def test_a_record_added_while_older_images_retire_is_kept(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bake --keep` read amis.json, deregistered (slow), then wrote back what it had read: a
+    record another bake (or this bake's other architecture) added meanwhile was lost, and its
+    image, tagged kept, was never retired, registered or gc'd."""
+    amis = tmp_path / "amis.json"
+    amis.write_text(json.dumps([_baked("ami-old", cloud), _baked("ami-new", cloud)]))
+
+    def deregister(ec2: Any, image_id: str, snapshots: list[str]) -> None:
+        def other_bake_records() -> None:
+            with bake.amis_changed(amis) as records:
+                records.append(_baked("ami-other", cloud))
+
+        other = threading.Thread(target=other_bake_records)
+        other.start()
+        other.join(5)  # it records while this bake deregisters
+
+    monkeypatch.setattr(bake, "describe_image", lambda ec2, image_id: {"ImageId": image_id})
+    monkeypatch.setattr(bake, "snapshots_of", lambda image: [])
+    monkeypatch.setattr(bake, "delete_image", deregister)
+    retired = bake.retire_older(cloud, amis, "ami-new", keep=1)
+    assert [r["image_id"] for r in retired] == ["ami-old"]
+    deadline = time.monotonic() + 10
+    while len(bake.baked(amis)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    records = {r["image_id"]: r for r in bake.baked(amis)}
+    assert sorted(records) == ["ami-new", "ami-old", "ami-other"], records
+    assert records["ami-old"].get("retired") and not records["ami-other"].get("retired")
+    assert not list(tmp_path.glob(".amis.json.*.part"))

@@ -426,9 +426,8 @@ class Record:
             },
             "boot_test": state.boot_report,
         }
-        existing = bake.baked(state.amis_file)  # read (and checked) before the bake too
-        state.amis_file.parent.mkdir(parents=True, exist_ok=True)
-        state.amis_file.write_text(json.dumps([*existing, record], indent=2))
+        with bake.amis_changed(state.amis_file) as records:  # read (and checked) before too
+            records.append(record)
         state.keep_image = True
         self.context.deleted("image", state.image_id)
         for snapshot_id in state.snapshot_ids:
