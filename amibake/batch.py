@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -902,8 +903,10 @@ def down(cloud: Cloud) -> list[str]:
     the hosts' security group and the bucket: nothing `up` made in the region is left. Its IAM
     roles stay: IAM is global, and every region's `up` uses the same ones (free)."""
     batch = cloud.client("batch")
+    found = queues(batch)
+    _refuse_while_fleet_runs(found)
     done = []
-    mine = [q["jobQueueName"] for q in queues(batch) if q["jobQueueName"].startswith("amibake-")]
+    mine = [q["jobQueueName"] for q in found if q["jobQueueName"].startswith("amibake-")]
     for queue in mine:
         delete_queue(batch, queue)
         done.append(f"deleted job queue {queue}")
@@ -920,6 +923,25 @@ def down(cloud: Cloud) -> list[str]:
             batch.deregister_job_definition(jobDefinition=definition["jobDefinitionArn"])
             done.append(f"deregistered {definition['jobDefinitionName']}:{definition['revision']}")
     return done + _delete_security_groups(cloud) + _delete_bucket(cloud)
+
+
+def _refuse_while_fleet_runs(found: list[dict[str, Any]]) -> None:
+    """A fleet run on Batch has a queue of its own (fleet-RUN-...) and uses what `up` made: its
+    job definitions, the job bucket its payloads are in, the hosts' security group. `down`
+    deregistered and emptied them under it, and its jobs failed while their hosts were billed."""
+    runs = sorted(
+        {
+            m.group(1)
+            for q in found
+            if (m := re.fullmatch(r"fleet-(f[bt]-[0-9a-f]+)-.+", str(q["jobQueueName"])))
+        }
+    )
+    if runs:
+        raise UserError(
+            f"batch down would pull amibake's Batch registration (job definitions, job bucket, "
+            f"security group) from under fleet run(s) {', '.join(runs)}: stop each first "
+            "(fleet kill RUN; what a dead one left, amibake gc removes), then batch down again"
+        )
 
 
 def _delete_security_groups(cloud: Cloud) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 from amibake import batch
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, retry_on
-from amibake.errors import CloudError
+from amibake.errors import CloudError, UserError
 from amibake.local import faults
 from amibake.local.faults import batch_environments, batch_jobs, iam_principals, logs
 from fleet import bench
@@ -364,3 +364,28 @@ def test_down_removes_every_job_definition_page_after_page(faulty: Faulty) -> No
     assert len([d for d in done if d.startswith("deregistered amibake-many-x86_64:")]) == many
     assert batch.status(cloud)["job_definitions"] == []
     assert met(cloud)[pagination.BEHAVIOUR.name]["DescribeJobDefinitions truncated"] > 0
+
+
+def test_down_refuses_while_a_fleet_run_has_a_queue_and_touches_nothing(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    """A fleet run's jobs use what `up` made (job definitions, the bucket with their payloads,
+    the hosts' group): down deregistered and emptied them under it."""
+    cloud = faulty("none", 0)
+    image = _image(cloud)
+    batch.up(cloud, [image])
+    client = cloud.client("batch")
+    env_name, _ = batch.names(image)
+    run_queue = "fleet-fb-0123456789-abcdef-0"
+    client.create_job_queue(
+        jobQueueName=run_queue, state="ENABLED", priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": env_name}],
+    )  # fmt: skip
+    before = batch.status(cloud)
+    bucket = batch.job_bucket(cloud)
+    with pytest.raises(UserError, match=r"fleet run\(s\) fb-0123456789: stop each first"):
+        batch.down(cloud)
+    assert batch.status(cloud) == before and batch.job_bucket(cloud) == bucket
+    batch.delete_queue(client, run_queue)
+    batch.down(cloud)
+    _nothing_registered(cloud)
