@@ -57,7 +57,9 @@ REPLACE_WAIT_S = 5.0
 # S3 refuses a bucket policy naming a role IAM made seconds ago ("MalformedPolicy: Invalid
 # principal in policy") until the role has spread; Terraform retries it for a minute
 # (hashicorp/terraform#4315), which was at times just enough (opstrace/opstrace#88): two here.
-PRINCIPAL_KNOWN_S = 120.0
+# A new bucket found by its settings' calls, a new role by S3 as a policy's principal: AWS says
+# seconds, at times a minute (bucket_settled).
+BUCKET_KNOWN_S = 120.0
 # Jobs held RUNNABLE for one of these reasons are cancelled by the queue itself after
 # RUNNABLE_LIMIT_S (jobStateTimeLimitActions; "Jobs stuck in RUNNABLE" in the Batch user guide
 # lists them as the reasons that support it), so nothing waits on them for ever. AWS takes 600 s
@@ -270,10 +272,9 @@ def _ensure_job_role(cloud: Cloud, bucket: str) -> str:
         ],
     }
     s3 = cloud.client("s3")
-    retry_on(
-        {"MalformedPolicy"},
+    bucket_settled(  # its principal, a role made seconds before, may not be known to S3 yet
         lambda: s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy)),
-        within_s=PRINCIPAL_KNOWN_S,
+        also=frozenset({"MalformedPolicy"}),
     )
     return arn
 
@@ -406,37 +407,55 @@ def _ensure_bucket(cloud: Cloud) -> str:
                 else {"CreateBucketConfiguration": {"LocationConstraint": where}}
             ),
         )
-    s3.put_public_access_block(
-        Bucket=name,
-        PublicAccessBlockConfiguration={
-            "BlockPublicAcls": True,
-            "IgnorePublicAcls": True,
-            "BlockPublicPolicy": True,
-            "RestrictPublicBuckets": True,
-        },
-    )
-    s3.put_bucket_encryption(
-        Bucket=name,
-        ServerSideEncryptionConfiguration={
-            "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
-        },
-    )
-    # What a SIGKILLed run could not delete goes by itself within a week.
-    s3.put_bucket_lifecycle_configuration(
-        Bucket=name,
-        LifecycleConfiguration={
-            "Rules": [
-                {
-                    "ID": "expire",
-                    "Status": "Enabled",
-                    "Filter": {"Prefix": ""},
-                    "Expiration": {"Days": 7},
+    settings: list[tuple[str, dict[str, Any]]] = [
+        (
+            "put_public_access_block",
+            {
+                "PublicAccessBlockConfiguration": {
+                    "BlockPublicAcls": True,
+                    "IgnorePublicAcls": True,
+                    "BlockPublicPolicy": True,
+                    "RestrictPublicBuckets": True,
                 }
-            ]
-        },
-    )
-    s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": [{"Key": TAG, "Value": "true"}]})
+            },
+        ),
+        (
+            "put_bucket_encryption",
+            {
+                "ServerSideEncryptionConfiguration": {
+                    "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+                }
+            },
+        ),
+        # What a SIGKILLed run could not delete goes by itself within a week.
+        (
+            "put_bucket_lifecycle_configuration",
+            {
+                "LifecycleConfiguration": {
+                    "Rules": [
+                        {
+                            "ID": "expire",
+                            "Status": "Enabled",
+                            "Filter": {"Prefix": ""},
+                            "Expiration": {"Days": 7},
+                        }
+                    ]
+                }
+            },
+        ),
+        ("put_bucket_tagging", {"Tagging": {"TagSet": [{"Key": TAG, "Value": "true"}]}}),
+    ]
+    for method, params in settings:
+        bucket_settled(functools.partial(getattr(s3, method), Bucket=name, **params))
     return name
+
+
+def bucket_settled(call: Callable[[], object], also: frozenset[str] = frozenset()) -> None:
+    """A setting put on a bucket made seconds before: S3 may not find it yet (NoSuchBucket) or
+    be busy making it (OperationAborted) for a while (terraform-provider-aws retries both for
+    two minutes); `also`, other codes as passing. `up` stopped there, leaving the bucket
+    unencrypted and its public access not blocked until the next `up`."""
+    retry_on({"NoSuchBucket", "OperationAborted", *also}, call, within_s=BUCKET_KNOWN_S)
 
 
 def delete_prefix(cloud: Cloud, bucket: str, prefix: str) -> int:

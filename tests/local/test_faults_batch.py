@@ -23,7 +23,7 @@ from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, retry_on
 from amibake.errors import CloudError, UserError
 from amibake.local import faults
-from amibake.local.faults import batch_environments, batch_jobs, iam_principals, logs
+from amibake.local.faults import batch_environments, batch_jobs, iam_principals, logs, s3_buckets
 from fleet import bench
 from tests.fleet.test_bench import ANY_TYPE, assert_nothing_left, new_run, results_of
 from tests.helpers import base_ami
@@ -210,6 +210,55 @@ def test_a_bucket_policy_naming_a_role_made_a_moment_ago_is_refused_then_taken(
     s3.delete_bucket_policy(Bucket="fresh-bucket")
     s3.delete_bucket(Bucket="fresh-bucket")
     iam.delete_role(RoleName="fresh")
+
+
+def test_a_new_bucket_s_settings_are_refused_for_a_moment_then_taken(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    """The layer itself: NoSuchBucket, or OperationAborted for encryption, then the same call
+    succeeds."""
+    seed = seed_where(lambda f: f.chance(s3_buckets.ABORTED, "bucket", 1, "abort"))
+    cloud = faulty("s3-buckets", seed)
+    s3 = cloud.client("s3")
+    s3.create_bucket(Bucket="fresh-bucket")
+    encryption = {"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]}
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        s3.put_bucket_encryption(
+            Bucket="fresh-bucket", ServerSideEncryptionConfiguration=encryption
+        )
+    assert error_code(refused.value) == "OperationAborted"
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        s3.put_bucket_tagging(Bucket="fresh-bucket", Tagging={"TagSet": []})
+    assert error_code(refused.value) == "NoSuchBucket"
+    batch.bucket_settled(
+        lambda: s3.put_bucket_encryption(
+            Bucket="fresh-bucket", ServerSideEncryptionConfiguration=encryption
+        )
+    )
+    assert s3.get_bucket_encryption(Bucket="fresh-bucket")["ServerSideEncryptionConfiguration"]
+    s3.delete_bucket(Bucket="fresh-bucket")
+
+
+def test_up_puts_every_setting_on_a_bucket_s3_does_not_find_yet(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    """Settings put on a bucket made seconds before are refused NoSuchBucket for a while: `up`
+    stopped there, the bucket unencrypted and its public access not blocked until the next
+    `up`."""
+    cloud = faulty("s3-buckets", 0)
+    batch.up(cloud, [_image(cloud)])
+    bucket = batch.job_bucket(cloud)
+    assert bucket is not None
+    s3 = cloud.client("s3")
+    rules = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"]
+    assert rules[0]["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    assert all(s3.get_public_access_block(Bucket=bucket)["PublicAccessBlockConfiguration"].values())
+    lifecycle = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+    assert lifecycle[0]["Expiration"] == {"Days": 7}
+    assert "Deny" in s3.get_bucket_policy(Bucket=bucket)["Policy"]
+    assert met(cloud)["s3-buckets"]["bucket not found yet"] >= 1
+    batch.down(cloud)
+    _nothing_registered(cloud)
 
 
 def test_up_waits_until_s3_knows_the_job_role_it_just_made(faulty: Faulty) -> None:  # noqa: F811

@@ -252,6 +252,16 @@ def _rest_operation(service: str, path: str) -> str:
     return _REST_PATHS[service].get(path.lower().rstrip("/"), "")
 
 
+# A bucket's PUT by its sub-resource (the query string's key): the operation's name.
+_S3_BUCKET_PUTS = {
+    "policy": "PutBucketPolicy",
+    "publicAccessBlock": "PutPublicAccessBlock",
+    "encryption": "PutBucketEncryption",
+    "lifecycle": "PutBucketLifecycleConfiguration",
+    "tagging": "PutBucketTagging",
+}
+
+
 def request_of(
     service: str, environ: dict[str, Any], body: bytes, account: str, region: str
 ) -> Request:
@@ -270,8 +280,12 @@ def request_of(
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         params = {k: v[0] for k, v in query.items()}
         action = ""
-        if environ.get("REQUEST_METHOD") == "PUT" and "policy" in params:
-            action, params["Policy"] = "PutBucketPolicy", body.decode(errors="replace")
+        bucket_only = environ.get("PATH_INFO", "").strip("/").count("/") == 0
+        if environ.get("REQUEST_METHOD") == "PUT" and bucket_only:
+            action = next((name for key, name in _S3_BUCKET_PUTS.items() if key in params), "")
+            action = action or ("" if params else "CreateBucket")
+        if action == "PutBucketPolicy":
+            params["Policy"] = body.decode(errors="replace")
     else:  # query protocol (EC2, IAM, STS): a form, in the body or the query string
         text = body.decode(errors="replace") or environ.get("QUERY_STRING", "")
         params = {k: v[0] for k, v in parse_qs(text).items()}
