@@ -30,7 +30,7 @@ STOP_TIMEOUT_S = 300.0
 
 # Events that say whether a run is running: a controller started ("controller": a bench's or a
 # tune trial's instances, "searching": a tune search), or the run ended. Others are bookkeeping.
-STARTED = ("controller", "searching")
+STARTED = ("claimed", "controller", "searching")
 ENDED = ("finished", "failed", "stopped", "killed")
 
 
@@ -40,6 +40,12 @@ def this_process() -> dict[str, Any]:
     the machine."""
     pid = os.getpid()
     return {"pid": pid, "pid_started": started(pid), "host": socket.gethostname()}
+
+
+def _same(detail: dict[str, Any], me: dict[str, Any]) -> bool:
+    """An event of this very process (a controller of the run this process ran before: not one
+    that runs beside it)."""
+    return all(detail.get(k) == me[k] for k in ("pid", "pid_started", "host"))
 
 
 def controller(results: Results, run_id: str) -> dict[str, Any] | None:
@@ -231,12 +237,20 @@ def take_over(cloud: Cloud | None, results: Results, run_id: str) -> None:
     would run the same replicates or ask the same trials), then remove what a dead one left
     (a SIGKILL, a crash) so that nothing it launched outlives it. No cloud: nothing to remove
     (a replayed search)."""
-    live = controller(results, run_id)
-    if live is not None:
-        raise UserError(
-            f"run {run_id} is running already (pid {live['pid']}): follow it with fleet status "
-            f"{run_id}, or stop it with fleet kill {run_id}"
-        )
+    me = this_process()
+    for attempt in ("before", "after"):
+        live = controller(results, run_id)
+        if live is not None and not _same(live, me):
+            raise UserError(
+                f"run {run_id} is running already (pid {live['pid']}): follow it with fleet "
+                f"status {run_id}, or stop it with fleet kill {run_id}"
+            )
+        if attempt == "before":
+            # Claimed before anything else: builds and preflight take minutes before the
+            # controller's own event, and a second resume (or fleet kill) found no controller
+            # then, swept this one's live build and ran the same replicates. Two that check at
+            # once both claim; the later claim is the one read back, and the other refuses.
+            results.event(run_id, "claimed", **me)
     if cloud is None:
         return
     deleted, failures = sweep(cloud, results, run_id)

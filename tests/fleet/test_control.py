@@ -62,6 +62,46 @@ def test_a_controller_s_pid_taken_by_another_process_is_not_the_controller(
     assert control.controller(results, "fb-0000000003") is None
 
 
+def test_a_resume_claims_the_run_first_and_of_two_at_once_the_later_claim_wins(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume's controller was recorded only after its builds and preflight (minutes): a
+    second resume, or fleet kill, found no controller meanwhile, swept the first one's live
+    build and ran the same replicates."""
+    import subprocess
+
+    from amibake import procs
+    from amibake.errors import UserError
+
+    results = bench.results_db(tmp_path / "results")
+    run = "fb-0000000004"
+    results.create_run(run, "bench", _spec(tmp_path), "local", cloud.config.region)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        theirs = {"pid": other.pid, "pid_started": procs.started(other.pid), "host": socket.gethostname()}  # fmt: skip
+        results.event(run, "claimed", **theirs)
+        with pytest.raises(UserError, match=f"pid {other.pid}"):
+            control.take_over(None, results, run)
+        results.event(run, "stopped")
+        control.take_over(None, results, run)
+        found = control.controller(results, run)  # what fleet kill and a second resume see
+        assert found is not None and found["pid"] == os.getpid()
+        results.event(run, "stopped")
+        record = results.event
+
+        def and_theirs_at_once(run_id: str, kind: str, **detail: object) -> None:
+            record(run_id, kind, **detail)
+            if kind == "claimed" and detail["pid"] == os.getpid():
+                record(run_id, "claimed", **theirs)
+
+        monkeypatch.setattr(results, "event", and_theirs_at_once)
+        with pytest.raises(UserError, match=f"pid {other.pid}"):
+            control.take_over(None, results, run)
+    finally:
+        other.kill()
+        other.wait()
+
+
 def _bench_of_a_fresh_recipe(
     cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, name: str
 ) -> str:
