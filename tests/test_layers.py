@@ -15,6 +15,7 @@ LEAVES = {
     "amibake.errors",
     "amibake.config",
     "amibake.procs",
+    "amibake.saved",
     "amibake.cloud.tags",
     "amibake.cloud.regions",
     "amibake.cloud.media_types",

@@ -29,6 +29,7 @@ from amibake.local.engine import LocalSettings
 from amibake.local.images import LAUNCHER_NS_ENV
 from amibake.local.sandbox import check_host, port_free, remove_tree
 from amibake.procs import process_alive, same_process, started
+from amibake.saved import locked
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0  # a daemon asked to stop shuts its sandboxes down first
@@ -104,18 +105,15 @@ def find(config: Config) -> Daemon | None:
 
 
 def up(config: Config) -> Daemon:
-    """Start the daemon unless it is already running; wait until it answers."""
+    """Start the daemon unless it is already running; wait until it answers. Two commands that
+    start it at once: one starts it, the other waits for it and takes it (under a lock: the
+    second found none, failed on the port, and removed the first one's registry directory as
+    a leftover)."""
     settings = settings_for(config)
     wanted = faults.parse(settings.faults, settings.faults_seed)  # a wrong name stops here
     running = find(config)
     if running is not None:
-        differs = _differs(running, settings, wanted)
-        if differs:
-            raise UserError(
-                f"the local cloud runs with {differs}: `amibake local down` first, or use its "
-                "settings"
-            )
-        return running
+        return _as_asked(running, settings, wanted)
     check_host()
     try:
         settings.directory.mkdir(parents=True, exist_ok=True)
@@ -124,6 +122,25 @@ def up(config: Config) -> Daemon:
             f"cannot create {settings.directory}: permission denied; set AMIBAKE_LOCAL_DIR to a "
             "directory you own"
         ) from None
+    with locked(settings.directory / "daemon"):
+        running = find(config)
+        if running is not None:
+            return _as_asked(running, settings, wanted)
+        return _start(config, settings)
+
+
+def _as_asked(running: Daemon, settings: LocalSettings, wanted: faults.Faults) -> Daemon:
+    """The running daemon, if it runs as this config asks."""
+    differs = _differs(running, settings, wanted)
+    if differs:
+        raise UserError(
+            f"the local cloud runs with {differs}: `amibake local down` first, or use its settings"
+        )
+    return running
+
+
+def _start(config: Config, settings: LocalSettings) -> Daemon:
+    """Start the daemon (none runs) and wait until it answers."""
     _clean_leftovers(settings.directory)
     if not port_free("127.0.0.1", settings.port):
         raise EnvironmentProblem(

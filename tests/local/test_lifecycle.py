@@ -47,6 +47,21 @@ def test_up_status_down(own_cloud: Path, capsys: pytest.CaptureFixture[str]) -> 
         os.kill(up["pid"], 0)
 
 
+def test_two_ups_at_once_start_one_cloud_and_both_take_it(own_cloud: Path) -> None:
+    """The second found none running, failed on the port, and as it went removed the first
+    one's registry directory as a leftover."""
+    up = [sys.executable, "-m", "amibake", "local", "up", "--json"]
+    both = [subprocess.Popen(up, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]  # fmt: skip
+    said = [process.communicate(timeout=120) for process in both]
+    assert [p.returncode for p in both] == [0, 0], said
+    pids = {json.loads(out)["pid"] for out, _ in said}
+    assert len(pids) == 1, said
+    assert (own_cloud / "registry").is_dir()
+    assert main(["local", "down"]) == 0
+    assert leftovers(own_cloud) == []
+
+
 def test_up_refuses_settings_other_than_the_running_clouds(
     own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
