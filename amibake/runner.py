@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar
 
+from amibake.cloud.ec2 import NEW_RESOURCE_VISIBLE_S
 from amibake.cloud.network import Network
 from amibake.cloud.network import find as find_network
 from amibake.cloud.session import Cloud
@@ -102,6 +104,18 @@ class RunContext:
 
     def deleted(self, kind: str, resource_id: str) -> None:
         self.journal.deleted(kind, resource_id)
+
+    def unseen_for(self, kind: str, resource_id: str) -> float:
+        """How much longer EC2 may answer NotFound for a resource this run made (eventual
+        consistency after its creation): what its delete allows (calls.ignore_missing)."""
+        made = [
+            r.created
+            for r in self.journal.resources(self.run_id)
+            if r.kind == kind and r.resource_id == resource_id
+        ]
+        if not made:
+            return 0.0
+        return max(0.0, NEW_RESOURCE_VISIBLE_S - (time.time() - made[-1]))
 
 
 # Every run context open in this process. Ctrl-C reaches only the main thread; a caller that runs

@@ -67,16 +67,26 @@ def retry_on(
             delay = min(delay * 2, WITHIN_POLL_S if deadline is not None else 5.0)
 
 
-def ignore_missing(call: Callable[[], object], *missing: str) -> bool:
-    """Run a delete; a NotFound means someone already deleted it. True if it was there."""
-    try:
-        call()
-        return True
-    except botocore.exceptions.ClientError as exc:
-        code = error_code(exc)
-        if code in missing or code.endswith(".NotFound") or code.endswith("NotFound"):
-            return False
-        raise
+def ignore_missing(call: Callable[[], object], *missing: str, unseen_for: float = 0.0) -> bool:
+    """Run a delete; a NotFound means someone already deleted it. True if it was there.
+
+    `unseen_for`: how much longer EC2 may not know the resource yet (made seconds ago: the API
+    guide's eventual consistency). A NotFound until then is asked again: taken for gone, the
+    resource was journaled deleted and stayed, found by gc's tag scan at best."""
+    deadline = time.monotonic() + unseen_for
+    delay = 0.2
+    while True:
+        try:
+            call()
+            return True
+        except botocore.exceptions.ClientError as exc:
+            code = error_code(exc)
+            if code not in missing and not code.endswith("NotFound"):
+                raise
+            if time.monotonic() + delay > deadline:
+                return False
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 def wait_until(

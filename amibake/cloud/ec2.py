@@ -93,6 +93,9 @@ def delete_image(
 # How long a new instance (or the fleet that launched it) may be NotFound: the EC2 API guide
 # says to back off "starting with a couple of seconds ... up to a few minutes".
 NEW_INSTANCE_VISIBLE_S = 300.0
+# How long a new security group, launch template or key pair may be NotFound to its delete
+# (the same guide): its run's cleanup asks again until then.
+NEW_RESOURCE_VISIBLE_S = 60.0
 INSTANCE_NOT_FOUND = {"InvalidInstanceID.NotFound"}
 TERMINATE_TIMEOUT_S = 600.0
 
@@ -208,12 +211,15 @@ def delete_fleet(ec2: Any, fleet_id: str, *, unseen_for_s: float = NEW_INSTANCE_
 GROUP_RELEASED_S = 300.0
 
 
-def delete_security_group(ec2: Any, group_id: str) -> bool:
+def delete_security_group(ec2: Any, group_id: str, unseen_for: float = 0.0) -> bool:
     """Delete a group, waiting while the interface of an instance just terminated still holds
-    it; True if it was there (a NotFound: someone deleted it already)."""
+    it; True if it was there (a NotFound: someone deleted it already, or, within `unseen_for`
+    of its creation, EC2 does not know it yet: asked again)."""
     return retry_on(
         {"DependencyViolation"},
-        lambda: ignore_missing(lambda: ec2.delete_security_group(GroupId=group_id)),
+        lambda: ignore_missing(
+            lambda: ec2.delete_security_group(GroupId=group_id), unseen_for=unseen_for
+        ),
         within_s=GROUP_RELEASED_S,
     )
 

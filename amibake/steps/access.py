@@ -39,7 +39,10 @@ class KeyPair:
         if not state.key_name:
             return
         ec2 = self.context.cloud.ec2
-        ignore_missing(lambda: ec2.delete_key_pair(KeyName=state.key_name))
+        ignore_missing(
+            lambda: ec2.delete_key_pair(KeyName=state.key_name),
+            unseen_for=self.context.unseen_for("key-pair", state.key_name),
+        )
         self.context.deleted("key-pair", state.key_name)
         state.private_key = ""
 
@@ -103,5 +106,6 @@ class SecurityGroup:
         if not state.security_group_id:
             return
         ec2 = self.context.cloud.ec2
-        delete_security_group(ec2, state.security_group_id)
+        unseen = self.context.unseen_for("security-group", state.security_group_id)
+        delete_security_group(ec2, state.security_group_id, unseen)
         self.context.deleted("security-group", state.security_group_id)

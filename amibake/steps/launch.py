@@ -131,7 +131,8 @@ class LaunchTemplate:
             return
         ec2 = self.context.cloud.ec2
         ignore_missing(
-            lambda: ec2.delete_launch_template(LaunchTemplateId=state.launch_template_id)
+            lambda: ec2.delete_launch_template(LaunchTemplateId=state.launch_template_id),
+            unseen_for=self.context.unseen_for("launch-template", state.launch_template_id),
         )
         self.context.deleted("launch-template", state.launch_template_id)
 

@@ -117,6 +117,32 @@ def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_i
     assert len([x for x in left if x.startswith("snapshot")]) == 1
 
 
+def test_a_group_and_template_their_delete_does_not_find_yet_are_deleted_all_the_same(
+    faulty: Callable[[str, int], Cloud],
+) -> None:
+    """A build's cleanup comes seconds after it made its security group (a local build is
+    quick), and EC2 does not know the group yet: NotFound was taken for gone, the group
+    journaled deleted and left."""
+    from amibake.journal import Journal
+    from amibake.local.faults import new_resources
+
+    cloud = faulty(
+        "new-resources",
+        seed_where(
+            lambda f: (
+                new_resources.unseen(f, "security-group", 1)
+                and new_resources.unseen(f, "launch-template", 1)
+            )
+        ),
+    )
+    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    pipelines.build(cloud, request)
+    counts = met(cloud)["new-resources"]
+    assert counts.get("new security-group not found by its delete", 0) >= 1, counts
+    run_id = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
+    assert run_id is not None and tagged_alive(cloud, run_id) == []
+
+
 def test_a_boot_test_refused_for_capacity_in_its_zone_launches_in_another(
     faulty: Callable[[str, int], Cloud],
 ) -> None:
