@@ -141,6 +141,21 @@ def test_a_spot_quota_is_named_as_the_quota_and_not_retried(cloud: Cloud, local_
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
 
+def test_a_refusal_that_is_not_capacity_is_not_called_no_capacity(
+    cloud: Cloud, local_dir: Path
+) -> None:
+    """An override EC2 will not launch (Unsupported: the type not offered there; a parameter
+    it refuses) was reported "no capacity", which sends a user to another region or time."""
+    handler = _no_capacity({"spot"}, code="Unsupported")
+    with hooked(cloud, "before-call.ec2.CreateFleet", handler):
+        outcome = pipelines.build(cloud, request())[0]
+    assert not outcome.ok
+    assert "EC2 Fleet refused c5a after trying c5a.large/" in outcome.error, outcome.error
+    assert "not for capacity (Unsupported: injected)" in outcome.error
+    assert "no capacity" not in outcome.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
 def test_spot_without_capacity_falls_back_to_on_demand_when_allowed(
     cloud: Cloud, local_dir: Path
 ) -> None:

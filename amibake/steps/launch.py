@@ -310,6 +310,12 @@ class LaunchFleet:
                 f"{state.family.name}: EC2 throttled every launch for {THROTTLED_WITHIN_S:.0f}s "
                 f"(RequestLimitExceeded): the account's request rate is spent; try again later"
             )
+        other = codes_seen - CAPACITY_ERRORS - THROTTLING_ERRORS - NOT_YET_VISIBLE
+        if other:  # an override EC2 will not launch (Unsupported, InvalidParameterValue, ...)
+            raise CloudError(
+                f"EC2 Fleet refused {state.family.name} after trying {pools}, not for capacity "
+                f"({refused_all}): {', '.join(sorted(other))} is what to look at"
+            )
         raise CloudError(
             f"no capacity for {state.family.name} after trying {pools}: "
             f"{refused_all or 'no instance returned'}{hint}"
