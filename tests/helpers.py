@@ -150,16 +150,16 @@ def tagged_alive(cloud: Cloud, run_id: str) -> list[str]:
     alive += [
         f"volume {v['VolumeId']}" for v in every(ec2, "describe_volumes", "Volumes", Filters=tag)
     ]
-    client = cloud.client("batch")
+    client = cloud.client("batch")  # one deleted is described DELETED for a while, as on AWS
     alive += [
         f"compute-environment {e['computeEnvironmentName']}"
         for e in every(client, "describe_compute_environments", "computeEnvironments")
-        if e.get("tags", {}).get("amibake:run-id") == run_id
+        if e.get("tags", {}).get("amibake:run-id") == run_id and e.get("status") != "DELETED"
     ]
     alive += [
         f"job-queue {q['jobQueueName']}"
         for q in every(client, "describe_job_queues", "jobQueues")
-        if q.get("tags", {}).get("amibake:run-id") == run_id
+        if q.get("tags", {}).get("amibake:run-id") == run_id and q.get("status") != "DELETED"
     ]
     return alive
 

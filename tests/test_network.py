@@ -290,11 +290,9 @@ def test_batch_registers_in_the_subnets_and_groups_named_without_a_default_vpc(
     )
     batch.up(cloud, [image])
     client = cloud.client("batch")
-    resources = [
-        e["computeResources"] for e in client.describe_compute_environments()["computeEnvironments"]
-    ]
+    resources = [e["computeResources"] for e in batch.environments(client)]
     assert [sorted(r["subnets"]) for r in resources] == [sorted(network["subnets"])]
     assert network["group"] in resources[0]["securityGroupIds"]
     assert len(resources[0]["securityGroupIds"]) == 2  # and amibake's, without inbound rules
     batch.down(cloud)
-    assert client.describe_job_queues()["jobQueues"] == []
+    assert batch.queues(client) == []

@@ -57,7 +57,7 @@ def bucket_files(cloud: Cloud, run_id: str) -> list[str]:
 
 def run_queue(cloud: Cloud, run_id: str) -> str | None:
     """The run's own job queue, once it exists."""
-    for queue in cloud.client("batch").describe_job_queues()["jobQueues"]:
+    for queue in batch.queues(cloud.client("batch")):  # not one deleted, described DELETED
         if queue["jobQueueName"].startswith(f"fleet-{run_id}-"):
             return str(queue["jobQueueName"])
     return None
