@@ -392,21 +392,38 @@ def _ensure_bucket(cloud: Cloud) -> str:
     down`). Its settings are put on every `up`: one interrupted before them left a bucket used
     unencrypted, public access not blocked, its objects never expiring."""
     s3 = cloud.client("s3")
-    name = job_bucket(cloud)
+    recorded = job_bucket(cloud)
+    name = recorded
     if name is None or not check_owned(cloud, name):
         name = f"amibake-batch-{cloud.config.region}-{secrets.token_hex(8)}"
-        cloud.ssm.put_parameter(
-            Name=BUCKET_PARAMETER, Value=name, Type="String", Overwrite=True, Tier="Standard"
-        )
+        try:
+            # Where none was recorded, only if none is yet: two `up`s at once each recorded a
+            # bucket of their own, the last record won, and the other bucket was found by
+            # nothing. The second takes the first's.
+            cloud.ssm.put_parameter(
+                Name=BUCKET_PARAMETER,
+                Value=name,
+                Type="String",
+                Overwrite=recorded is not None,
+                Tier="Standard",
+            )
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) != "ParameterAlreadyExists":
+                raise
+            name = job_bucket(cloud) or name
         where = cloud.config.region
-        s3.create_bucket(
-            Bucket=name,
-            **(
-                {}
-                if where == "us-east-1"
-                else {"CreateBucketConfiguration": {"LocationConstraint": where}}
-            ),
-        )
+        try:
+            s3.create_bucket(
+                Bucket=name,
+                **(
+                    {}
+                    if where == "us-east-1"
+                    else {"CreateBucketConfiguration": {"LocationConstraint": where}}
+                ),
+            )
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) != "BucketAlreadyOwnedByYou":  # the other `up` made it first
+                raise
     settings: list[tuple[str, dict[str, Any]]] = [
         (
             "put_public_access_block",

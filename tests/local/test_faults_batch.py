@@ -261,6 +261,33 @@ def test_up_puts_every_setting_on_a_bucket_s3_does_not_find_yet(
     _nothing_registered(cloud)
 
 
+def test_two_ups_at_once_share_one_job_bucket(
+    faulty: Faulty,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each `up` that found no bucket recorded one of its own: the last record won, and the
+    other bucket was found by nothing (not ls, gc or down)."""
+    cloud = faulty("none", 0)
+    image = _image(cloud)
+    read = batch.job_bucket
+    theirs = f"amibake-batch-{cloud.config.region}-0123456789abcdef"
+
+    def the_other_up_records_just_after_this_one_read(c: Cloud) -> str | None:
+        found = read(c)
+        if found is None:
+            c.ssm.put_parameter(Name=batch.BUCKET_PARAMETER, Value=theirs, Type="String")
+        return found
+
+    monkeypatch.setattr(batch, "job_bucket", the_other_up_records_just_after_this_one_read)
+    batch.up(cloud, [image])
+    monkeypatch.undo()
+    assert batch.job_bucket(cloud) == theirs
+    buckets = [b["Name"] for b in cloud.client("s3").list_buckets()["Buckets"]]
+    assert [b for b in buckets if b.startswith("amibake-batch-")] == [theirs]
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
 def test_up_waits_until_s3_knows_the_job_role_it_just_made(faulty: Faulty) -> None:  # noqa: F811
     cloud = faulty("iam-principals", 0)
     batch.up(cloud, [_image(cloud)])
