@@ -5,6 +5,7 @@ bash -n and shellcheck)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ from amibake.render import USER_DATA_LIMIT, Checks, check_shell, render
 from amibake.saved import read_json
 from amibake.sources import sha256_of
 from amibake.steps.preflight import BASE_AMI_PARAMETER
+
+log = logging.getLogger("amibake")
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS_DIR = ROOT / "systemd_units"
@@ -106,11 +109,15 @@ def here(record: dict[str, Any], cloud: Cloud) -> bool:
     )
 
 
-def retire_older(cloud: Cloud, amis_file: Path, image_id: str, keep: int) -> list[dict[str, Any]]:
+def retire_older(
+    cloud: Cloud, amis_file: Path, image_id: str, keep: int, launched: dict[str, str]
+) -> list[dict[str, Any]]:
     """`bake --keep N`: the images of `image_id`'s recipe and architecture older than the newest
     `keep` (amis.json is in the order baked), deregistered with their snapshots
     (DeregisterImage's DeleteAssociatedSnapshots, which cannot race) and marked retired in
-    amis.json; what was retired."""
+    amis.json; what was retired. One Batch launches hosts from (`launched`: image -> its
+    environment) stays, said why: retired, its environment could start no host, and its jobs
+    waited RUNNABLE."""
     with saved.locked(amis_file):  # what the slow deregistering began with may have grown
         records = baked(amis_file)
     new = next(r for r in records if r["image_id"] == image_id)
@@ -123,6 +130,14 @@ def retire_older(cloud: Cloud, amis_file: Path, image_id: str, keep: int) -> lis
     ]
     retired = []
     for record in same[: max(0, len(same) - keep)]:
+        if record["image_id"] in launched:
+            log.warning(
+                "kept %s: Batch's compute environment %s launches from it (amibake batch up "
+                "--from-bake moves it to the newest; the next bake --keep retires it then)",
+                record["image_id"],
+                launched[record["image_id"]],
+            )
+            continue
         image = describe_image(cloud.ec2, record["image_id"])
         snapshots = snapshots_of(image) if image is not None else []
         if image is not None:

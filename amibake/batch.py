@@ -778,6 +778,17 @@ def status(cloud: Cloud) -> dict[str, Any]:
     }
 
 
+def images_launched(cloud: Cloud) -> dict[str, str]:
+    """The images Batch's compute environments launch hosts from (`up`'s and fleet runs'):
+    image id -> an environment's name."""
+    found: dict[str, str] = {}
+    for env in environments(cloud.client("batch")):
+        for setting in env.get("computeResources", {}).get("ec2Configuration") or []:
+            if setting.get("imageIdOverride"):
+                found.setdefault(str(setting["imageIdOverride"]), env["computeEnvironmentName"])
+    return found
+
+
 def _name(arn: str) -> str:
     """A Batch resource by the name it was given (name:revision for a job definition)."""
     return arn.rsplit("/", 1)[-1]

@@ -527,12 +527,14 @@ def _bake(args: argparse.Namespace) -> int:
     summaries = [o.summary() for o in outcomes]
     if args.keep is not None and not args.dry_run:
         from amibake import bake as bake_module
+        from amibake import batch
 
         amis_file = cfg.results_dir / "amis.json"
+        launched = batch.images_launched(cloud)
         for summary in summaries:
             if summary["ok"]:
                 summary["retired"] = bake_module.retire_older(
-                    cloud, amis_file, summary["image_id"], args.keep
+                    cloud, amis_file, summary["image_id"], args.keep, launched
                 )
 
     def text(rows: list[dict[str, Any]]) -> str:

@@ -71,6 +71,7 @@ ACTIONS: dict[str, list[str]] = {
         "ec2:DeleteSnapshot",
         "ec2:DeregisterImage",
         "ec2:ModifyImageAttribute",
+        "batch:DescribeComputeEnvironments",  # bake --keep: not an image Batch launches from
     ],
     "batch": [
         "batch:CreateComputeEnvironment",

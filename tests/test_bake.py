@@ -550,7 +550,7 @@ def test_a_record_added_while_older_images_retire_is_kept(
     monkeypatch.setattr(bake, "describe_image", lambda ec2, image_id: {"ImageId": image_id})
     monkeypatch.setattr(bake, "snapshots_of", lambda image: [])
     monkeypatch.setattr(bake, "delete_image", deregister)
-    retired = bake.retire_older(cloud, amis, "ami-new", keep=1)
+    retired = bake.retire_older(cloud, amis, "ami-new", keep=1, launched={})
     assert [r["image_id"] for r in retired] == ["ami-old"]
     deadline = time.monotonic() + 10
     while len(bake.baked(amis)) < 3 and time.monotonic() < deadline:
@@ -559,3 +559,22 @@ def test_a_record_added_while_older_images_retire_is_kept(
     assert sorted(records) == ["ami-new", "ami-old", "ami-other"], records
     assert records["ami-old"].get("retired") and not records["ami-other"].get("retired")
     assert not list(tmp_path.glob(".amis.json.*.part"))
+
+
+def test_bake_keep_leaves_an_image_batch_launches_from(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retired, the image of a registered compute environment could start no host, and the
+    queue's jobs waited RUNNABLE."""
+    amis = tmp_path / "amis.json"
+    baked = [_baked(i, cloud) for i in ("ami-old", "ami-used", "ami-new")]
+    amis.write_text(json.dumps(baked))
+    deregistered: list[str] = []
+    monkeypatch.setattr(bake, "describe_image", lambda ec2, image_id: {"ImageId": image_id})
+    monkeypatch.setattr(bake, "snapshots_of", lambda image: [])
+    monkeypatch.setattr(bake, "delete_image", lambda ec2, i, s: deregistered.append(i))
+    launched = {"ami-used": "amibake-x86_64-ami-used"}
+    retired = bake.retire_older(cloud, amis, "ami-new", keep=1, launched=launched)
+    assert [r["image_id"] for r in retired] == deregistered == ["ami-old"]
+    assert not {r["image_id"]: r for r in bake.baked(amis)}["ami-used"].get("retired")
+    assert "kept ami-used: Batch's compute environment amibake-x86_64-ami-used" in caplog.text

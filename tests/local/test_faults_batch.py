@@ -164,7 +164,10 @@ def test_a_deleted_queue_and_environment_described_deleted_are_gone(
     cloud = faulty("batch-environments", 0)
     image = _image(cloud)
     batch.up(cloud, [image])
+    env_name, queue = batch.names(image)
+    assert batch.images_launched(cloud) == {image.image_id: env_name}  # what bake --keep keeps
     batch.down(cloud)
+    assert batch.images_launched(cloud) == {}
     client = cloud.client("batch")
     described = client.describe_compute_environments()["computeEnvironments"]
     assert [e["status"] for e in described] == ["DELETED"], described
@@ -172,7 +175,6 @@ def test_a_deleted_queue_and_environment_described_deleted_are_gone(
     assert met(cloud)["batch-environments"]["deleted still described"] > 0
     _nothing_registered(cloud)
     batch.up(cloud, [image])  # the same names again, while the deleted ones are described
-    env_name, queue = batch.names(image)
     assert [e["status"] for e in batch.environments(client, env_name)] == ["VALID"]
     assert [q["status"] for q in batch.queues(client, queue)] == ["VALID"]
     batch.down(cloud)
