@@ -117,28 +117,34 @@ def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_i
     assert len([x for x in left if x.startswith("snapshot")]) == 1
 
 
-def test_a_group_and_template_their_delete_does_not_find_yet_are_deleted_all_the_same(
-    faulty: Callable[[str, int], Cloud],
+@pytest.mark.parametrize("kind", ["security-group", "launch-template"])
+def test_a_group_or_template_its_delete_does_not_find_yet_is_deleted_all_the_same(
+    faulty: Callable[[str, int], Cloud], kind: str
 ) -> None:
-    """A build's cleanup comes seconds after it made its security group (a local build is
-    quick), and EC2 does not know the group yet: NotFound was taken for gone, the group
-    journaled deleted and left."""
+    """A build that fails at its launch cleans up a second after it made its security group and
+    launch template, and EC2 does not know one of them yet: NotFound was taken for gone, the
+    resource journaled deleted and left."""
     from amibake.journal import Journal
     from amibake.local.faults import new_resources
 
+    def unseen(f: faults.Faults, kind: str) -> bool:
+        window = f.between(*new_resources.UNSEEN_S, f"new-{kind}", 1)
+        return new_resources.unseen(f, kind, 1) and window > 2.0
+
+    other = "launch-template" if kind == "security-group" else "security-group"
     cloud = faulty(
         "new-resources",
-        seed_where(
-            lambda f: (
-                new_resources.unseen(f, "security-group", 1)
-                and new_resources.unseen(f, "launch-template", 1)
-            )
-        ),
+        seed_where(lambda f: unseen(f, kind) and not new_resources.unseen(f, other, 1)),
     )
-    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
-    pipelines.build(cloud, request)
+    from tests.test_build_faults import failing
+
+    with failing(cloud, "CreateFleet", "InvalidParameterValue", times=1):
+        outcome = pipelines.build(
+            cloud, pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+        )[0]
+    assert not outcome.ok and "InvalidParameterValue" in outcome.error, outcome.error
     counts = met(cloud)["new-resources"]
-    assert counts.get("new security-group not found by its delete", 0) >= 1, counts
+    assert list(counts) == [f"new {kind} not found by its delete"], counts
     run_id = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
     assert run_id is not None and tagged_alive(cloud, run_id) == []
 
