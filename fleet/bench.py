@@ -404,6 +404,30 @@ def _execute(
     record = results.require(run_id)
     spec = BenchSpec.from_json(record["spec"])
     control.take_over(cloud, results, run_id)
+    try:
+        return _execute_taken(
+            cloud,
+            run_id,
+            results,
+            spec,
+            on_boundary=on_boundary,
+            before_replicate=before_replicate,
+            max_cost=max_cost,
+        )
+    finally:
+        control.release_claims()  # however it ended: a price missing, a build failed, Ctrl-C
+
+
+def _execute_taken(
+    cloud: Cloud,
+    run_id: str,
+    results: Results,
+    spec: BenchSpec,
+    *,
+    on_boundary: Boundary | None,
+    before_replicate: Any,
+    max_cost: float | None,
+) -> dict[str, Any]:
     # A type without a price stops the run here.
     price_of = price_lookup(
         spec.types, spec.allow_missing_price, cloud.config.results_dir, cloud.config.region

@@ -389,6 +389,15 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
+    from fleet import control
+
+    try:
+        return _tune_command(args)
+    finally:
+        control.release_claims()  # a resume's, however the command ended
+
+
+def _tune_command(args: argparse.Namespace) -> int:
     from amibake.connect import connect
     from fleet import bench, control, evaluators, gain, recommended, tune, tune_report
     from fleet import plan as planning

@@ -48,16 +48,63 @@ def _same(detail: dict[str, Any], me: dict[str, Any]) -> bool:
     return all(detail.get(k) == me[k] for k in ("pid", "pid_started", "host"))
 
 
+def _live(detail: dict[str, Any]) -> bool:
+    """The event's process still runs on this machine (and is the one that wrote it)."""
+    if detail.get("host") != socket.gethostname() or "pid" not in detail:
+        return False
+    return same_process(int(detail["pid"]), detail.get("pid_started"))
+
+
+def _identity(detail: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return detail.get("pid"), detail.get("pid_started"), detail.get("host")
+
+
+def _standing(events: list[tuple[float, str, dict[str, Any]]]) -> list[int]:
+    """The indexes of the starts still standing: those whose process lives on this machine and
+    has not released the run since (a resume that stopped before its controller started: a
+    price missing, a build failed, the cost not approved; its process may live on)."""
+    released = [(i, _identity(d)) for i, (_, k, d) in enumerate(events) if k == "released"]
+    return [
+        i
+        for i, (_, kind, detail) in enumerate(events)
+        if kind in STARTED
+        and _live(detail)
+        and not any(j > i and who == _identity(detail) for j, who in released)
+    ]
+
+
 def controller(results: Results, run_id: str) -> dict[str, Any] | None:
-    """The latest controller of the run, if it is alive on this machine."""
-    for _, kind, detail in reversed(results.events(run_id)):
-        if kind in ENDED:
-            return None
-        if kind in STARTED:
-            mine = detail.get("host") == socket.gethostname()
-            same = same_process(int(detail["pid"]), detail.get("pid_started"))
-            return detail if mine and same else None
-    return None
+    """The run's controller, if it is alive on this machine: of the controllers started since
+    the run last ended, the first still standing. Two resumes that claim the run at once (each
+    found none) both read the same one back: the first to claim runs, the other refuses."""
+    events = results.events(run_id)
+    since = max((i for i, (_, kind, _) in enumerate(events) if kind in ENDED), default=-1)
+    standing = [i for i in _standing(events) if i > since]
+    return events[standing[0]][2] if standing else None
+
+
+def _lifecycle(events: list[tuple[float, str, dict[str, Any]]]) -> list[tuple[float, str]]:
+    """The run's starts and ends, but a claim no longer standing: it ran nothing, and made a
+    finished run read "stopped" and `fleet kill` record it killed."""
+    standing = set(_standing(events))
+    return [
+        (at, kind)
+        for i, (at, kind, _) in enumerate(events)
+        if kind in ENDED or (kind in STARTED and (kind != "claimed" or i in standing))
+    ]
+
+
+# The runs this process has claimed (take_over), until it releases them.
+_claimed: list[tuple[Results, str]] = []
+
+
+def release_claims() -> None:
+    """This process gives up the runs it claimed, as the command that claimed them ends (its
+    own controller's end says the rest): in a process that lives on (a notebook, a test),
+    a claim left standing refused every later resume of the run."""
+    while _claimed:
+        results, run_id = _claimed.pop()
+        results.event(run_id, "released", **this_process())
 
 
 def type_errors(results: Results, run_id: str) -> dict[str, str]:
@@ -76,7 +123,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
     record = results.require(run_id)
     # The run's state is its last lifecycle event (a tune search's "spent" per trial is not).
     events = results.events(run_id)
-    lifecycle = [(at, k) for at, k, _ in events if k in STARTED + ENDED]
+    lifecycle = _lifecycle(events)
     last = lifecycle[-1][1] if lifecycle else "created"
     # When it started and ended, and what it spent, each of its controllers together (a bench
     # records its spend as it ends; a killed controller's is unknown: it never said).
@@ -238,19 +285,13 @@ def take_over(cloud: Cloud | None, results: Results, run_id: str) -> None:
     (a SIGKILL, a crash) so that nothing it launched outlives it. No cloud: nothing to remove
     (a replayed search)."""
     me = this_process()
-    for attempt in ("before", "after"):
-        live = controller(results, run_id)
-        if live is not None and not _same(live, me):
-            raise UserError(
-                f"run {run_id} is running already (pid {live['pid']}): follow it with fleet "
-                f"status {run_id}, or stop it with fleet kill {run_id}"
-            )
-        if attempt == "before":
-            # Claimed before anything else: builds and preflight take minutes before the
-            # controller's own event, and a second resume (or fleet kill) found no controller
-            # then, swept this one's live build and ran the same replicates. Two that check at
-            # once both claim; the later claim is the one read back, and the other refuses.
-            results.event(run_id, "claimed", **me)
+    _refuse_another(results, run_id, me)
+    # Claimed before anything else: builds and preflight take minutes before the controller's
+    # own event, and a second resume (or fleet kill) found no controller then, swept this
+    # one's live build and ran the same replicates. Read back, as two may claim at once.
+    results.event(run_id, "claimed", **me)
+    _claimed.append((results, run_id))
+    _refuse_another(results, run_id, me)
     if cloud is None:
         return
     deleted, failures = sweep(cloud, results, run_id)
@@ -258,6 +299,15 @@ def take_over(cloud: Cloud | None, results: Results, run_id: str) -> None:
         log.info("[%s] removed what an earlier controller left: %s", run_id, "; ".join(deleted))
     if failures:
         raise UserError(f"could not remove what an earlier controller left: {'; '.join(failures)}")
+
+
+def _refuse_another(results: Results, run_id: str, me: dict[str, Any]) -> None:
+    live = controller(results, run_id)
+    if live is not None and not _same(live, me):
+        raise UserError(
+            f"run {run_id} is running already (pid {live['pid']}): follow it with fleet status "
+            f"{run_id}, or stop it with fleet kill {run_id}"
+        )
 
 
 def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
@@ -279,7 +329,7 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
     deleted, failures = sweep(cloud, results, run_id)
     # A run that had ended (finished, failed, stopped) keeps its outcome: kill then only swept
     # what it may have left, and "killed" would rewrite what happened.
-    lifecycle = [k for _, k, _ in results.events(run_id) if k in STARTED + ENDED]
+    lifecycle = [k for _, k in _lifecycle(results.events(run_id))]
     ended = bool(lifecycle) and lifecycle[-1] in ENDED and live is None
     results.event(run_id, "swept" if ended else "killed", controller=said, deleted=len(deleted))
     return {

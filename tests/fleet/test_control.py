@@ -58,16 +58,18 @@ def test_a_controller_s_pid_taken_by_another_process_is_not_the_controller(
     results.event("fb-0000000003", "controller", **me, amibake_run="ab-000000000003")
     found = control.controller(results, "fb-0000000003")
     assert found is not None and found["pid"] == os.getpid()
+    results.event("fb-0000000003", "stopped")
     results.event("fb-0000000003", "controller", **{**me, "pid_started": "1"})
     assert control.controller(results, "fb-0000000003") is None
 
 
-def test_a_resume_claims_the_run_first_and_of_two_at_once_the_later_claim_wins(
+def test_a_resume_claims_the_run_first_and_of_two_at_once_the_first_claim_wins(
     cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A resume's controller was recorded only after its builds and preflight (minutes): a
     second resume, or fleet kill, found no controller meanwhile, swept the first one's live
-    build and ran the same replicates."""
+    build and ran the same replicates. Two that check at once both claim; each reads back the
+    first live claim, so one goes on, whichever order their steps interleave in."""
     import subprocess
 
     from amibake import procs
@@ -86,20 +88,38 @@ def test_a_resume_claims_the_run_first_and_of_two_at_once_the_later_claim_wins(
         control.take_over(None, results, run)
         found = control.controller(results, run)  # what fleet kill and a second resume see
         assert found is not None and found["pid"] == os.getpid()
-        results.event(run, "stopped")
         record = results.event
+        for theirs_first in (False, True):
+            results.event(run, "stopped")
 
-        def and_theirs_at_once(run_id: str, kind: str, **detail: object) -> None:
-            record(run_id, kind, **detail)
-            if kind == "claimed" and detail["pid"] == os.getpid():
-                record(run_id, "claimed", **theirs)
+            def at_once(
+                run_id: str, kind: str, first: bool = theirs_first, **detail: object
+            ) -> None:
+                # the other resume found none too, and claims just before or after this one
+                if kind == "claimed" and first:
+                    record(run_id, "claimed", **theirs)
+                record(run_id, kind, **detail)
+                if kind == "claimed" and not first:
+                    record(run_id, "claimed", **theirs)
 
-        monkeypatch.setattr(results, "event", and_theirs_at_once)
-        with pytest.raises(UserError, match=f"pid {other.pid}"):
-            control.take_over(None, results, run)
+            monkeypatch.setattr(results, "event", at_once)
+            if theirs_first:
+                with pytest.raises(UserError, match=f"pid {other.pid}"):
+                    control.take_over(None, results, run)
+            else:
+                control.take_over(None, results, run)
+                found = control.controller(results, run)
+                assert found is not None and found["pid"] == os.getpid()
+            monkeypatch.undo()
     finally:
         other.kill()
         other.wait()
+        control.release_claims()  # as the command that claimed would, at its end
+    # A claim whose process is gone ran nothing: the run stays as it ended.
+    results.event(run, "finished")
+    results.event(run, "claimed", **theirs)
+    assert control.status(results, run)["state"] == "finished"
+    assert control.kill(cloud, results, run)["state"] == "finished"
 
 
 def _bench_of_a_fresh_recipe(

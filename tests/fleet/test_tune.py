@@ -6,10 +6,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -281,9 +281,14 @@ def test_resume_can_extend_the_budget_but_not_change_the_search(
         err = capsys.readouterr().err.strip()
         assert expected in err and "\n" not in err, err
     # Not while another controller searches it (both would ask trials).
-    results.event(run_id, "searching", pid=os.getpid(), host=socket.gethostname())
-    assert main(["tune", "--resume", run_id, "--trials", "20"]) == 2
-    assert f"run {run_id} is running already (pid {os.getpid()})" in capsys.readouterr().err
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        results.event(run_id, "searching", pid=other.pid, host=socket.gethostname())
+        assert main(["tune", "--resume", run_id, "--trials", "20"]) == 2
+        assert f"run {run_id} is running already (pid {other.pid})" in capsys.readouterr().err
+    finally:
+        other.kill()
+        other.wait()
     results.event(run_id, "finished")  # that controller ended
     assert control.status(results, run_id)["trials_budget"] == 14  # the refusals changed nothing
     assert main(["status"]) == 0  # the list of runs shows a tune run's trials
