@@ -370,7 +370,8 @@ def discover(
             journal.deleted(entry.kind, entry.resource_id)
     if everything:
         found.update({(r.kind, r.resource_id): r for r in _batch_extras(cloud)})
-    live, elsewhere = journal.live_runs(), journal.running_elsewhere()
+    # A run elsewhere counts as running for as long as its resources' amibake:expires says.
+    live, elsewhere = journal.live_runs(), journal.running_elsewhere(TAG_TTL.total_seconds())
     chosen = [
         _unless_running(item, live, {} if run_id is not None else elsewhere)
         for item in found.values()
@@ -393,13 +394,17 @@ def _unless_running(item: Resource, live: dict[str, int], elsewhere: dict[str, s
         return item
     pid = live.get(item.run_id)
     if pid is not None:
-        why = f"run {item.run_id} is running (pid {pid}): its own cleanup removes it on exit"
+        why = (
+            f"run {item.run_id} is running (pid {pid}): its own cleanup removes it on exit "
+            f"(stop it first, kill {pid}, for gc to take what it leaves)"
+        )
         return replace(item, kept=why, running=True)
     host = elsewhere.get(item.run_id)
     if host is not None:
         why = (
-            f"run {item.run_id} is running on {host} as far as the journal knows: gc there, "
-            f"or amibake gc --run-id {item.run_id} once it has stopped"
+            f"run {item.run_id} is running on {host} as far as the journal knows (taken for "
+            f"dead {TAG_TTL.total_seconds() / 3600:.0f}h after its start): gc there, or "
+            f"amibake gc --run-id {item.run_id} once it has stopped"
         )
         return replace(item, kept=why, running=True)
     return item

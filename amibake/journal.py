@@ -187,14 +187,18 @@ class Journal:
             and procs.same_process(pid, str(when) if when else None)
         }
 
-    def running_elsewhere(self) -> dict[str, str]:
+    def running_elsewhere(self, within_s: float) -> dict[str, str]:
         """Runs this journal has as running on another machine (a results dir shared between
-        machines): run id -> host. Whether they live cannot be told from here."""
+        machines), started within `within_s`: run id -> host. Whether they live cannot be told
+        from here; one older is taken for dead (a container's or a CI machine's name is gone
+        with it, and its run was kept for ever)."""
         here = socket.gethostname()
         return {
             str(run_id): str(host)
             for run_id, host in self._exec(
-                "SELECT run_id, host FROM runs WHERE state = 'running' AND host IS NOT NULL"
+                "SELECT run_id, host FROM runs WHERE state = 'running' AND host IS NOT NULL "
+                "AND started >= ?",
+                (time.time() - within_s,),
             )
             if host != here
         }

@@ -3,6 +3,7 @@ controller, the local cloud's daemon), so neither imports the other for it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -10,11 +11,20 @@ import psutil
 
 def process_alive(pid: int) -> bool:
     """Whether a process (a run's controller, the local cloud's daemon) is still running. A
-    zombie has exited: only its parent has not collected it yet."""
+    zombie has exited: only its parent has not collected it yet. Another user's process that
+    /proc hides (mounted hidepid) is alive as far as a signal can tell."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.AccessDenied:
+        return True
     except psutil.NoSuchProcess:
-        return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def started(pid: int) -> str:
@@ -33,6 +43,7 @@ def same_process(pid: int, when: str | None) -> bool:
     """Whether `pid` is still the process that recorded `when` (its `started`): alive, and not
     a later process given the same pid. A record without a start time (an older record, or a
     system without /proc) is judged by the pid alone."""
-    if when and started(pid) != when:
+    now = started(pid)  # "" where /proc does not show it (another user's, under hidepid)
+    if when and now and now != when:
         return False
     return process_alive(pid)

@@ -31,6 +31,33 @@ def test_a_process_is_alive_until_it_exits_even_before_it_is_reaped() -> None:
     assert process_alive(os.getpid())
 
 
+def test_a_process_proc_hides_is_alive_as_far_as_a_signal_tells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under /proc mounted hidepid, another user's process is not there to psutil and has no
+    start time: a colleague's live run was judged dead, and gc took its resources."""
+    import psutil
+
+    from amibake import procs
+
+    def hidden(pid: int) -> Any:
+        raise psutil.NoSuchProcess(pid)
+
+    def signal_refused(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(procs.psutil, "Process", hidden)
+    monkeypatch.setattr(procs, "started", lambda pid: "")
+    monkeypatch.setattr(procs.os, "kill", signal_refused)
+    assert procs.process_alive(4242) and procs.same_process(4242, "12345")
+
+    def gone(pid: int, sig: int) -> None:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(procs.os, "kill", gone)
+    assert not procs.process_alive(4242) and not procs.same_process(4242, "12345")
+
+
 def test_a_sigterm_during_cleanup_is_held_until_the_cleanup_is_done(tmp_path: Path) -> None:
     """`kill` during a step's cleanup raised inside it (terminate_as_interrupt): the step stopped
     half-way, between deleting a fleet and terminating its instance. It is held until every
