@@ -392,25 +392,24 @@ def _ensure_bucket(cloud: Cloud) -> str:
     down`). Its settings are put on every `up`: one interrupted before them left a bucket used
     unencrypted, public access not blocked, its objects never expiring."""
     s3 = cloud.client("s3")
-    recorded = job_bucket(cloud)
-    name = recorded
-    if name is None or not check_owned(cloud, name):
+    name = job_bucket(cloud)
+    if name is None:
         name = f"amibake-batch-{cloud.config.region}-{secrets.token_hex(8)}"
         try:
-            # Where none was recorded, only if none is yet: two `up`s at once each recorded a
-            # bucket of their own, the last record won, and the other bucket was found by
-            # nothing. The second takes the first's.
+            # Only if none is recorded yet: two `up`s at once each recorded a bucket of their
+            # own, the last record won, and the other bucket was found by nothing. The second
+            # takes the first's.
             cloud.ssm.put_parameter(
-                Name=BUCKET_PARAMETER,
-                Value=name,
-                Type="String",
-                Overwrite=recorded is not None,
-                Tier="Standard",
+                Name=BUCKET_PARAMETER, Value=name, Type="String", Overwrite=False, Tier="Standard"
             )
         except botocore.exceptions.ClientError as exc:
             if error_code(exc) != "ParameterAlreadyExists":
                 raise
             name = job_bucket(cloud) or name
+    if not check_owned(cloud, name):
+        # The recorded name is made, not replaced: not found, it is one an `up` recorded and
+        # has not made yet (at once with this one, or interrupted), or one S3 does not find
+        # yet; a new name here orphaned that `up`'s bucket.
         where = cloud.config.region
         try:
             s3.create_bucket(
@@ -422,6 +421,12 @@ def _ensure_bucket(cloud: Cloud) -> str:
                 ),
             )
         except botocore.exceptions.ClientError as exc:
+            if error_code(exc) == "BucketAlreadyExists":  # another account's, since: a new one
+                raise UserError(
+                    f"the job bucket {name} recorded in SSM {BUCKET_PARAMETER} is now another "
+                    f"account's: delete the parameter (aws ssm delete-parameter --name "
+                    f"{BUCKET_PARAMETER}), and `amibake batch up` makes a new bucket"
+                ) from None
             if error_code(exc) != "BucketAlreadyOwnedByYou":  # the other `up` made it first
                 raise
     settings: list[tuple[str, dict[str, Any]]] = [

@@ -263,12 +263,15 @@ def test_up_puts_every_setting_on_a_bucket_s3_does_not_find_yet(
     _nothing_registered(cloud)
 
 
+@pytest.mark.parametrize("recorded", ["after-this-read", "before-this-read"])
 def test_two_ups_at_once_share_one_job_bucket(
     faulty: Faulty,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
+    recorded: str,
 ) -> None:
     """Each `up` that found no bucket recorded one of its own: the last record won, and the
-    other bucket was found by nothing (not ls, gc or down)."""
+    other bucket was found by nothing (not ls, gc or down). And one that found the other's
+    record before its bucket was made took it for stale and recorded a new one."""
     cloud = faulty("none", 0)
     image = _image(cloud)
     read = batch.job_bucket
@@ -280,7 +283,10 @@ def test_two_ups_at_once_share_one_job_bucket(
             c.ssm.put_parameter(Name=batch.BUCKET_PARAMETER, Value=theirs, Type="String")
         return found
 
-    monkeypatch.setattr(batch, "job_bucket", the_other_up_records_just_after_this_one_read)
+    if recorded == "after-this-read":
+        monkeypatch.setattr(batch, "job_bucket", the_other_up_records_just_after_this_one_read)
+    else:  # recorded, its bucket not made yet
+        cloud.ssm.put_parameter(Name=batch.BUCKET_PARAMETER, Value=theirs, Type="String")
     batch.up(cloud, [image])
     monkeypatch.undo()
     assert batch.job_bucket(cloud) == theirs
