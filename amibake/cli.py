@@ -527,12 +527,11 @@ def _bake(args: argparse.Namespace) -> int:
     summaries = [o.summary() for o in outcomes]
     if args.keep is not None and not args.dry_run:
         from amibake import bake as bake_module
-        from amibake import batch
 
         amis_file = cfg.results_dir / "amis.json"
-        launched = batch.images_launched(cloud)
+        launched = _batch_images(cloud) if any(s["ok"] for s in summaries) else {}
         for summary in summaries:
-            if summary["ok"]:
+            if summary["ok"] and launched is not None:
                 summary["retired"] = bake_module.retire_older(
                     cloud, amis_file, summary["image_id"], args.keep, launched
                 )
@@ -850,6 +849,29 @@ def _gc(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failures else 0
+
+
+def _batch_images(cloud: Any) -> dict[str, str] | None:
+    """The images Batch launches from, for bake --keep; None (nothing is retired, said why)
+    when this identity may not read them: the bake, paid for, is not failed for it."""
+    import botocore.exceptions
+
+    from amibake import batch
+    from amibake.cloud.calls import error_code
+    from amibake.inventory import DENIED
+
+    try:
+        return batch.images_launched(cloud)
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) not in DENIED:
+            raise
+        print(
+            "amibake bake: --keep retired nothing: this identity may not read which images "
+            "Batch launches from (batch:DescribeComputeEnvironments: amibake iam-policy --for "
+            "bake)",
+            file=sys.stderr,
+        )
+        return None
 
 
 def _check_run_id(run_id: str) -> None:

@@ -578,3 +578,24 @@ def test_bake_keep_leaves_an_image_batch_launches_from(
     assert [r["image_id"] for r in retired] == deregistered == ["ami-old"]
     assert not {r["image_id"]: r for r in bake.baked(amis)}["ami-used"].get("retired")
     assert "kept ami-used: Batch's compute environment amibake-x86_64-ami-used" in caplog.text
+
+
+def test_bake_keep_without_leave_to_read_batch_retires_nothing_and_says_why(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An identity holding bake's policy of before (no batch:DescribeComputeEnvironments): the
+    bake, paid for, failed after it had made the image."""
+    import botocore.exceptions
+
+    from amibake import batch, cli
+
+    def denied(_: Cloud) -> dict[str, str]:
+        raise botocore.exceptions.ClientError(
+            {"Error": {"Code": "AccessDeniedException", "Message": "no"}},
+            "DescribeComputeEnvironments",
+        )
+
+    monkeypatch.setattr(batch, "images_launched", denied)
+    assert cli._batch_images(cloud) is None
+    err = capsys.readouterr().err
+    assert "--keep retired nothing" in err and "batch:DescribeComputeEnvironments" in err

@@ -155,6 +155,19 @@ def test_a_refusal_that_is_not_capacity_is_not_called_no_capacity(
     assert "no capacity" not in outcome.error
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
+    def short_and_unsupported(params: dict[str, Any], **_: Any) -> Any:
+        market = params["body"]["TargetCapacitySpecification.DefaultTargetCapacityType"]
+        errors = [{"ErrorCode": code, "ErrorMessage": "injected", "Lifecycle": market}
+                  for code in ("Unsupported", "InsufficientInstanceCapacity")]  # fmt: skip
+        parsed = {"Errors": errors, "Instances": [], "ResponseMetadata": {"HTTPStatusCode": 200}}
+        return AWSResponse("https://ec2.local", 200, {}, None), parsed  # type: ignore[arg-type]
+
+    # Beside pools short of capacity, a type missing in one AZ is common: that is no capacity.
+    with hooked(cloud, "before-call.ec2.CreateFleet", short_and_unsupported):
+        outcome = pipelines.build(cloud, request())[0]
+    assert "no capacity for c5a after trying" in outcome.error, outcome.error
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
 
 def test_spot_without_capacity_falls_back_to_on_demand_when_allowed(
     cloud: Cloud, local_dir: Path

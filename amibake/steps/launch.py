@@ -311,7 +311,9 @@ class LaunchFleet:
                 f"(RequestLimitExceeded): the account's request rate is spent; try again later"
             )
         other = codes_seen - CAPACITY_ERRORS - THROTTLING_ERRORS - NOT_YET_VISIBLE
-        if other:  # an override EC2 will not launch (Unsupported, InvalidParameterValue, ...)
+        # An override EC2 will not launch (Unsupported, InvalidParameterValue, ...) and no pool
+        # short of capacity; beside pools that were, a type missing in one AZ is common.
+        if other and not codes_seen & CAPACITY_ERRORS:
             raise CloudError(
                 f"EC2 Fleet refused {state.family.name} after trying {pools}, not for capacity "
                 f"({refused_all}): {', '.join(sorted(other))} is what to look at"
