@@ -118,8 +118,7 @@ def retire_older(
     amis.json; what was retired. One Batch launches hosts from (`launched`: image -> its
     environment) stays, said why: retired, its environment could start no host, and its jobs
     waited RUNNABLE."""
-    with saved.locked(amis_file):  # what the slow deregistering began with may have grown
-        records = baked(amis_file)
+    records = baked(amis_file)  # written whole, read whole: what it held when asked
     new = next(r for r in records if r["image_id"] == image_id)
     same = [
         r
