@@ -87,11 +87,7 @@ def batch_left(cloud: Cloud, run_id: str, local_dir: Path) -> None:
     results = results_of(cloud)
     assert_nothing_left(cloud, results, run_id, local_dir)
     assert bucket_files(cloud, run_id) == []
-    client = cloud.client("batch")
-    names = [
-        e["computeEnvironmentName"]
-        for e in client.describe_compute_environments()["computeEnvironments"]
-    ]
+    names = [e["computeEnvironmentName"] for e in batch.environments(cloud.client("batch"))]
     assert not [n for n in names if n.startswith(f"fleet-{run_id}")], names
     assert wait_until_clean(local_dir) == []  # each trial's host went with its environment
 
@@ -183,7 +179,7 @@ SECRETS = re.compile(
 
 def _submitted_jobs(client: Any, run_id: str) -> list[str]:
     ids = []
-    for queue in client.describe_job_queues()["jobQueues"]:
+    for queue in batch.queues(client):
         if queue["jobQueueName"].startswith(f"fleet-{run_id}-"):
             for status in ("SUCCEEDED", "FAILED"):
                 ids += [
@@ -614,9 +610,6 @@ def test_a_tune_search_measures_its_trials_as_batch_jobs(
     assert sorted(rows.trial) == [0, 1] and set(rows.state) == {"ok"}
     # Each trial ran on its own Batch environment's host, now gone with it.
     assert all(i.startswith("i-") for i in rows.instance_id)
-    names = [
-        e["computeEnvironmentName"]
-        for e in cloud.client("batch").describe_compute_environments()["computeEnvironments"]
-    ]
+    names = [e["computeEnvironmentName"] for e in batch.environments(cloud.client("batch"))]
     assert not [n for n in names if n.startswith(f"fleet-{run_id}")], names
     assert wait_until_clean(local_dir) == []  # each trial's host went with its environment
