@@ -429,46 +429,42 @@ def _ensure_bucket(cloud: Cloud) -> str:
                 ) from None
             if error_code(exc) != "BucketAlreadyOwnedByYou":  # the other `up` made it first
                 raise
-    settings: list[tuple[str, dict[str, Any]]] = [
-        (
-            "put_public_access_block",
-            {
-                "PublicAccessBlockConfiguration": {
-                    "BlockPublicAcls": True,
-                    "IgnorePublicAcls": True,
-                    "BlockPublicPolicy": True,
-                    "RestrictPublicBuckets": True,
-                }
+    bucket_settled(
+        lambda: s3.put_public_access_block(
+            Bucket=name,
+            PublicAccessBlockConfiguration={
+                "BlockPublicAcls": True,
+                "IgnorePublicAcls": True,
+                "BlockPublicPolicy": True,
+                "RestrictPublicBuckets": True,
             },
-        ),
-        (
-            "put_bucket_encryption",
-            {
-                "ServerSideEncryptionConfiguration": {
-                    "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
-                }
+        )
+    )
+    bucket_settled(
+        lambda: s3.put_bucket_encryption(
+            Bucket=name,
+            ServerSideEncryptionConfiguration={
+                "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
             },
-        ),
-        # What a SIGKILLed run could not delete goes by itself within a week.
-        (
-            "put_bucket_lifecycle_configuration",
-            {
-                "LifecycleConfiguration": {
-                    "Rules": [
-                        {
-                            "ID": "expire",
-                            "Status": "Enabled",
-                            "Filter": {"Prefix": ""},
-                            "Expiration": {"Days": 7},
-                        }
-                    ]
-                }
-            },
-        ),
-        ("put_bucket_tagging", {"Tagging": {"TagSet": [{"Key": TAG, "Value": "true"}]}}),
-    ]
-    for method, params in settings:
-        bucket_settled(functools.partial(getattr(s3, method), Bucket=name, **params))
+        )
+    )
+    # What a SIGKILLed run could not delete goes by itself within a week.
+    expire = {
+        "ID": "expire",
+        "Status": "Enabled",
+        "Filter": {"Prefix": ""},
+        "Expiration": {"Days": 7},
+    }
+    bucket_settled(
+        lambda: s3.put_bucket_lifecycle_configuration(
+            Bucket=name, LifecycleConfiguration={"Rules": [expire]}
+        )
+    )
+    bucket_settled(
+        lambda: s3.put_bucket_tagging(
+            Bucket=name, Tagging={"TagSet": [{"Key": TAG, "Value": "true"}]}
+        )
+    )
     return name
 
 

@@ -93,7 +93,7 @@ def delete_image(
 # How long a new instance (or the fleet that launched it) may be NotFound: the EC2 API guide
 # says to back off "starting with a couple of seconds ... up to a few minutes".
 NEW_INSTANCE_VISIBLE_S = 300.0
-# How long a new security group, launch template or key pair may be NotFound to its delete
+# How long a new security group or launch template may be NotFound to its delete
 # (the same guide): its run's cleanup asks again until then.
 NEW_RESOURCE_VISIBLE_S = 60.0
 INSTANCE_NOT_FOUND = {"InvalidInstanceID.NotFound"}

@@ -29,7 +29,7 @@ from amibake.local.engine import LocalSettings
 from amibake.local.images import LAUNCHER_NS_ENV
 from amibake.local.sandbox import check_host, port_free, remove_tree
 from amibake.procs import process_alive, same_process, started
-from amibake.saved import locked
+from amibake.saved import locked, write_whole
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0  # a daemon asked to stop shuts its sandboxes down first
@@ -291,13 +291,11 @@ def hold(config: Config) -> None:
     if path in _HELD:
         return
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "python"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staged = path.with_name(f".{path.name}.new")  # whole or absent, never half-written
-        staged.write_text(
-            json.dumps({"pid": os.getpid(), "started": started(os.getpid()), "command": command})
+    try:  # whole or absent, never half-written
+        write_whole(
+            path,
+            json.dumps({"pid": os.getpid(), "started": started(os.getpid()), "command": command}),
         )
-        os.replace(staged, path)
     except OSError:
         return
     _HELD.add(path)

@@ -39,10 +39,8 @@ class KeyPair:
         if not state.key_name:
             return
         ec2 = self.context.cloud.ec2
-        ignore_missing(
-            lambda: ec2.delete_key_pair(KeyName=state.key_name),
-            unseen_for=self.context.unseen_for("key-pair", state.key_name),
-        )
+        # By name, DeleteKeyPair succeeds whether or not EC2 knows the key yet: nothing to wait
+        ignore_missing(lambda: ec2.delete_key_pair(KeyName=state.key_name))
         self.context.deleted("key-pair", state.key_name)
         state.private_key = ""
 
