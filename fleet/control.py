@@ -42,12 +42,6 @@ def this_process() -> dict[str, Any]:
     return {"pid": pid, "pid_started": started(pid), "host": socket.gethostname()}
 
 
-def _same(detail: dict[str, Any], me: dict[str, Any]) -> bool:
-    """An event of this very process (a controller of the run this process ran before: not one
-    that runs beside it)."""
-    return all(detail.get(k) == me[k] for k in ("pid", "pid_started", "host"))
-
-
 def _live(detail: dict[str, Any]) -> bool:
     """The event's process still runs on this machine (and is the one that wrote it)."""
     if detail.get("host") != socket.gethostname() or "pid" not in detail:
@@ -56,6 +50,7 @@ def _live(detail: dict[str, Any]) -> bool:
 
 
 def _identity(detail: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Which process wrote the event: its pid, that process's start and the machine."""
     return detail.get("pid"), detail.get("pid_started"), detail.get("host")
 
 
@@ -303,7 +298,8 @@ def take_over(cloud: Cloud | None, results: Results, run_id: str) -> None:
 
 def _refuse_another(results: Results, run_id: str, me: dict[str, Any]) -> None:
     live = controller(results, run_id)
-    if live is not None and not _same(live, me):
+    # this very process's own claim, from a run of it before, is no other controller
+    if live is not None and _identity(live) != _identity(me):
         raise UserError(
             f"run {run_id} is running already (pid {live['pid']}): follow it with fleet status "
             f"{run_id}, or stop it with fleet kill {run_id}"
