@@ -61,9 +61,15 @@ deb-src:
 	  fi; \
 	  $(APT) update -qq; fi
 
+# $(call apt_source,SOURCE PACKAGE): its files into $$dir, of the newest version a mirror serves:
+# the security archive may list a version whose files it does not serve (zstd's
+# 1.5.4+dfsg2-5+deb12u1 answered 404 on 2026-12-01), while the release's, with the same orig
+# tarball, is served.
+apt_source = for v in $$(apt-cache showsrc $(1) 2>/dev/null | sed -n 's/^Version: //p' | sort -rV); do \
+	  (cd $$dir && $(APT) source --download-only -qq $(1)=$$v >/dev/null 2>&1) && break; done
 zstd-source: install deb-src
 	@if $(BIN)/amibake source has zstd >/dev/null 2>&1; then exit 0; fi; \
-	dir=$$(mktemp -d) && (cd $$dir && $(APT) source --download-only -qq zstd >/dev/null 2>&1); \
+	dir=$$(mktemp -d) && $(call apt_source,zstd); \
 	$(BIN)/amibake source add $$dir/libzstd_1.5.4+dfsg2.orig.tar.xz; rm -rf $$dir; \
 	$(BIN)/amibake source has zstd || echo "zstd source not available: the zstd build test will say so"
 
@@ -76,7 +82,7 @@ LZ4_SHA256 := 0b0e3aa07c8c063ddf40b082bdf7e37a1562bda40a0ff5272957f3e987e0e54b
 lz4-source: install deb-src
 	@cache=$$($(BIN)/python -c 'from amibake.sources import cache_dir; print(cache_dir())'); \
 	if [ -f "$$cache/$(LZ4_SHA256)" ]; then exit 0; fi; \
-	dir=$$(mktemp -d) && (cd $$dir && $(APT) source --download-only -qq lz4 >/dev/null 2>&1); \
+	dir=$$(mktemp -d) && $(call apt_source,lz4); \
 	if [ "$$(sha256sum < $$dir/$(LZ4_ORIG) 2>/dev/null | cut -d' ' -f1)" = $(LZ4_SHA256) ]; then \
 	  cp $$dir/$(LZ4_ORIG) "$$cache/$(LZ4_SHA256)"; \
 	else echo "lz4 source not available: the lz4 test of recipe new will say so"; fi; rm -rf $$dir
@@ -89,7 +95,7 @@ lz4-source: install deb-src
 define debian_orig
 	@cache=$$($(BIN)/python -c 'from amibake.sources import cache_dir; print(cache_dir())'); \
 	if [ -f "$$cache/$(3)" ]; then exit 0; fi; \
-	dir=$$(mktemp -d) && (cd $$dir && $(APT) source --download-only -qq $(1) >/dev/null 2>&1); \
+	dir=$$(mktemp -d) && $(call apt_source,$(1)); \
 	if [ "$$(sha256sum < $$dir/$(2) 2>/dev/null | cut -d' ' -f1)" = $(3) ]; then \
 	  mkdir -p "$$cache" && cp $$dir/$(2) "$$cache/$(3)"; \
 	else echo "$(1) source not available: its test in tests/test_real_trees.py will say so"; fi; \
