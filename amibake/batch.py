@@ -12,6 +12,7 @@ import logging
 import re
 import secrets
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,15 +216,19 @@ def _ensure_iam(cloud: Cloud) -> tuple[str, str]:
     return str(service["Arn"]), str(profile["Arn"])
 
 
-def _ensure_role(iam: Any, name: str, service: str) -> str:
-    """A role under amibake's path that `service` may assume; its ARN. One of that name
-    elsewhere (made by an older amibake, or by someone else) is refused, not taken over."""
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
-        ],
+def _ensure_role(iam: Any, name: str, service: str, condition: dict[str, Any] | None = None) -> str:
+    """A role under amibake's path that `service` may assume (under `condition`, where given);
+    its ARN. One of that name elsewhere (made by an older amibake, or by someone else) is
+    refused, not taken over. One of amibake's whose trust says otherwise (an older amibake's,
+    without the condition) is given this trust."""
+    statement: dict[str, Any] = {
+        "Effect": "Allow",
+        "Principal": {"Service": service},
+        "Action": "sts:AssumeRole",
     }
+    if condition:
+        statement["Condition"] = condition
+    trust = {"Version": "2012-10-17", "Statement": [statement]}
     try:
         role = iam.create_role(
             RoleName=name,
@@ -241,14 +246,36 @@ def _ensure_role(iam: Any, name: str, service: str) -> str:
             f"amibake?): delete it (aws iam delete-role --role-name {name}, after detaching its "
             "policies), and `amibake batch up` makes it again"
         )
+    if _trust_of(role) != trust:
+        iam.update_assume_role_policy(RoleName=name, PolicyDocument=json.dumps(trust))
     return str(role["Arn"])
+
+
+def _trust_of(role: dict[str, Any]) -> Any:
+    """A role's trust policy as data: boto3 decodes IAM's URL-encoded policy documents into
+    dicts (botocore's json_decode_policies); another client may hand over the text."""
+    document = role.get("AssumeRolePolicyDocument")
+    if isinstance(document, str):
+        try:
+            return json.loads(urllib.parse.unquote(document))
+        except ValueError:
+            return None
+    return document
 
 
 def _ensure_job_role(cloud: Cloud, bucket: str) -> str:
     """The role jobs run as, and the bucket policy that lets it read and write the run files
     there, nothing else. The grant is the bucket's, not the role's: a role amibake passes must
     not carry policies amibake writes (whoever may write them could give it anything)."""
-    arn = _ensure_role(cloud.client("iam"), JOB_ROLE, "ecs-tasks.amazonaws.com")
+    # ECS may assume the role for this account's tasks in this region only (aws:SourceAccount,
+    # aws:SourceArn): the ECS guide's "Task IAM role" asks for them against the cross-service
+    # confused deputy, and scanners (Security Hub, prowler) flag a service's trust without them.
+    account = cloud.account
+    only_ours = {
+        "StringEquals": {"aws:SourceAccount": account},
+        "ArnLike": {"aws:SourceArn": f"arn:aws:ecs:{cloud.config.region}:{account}:*"},
+    }
+    arn = _ensure_role(cloud.client("iam"), JOB_ROLE, "ecs-tasks.amazonaws.com", only_ours)
     policy = {
         "Version": "2012-10-17",
         "Statement": [

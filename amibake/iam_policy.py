@@ -105,6 +105,8 @@ ACTIONS: dict[str, list[str]] = {
         "iam:GetRole",
         "iam:ListRoles",
         "iam:PassRole",
+        # An older amibake's job role gets the trust that names this account's ECS tasks only.
+        "iam:UpdateAssumeRolePolicy",
         # The job bucket's name (random, so nobody can take it first) is recorded here.
         "ssm:DeleteParameter",
         "ssm:GetParameter",
@@ -408,6 +410,7 @@ SCOPES: dict[str, tuple[Scope, ...]] = {
     "batch:TerminateJob": (Scope(("arn:aws:batch:*:*:job/*",)),),
     "iam:CreateRole": (Scope(ROLES),),
     "iam:GetRole": (Scope(ROLES),),
+    "iam:UpdateAssumeRolePolicy": (Scope(ROLES),),
     "iam:AttachRolePolicy": (
         Scope(
             ROLES,

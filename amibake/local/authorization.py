@@ -419,6 +419,7 @@ HANDLERS: dict[str, Callable[[Calls, Params], list[Check]]] = {
     "iam:AttachRolePolicy": _iam_role("RoleName"),
     "iam:DetachRolePolicy": _iam_role("RoleName"),
     "iam:DeleteRole": _iam_role("RoleName"),
+    "iam:UpdateAssumeRolePolicy": _iam_role("RoleName"),
     "iam:CreateInstanceProfile": _instance_profile,
     "iam:GetInstanceProfile": _instance_profile,
     "iam:AddRoleToInstanceProfile": _instance_profile,

@@ -117,9 +117,13 @@ def _statement_applies(statement: dict[str, Any], check: Check) -> bool:
 
 
 def _principal(principal: Any, check: Check) -> bool:
-    """A resource policy's Principal: "*", or AWS ARNs / account ids naming the caller."""
+    """A resource policy's Principal: "*", AWS ARNs / account ids naming the caller, or (a
+    role's trust policy) the service asking for it, named in ``aws:PrincipalServiceName``."""
     if principal == "*":
         return True
+    service = str(check.context.get("aws:PrincipalServiceName", ""))
+    if service and isinstance(principal, dict):
+        return service in [str(s) for s in _as_list(principal.get("Service", []))]
     caller = str(check.context.get("aws:PrincipalArn", ""))
     for named in _as_list(principal.get("AWS", []) if isinstance(principal, dict) else []):
         named = str(named)

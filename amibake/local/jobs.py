@@ -29,6 +29,7 @@ wants anyway), and the host lives until its environment is deleted instead of sc
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -43,6 +44,7 @@ from typing import Any
 
 from amibake.errors import LocalCloudError
 from amibake.local.engine import LocalCloud
+from amibake.local.iam import Check, decide
 from amibake.local.moto_gaps import BACKENDS
 
 log = logging.getLogger("amibake.local")
@@ -55,7 +57,11 @@ QUEUED = ("SUBMITTED", "PENDING", "RUNNABLE")  # a job's states before its host 
 # ECS_CONTAINER_STOP_TIMEOUT's default: how long a stopped container has between SIGTERM and
 # SIGKILL (ECS agent docs; `docker stop -t`).
 STOP_TIMEOUT_S = 30.0
-# daemon.INFO_FILE, named here: the daemon imports this module (no import circle).
+
+
+class RoleRefused(Exception):
+    """The job role's trust does not let ECS assume it for the task (ECS's reason)."""
+
 
 # (EC2 backend, instance id, account, region): starts the sandbox of an instance moto created.
 LaunchFn = Callable[[Any, str, str, str], None]
@@ -195,11 +201,16 @@ class Host:
                 self._stop(job, False, job.job_stopped_reason or "terminated before it started")
                 return
             job.status = "STARTING"
+        try:
+            credentials = self._task_role(job, instance_id)
+        except RoleRefused as refused:  # the task never starts: no attempt, no log stream
+            self._stop(job, False, str(refused))
+            return
         job.log_stream_name = f"{job.job_definition.name}/default/{uuid.uuid4().hex}"
         job.job_started_at = _now()
         job._start_attempt()
         job.latest_attempt["container"]["containerInstanceArn"] = instance_id
-        environment = {**self._environment(job), **self._task_role(job, instance_id)}
+        environment = {**self._environment(job), **credentials}
         command = self._command(job)
         image = self._local_image(job)
         if image is not None:
@@ -304,6 +315,7 @@ class Host:
             return {}
         from moto.sts.models import sts_backends
 
+        self._check_trust(job, role)
         with BACKENDS:
             assumed = sts_backends[self.backend.account_id]["global"].assume_role(
                 region_name=self.backend.region_name,
@@ -323,6 +335,40 @@ class Host:
         }
         port = self.runner.cloud.settings.imds_port
         return {"AWS_CONTAINER_CREDENTIALS_FULL_URI": f"http://{metadata.address}:{port}{path}"}
+
+    def _check_trust(self, job: Any, role_arn: str) -> None:
+        """ECS assumes a task's role as the service ecs-tasks.amazonaws.com, on behalf of the
+        task: the role's trust policy is judged with the task's account and ARN as
+        aws:SourceAccount and aws:SourceArn (the ECS developer guide, "Task IAM role", which
+        recommends conditions on them against the confused deputy). A role whose trust does not
+        let that request in is not assumed, and the task does not start."""
+        from moto.iam.models import iam_backends
+
+        account, region = self.backend.account_id, self.backend.region_name
+        with BACKENDS:
+            try:
+                found = iam_backends[account]["global"].get_role_by_arn(role_arn)
+                trust = json.loads(found.assume_role_policy_document)
+            except Exception:  # no such role: nothing trusts ECS
+                trust = {}
+        cluster = self.environment.ecs_name or self.environment.name
+        asked = Check(
+            "sts:AssumeRole",
+            role_arn,
+            {
+                "aws:PrincipalServiceName": "ecs-tasks.amazonaws.com",
+                "aws:SourceAccount": account,
+                "aws:SourceArn": f"arn:aws:ecs:{region}:{account}:task/{cluster}/"
+                + job.job_id.replace(":", "-")[:32],
+            },
+        )
+        if decide([trust], asked) != "allow":
+            raise RoleRefused(
+                f"ECS was unable to assume the role '{role_arn}' that was provided for this "
+                "task. Please verify that the role being passed has the proper trust "
+                "relationship and permissions and that your IAM user has permissions to pass "
+                "this role."
+            )
 
     @staticmethod
     def _logs(job: Any, lines: list[dict[str, Any]]) -> None:

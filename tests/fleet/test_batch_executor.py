@@ -242,6 +242,122 @@ def test_the_job_bucket_is_random_recorded_and_every_s3_call_names_its_owner(
     )
 
 
+def test_the_job_role_trusts_this_account_s_ecs_tasks_alone_and_an_older_trust_is_renewed(
+    cloud: Cloud, registered: None
+) -> None:
+    from amibake.local import iam as local_iam
+
+    iam = cloud.client("iam")
+    role = iam.get_role(RoleName=batch.JOB_ROLE)["Role"]
+    account, region = cloud.account, cloud.config.region
+    task = f"arn:aws:ecs:{region}:{account}:task/AWSBatch-env/0123456789abcdef"
+    ours = {
+        "aws:PrincipalServiceName": "ecs-tasks.amazonaws.com",
+        "aws:SourceAccount": account,
+        "aws:SourceArn": task,
+    }
+
+    def assumes(context: dict[str, str]) -> str:
+        asked = local_iam.Check("sts:AssumeRole", role["Arn"], context)
+        return local_iam.decide([role["AssumeRolePolicyDocument"]], asked)
+
+    assert assumes(ours) == "allow"
+    elsewhere = task.replace(f":{account}:", ":111111111111:")
+    refused = {
+        "another account's task": {
+            **ours,
+            "aws:SourceAccount": "111111111111",
+            "aws:SourceArn": elsewhere,
+        },
+        "a task in another region": {**ours, "aws:SourceArn": task.replace(region, "zz-west-9")},
+        "no source named": {"aws:PrincipalServiceName": "ecs-tasks.amazonaws.com"},
+        "another service": {**ours, "aws:PrincipalServiceName": "ec2.amazonaws.com"},
+    }
+    for why, context in refused.items():
+        assert assumes(context) == "implicit", why
+
+    # An older amibake made the role with a bare trust: the next up gives it this one, and the
+    # jobs of the environment still run as it (the local cloud judges the trust at each start).
+    bare = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "ecs-tasks.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+    iam.update_assume_role_policy(RoleName=batch.JOB_ROLE, PolicyDocument=json.dumps(bare))
+    batch.up(cloud, batch.images_from_bake(cloud.config.results_dir / "amis.json"))
+    renewed = iam.get_role(RoleName=batch.JOB_ROLE)["Role"]["AssumeRolePolicyDocument"]
+    assert renewed == role["AssumeRolePolicyDocument"]
+
+
+def test_a_job_whose_role_does_not_trust_its_ecs_task_never_starts(
+    cloud: Cloud, registered: None
+) -> None:
+    """As ECS: a role that lets no task of this account in is not assumed, and the job fails
+    with ECS's reason, never run."""
+    iam, client = cloud.client("iam"), cloud.client("batch")
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "ecs-tasks.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+                "Condition": {"StringEquals": {"aws:SourceAccount": "111111111111"}},
+            }
+        ],
+    }
+    name = "test-another-account-s-tasks"
+    arn = iam.create_role(
+        RoleName=name, Path="/amibake/", AssumeRolePolicyDocument=json.dumps(trust)
+    )["Role"]["Arn"]
+    definition = "test-untrusted-role"
+    try:
+        client.register_job_definition(
+            jobDefinitionName=definition,
+            type="container",
+            containerProperties={
+                "image": "busybox",
+                "jobRoleArn": arn,
+                "command": ["/bin/sh", "-c", "echo ran"],
+                "resourceRequirements": [
+                    {"type": "VCPU", "value": "1"},
+                    {"type": "MEMORY", "value": "128"},
+                ],
+            },
+        )
+        job = client.submit_job(
+            jobName="untrusted", jobQueue="amibake-x86_64", jobDefinition=definition
+        )["jobId"]
+        wait_for(
+            lambda: (
+                client.describe_jobs(jobs=[job])["jobs"][0]["status"] in ("SUCCEEDED", "FAILED")
+            ),
+            120,
+        )
+        ended = client.describe_jobs(jobs=[job])["jobs"][0]
+        assert ended["status"] == "FAILED", ended
+        assert ended["statusReason"].startswith(f"ECS was unable to assume the role '{arn}'")
+        assert not ended.get("container", {}).get("logStreamName"), ended  # never ran
+    finally:
+        for listed in client.describe_job_definitions(
+            jobDefinitionName=definition, status="ACTIVE"
+        )["jobDefinitions"]:
+            client.deregister_job_definition(jobDefinition=listed["jobDefinitionArn"])
+        iam.delete_role(RoleName=name)
+        # The host the job's environment started, ended as Batch scales in: the other tests
+        # count the sandboxes left, and take any Batch host for their run's.
+        registered_environments = list(batch.status(cloud)["compute_environments"])
+        hosts = [{"Name": "tag:aws:batch:compute-environment", "Values": registered_environments}]
+        for reservation in cloud.ec2.describe_instances(Filters=hosts)["Reservations"]:
+            ids = [i["InstanceId"] for i in reservation["Instances"]]
+            cloud.ec2.terminate_instances(InstanceIds=ids)
+
+
 def test_a_recorded_bucket_another_account_holds_is_refused_untouched(
     cloud: Cloud, registered: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -301,18 +417,19 @@ def test_a_lost_host_reruns_its_replicate(
     killed: list[str] = []
 
     def terminate_first_host() -> None:
-        # The first host, once a job runs on it: as a spot reclaim would.
+        # The run's first host, once a job runs on it: as a spot reclaim would. Its own: the
+        # registered environment may have a host up too (its queue ran another test's job).
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not killed:
+            queue = run_queue(cloud, run_id)  # named as its compute environment
             reservations = cloud.ec2.describe_instances(
                 Filters=[
-                    {"Name": "tag-key", "Values": ["aws:batch:compute-environment"]},
+                    {"Name": "tag:aws:batch:compute-environment", "Values": [queue or "-"]},
                     {"Name": "instance-state-name", "Values": ["running"]},
                 ]
             )["Reservations"]
             for reservation in reservations:
                 for instance in reservation["Instances"]:
-                    queue = run_queue(cloud, run_id)
                     jobs = queue and queue_jobs(cloud.client("batch"), queue, ("RUNNING",))
                     if jobs:
                         time.sleep(0.5)
