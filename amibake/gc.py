@@ -118,6 +118,7 @@ def delete(
         "security-group": lambda i: delete_security_group(ec2, i),
         "key-pair": lambda i: ec2.delete_key_pair(KeyName=i),
         "job-definition": lambda i: batch_client.deregister_job_definition(jobDefinition=i),
+        "run-files": lambda i: batch.delete_prefix(cloud, *i.removeprefix("s3://").split("/", 1)),
     }
     unseen = {x.resource_id: x.unseen_for() for x in leftovers}
     instances = {x.resource_id: unseen[x.resource_id] for x in leftovers if x.kind == "instance"}

@@ -199,6 +199,10 @@ ACTIONS: dict[str, list[str]] = {
         "ec2:DeregisterImage",
         "ec2:TerminateInstances",
         *_FIND,
+        # A SIGKILLed fleet run's files in the job bucket (its payload, results, monitor CSVs).
+        "s3:DeleteObject",
+        "s3:ListBucket",
+        "ssm:GetParameter",  # where the job bucket's name is recorded
     ],
 }
 # Called, but AWS checks no permission for them (and ignores a Deny): not in the policy.

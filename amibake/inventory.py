@@ -47,6 +47,7 @@ ORDER = [
     "security-group",
     "key-pair",
     "job-definition",
+    "run-files",  # after the queues: gc stops their jobs, which write files until they stop
     "bucket",
 ]
 # Why gc leaves each kind of kept resource (the text after "keep ...: ").
@@ -317,32 +318,77 @@ def still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0
     return False
 
 
-def _batch_extras(cloud: Cloud) -> Iterator[Resource]:
-    """What `amibake batch up` registered besides environments, queues and job definitions: the
-    job bucket, with its objects and bytes. Calls beyond gc's statement: a refusal is said and
-    the rest listed."""
+def _bucket_objects(cloud: Cloud) -> tuple[str, list[dict[str, Any]]] | None:
+    """The job bucket's name and every object in it; None when there is none, or this identity
+    may not list it (said, and the rest found)."""
     try:
         name = batch.job_bucket(cloud)
         if name is None or not batch.check_owned(cloud, name):
-            return
-        count = size = 0
-        for item in every(cloud.client("s3"), "list_objects_v2", "Contents", Bucket=name):
-            count += 1
-            size += int(item.get("Size", 0))
-        yield Resource(
-            "bucket",
-            name,
-            "",
-            None,
-            "amibake batch up's job bucket; amibake batch down deletes it",
-            objects=count,
-            size_bytes=size,
-            usd_per_month=prices.storage_monthly("s3-standard", size, cloud.config.region),
-        )
+            return None
+        return name, list(every(cloud.client("s3"), "list_objects_v2", "Contents", Bucket=name))
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) not in DENIED:
             raise
         log.warning("the job bucket not listed: %s", exc)
+        return None
+
+
+def _run_files(
+    cloud: Cloud, bucket: str, objects: list[dict[str, Any]], found: dict[tuple[str, str], Resource]
+) -> Iterator[Resource]:
+    """A fleet Batch run's files, one resource per compute environment it measured on
+    (``fleet/<fleet run>/<environment>/``: its payload, results and monitor CSVs). They belong
+    to that environment's run: kept while it runs, and left once the environment is gone or
+    left itself (a SIGKILLed run's own cleanup never removed them; only `fleet kill`, a resume
+    or the bucket's 7-day expiry did, and gc found nothing). The environment is made before
+    any file and deleted after them, so files without one are nobody's."""
+    environments = {
+        r.resource_id.rsplit("/", 1)[-1]: r
+        for (kind, _), r in found.items()
+        if kind == "compute-environment"
+    }
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for item in objects:
+        parts = str(item["Key"]).split("/")
+        if parts[0] == "fleet" and len(parts) > 3:
+            groups.setdefault("/".join(parts[:3]) + "/", []).append(item)
+    for prefix, items in sorted(groups.items()):
+        environment = prefix.split("/")[2]
+        owner = environments.get(environment)
+        size = sum(int(i.get("Size", 0)) for i in items)
+        yield Resource(
+            "run-files",
+            f"s3://{bucket}/{prefix}",
+            owner.run_id if owner else "",
+            max(_created(i, "LastModified") or datetime.now(UTC) for i in items),
+            owner.kept if owner else "",
+            objects=len(items),
+            size_bytes=size,
+            usd_per_month=prices.storage_monthly("s3-standard", size, cloud.config.region),
+            detail=f"of compute environment {environment}" + ("" if owner else ", gone"),
+        )
+
+
+def _job_bucket(cloud: Cloud, bucket: str, objects: list[dict[str, Any]]) -> Resource:
+    """What `amibake batch up` registered besides environments, queues and job definitions: the
+    job bucket, with its objects and bytes besides the run files listed on their own."""
+    rest = [
+        i
+        for i in objects
+        if len(str(i["Key"]).split("/")) <= 3 or not i["Key"].startswith("fleet/")
+    ]
+    size = sum(int(i.get("Size", 0)) for i in rest)
+    return Resource(
+        "bucket",
+        bucket,
+        "",
+        None,
+        "amibake batch up's job bucket; amibake batch down deletes it",
+        objects=len(rest),
+        size_bytes=size,
+        usd_per_month=prices.storage_monthly("s3-standard", size, cloud.config.region),
+        detail="besides the run files listed" if len(rest) < len(objects) else "",
+    )
 
 
 def discover(
@@ -368,8 +414,14 @@ def discover(
             found[key] = resource
         else:
             journal.deleted(entry.kind, entry.resource_id)
-    if everything:
-        found.update({(r.kind, r.resource_id): r for r in _batch_extras(cloud)})
+    listed = _bucket_objects(cloud)
+    if listed is not None:
+        bucket, objects = listed
+        found.update(
+            {(r.kind, r.resource_id): r for r in _run_files(cloud, bucket, objects, found)}
+        )
+        if everything:
+            found[("bucket", bucket)] = _job_bucket(cloud, bucket, objects)
     # A run elsewhere counts as running for as long as its resources' amibake:expires says.
     live, elsewhere = journal.live_runs(), journal.running_elsewhere(TAG_TTL.total_seconds())
     chosen = [

@@ -116,6 +116,11 @@ def described(cloud: Cloud) -> set[tuple[str, str]]:
     }
     bucket = cloud.ssm.get_parameters(Names=["/amibake/batch/bucket"])["Parameters"]
     found |= {("bucket", p["Value"]) for p in bucket}
+    for name in [p["Value"] for p in bucket]:  # a fleet run's files, by run and environment
+        listed = cloud.client("s3").list_objects_v2(Bucket=name, Prefix="fleet/")
+        for key in [o["Key"] for o in listed.get("Contents", [])]:
+            if key.count("/") >= 3:
+                found.add(("run-files", f"s3://{name}/{'/'.join(key.split('/')[:3])}/"))
     return found
 
 
@@ -138,8 +143,11 @@ def expected_cost(cloud: Cloud, item: dict[str, Any]) -> tuple[float, float]:
         snapshot = cloud.ec2.describe_snapshots(SnapshotIds=[item["id"]])["Snapshots"][0]
         assert item["size_gib"] == snapshot["VolumeSize"]
         return 0.0, snapshot["VolumeSize"] * storage["ebs-snapshot"]["usd_per_gb_month"]
-    if item["kind"] == "bucket":
-        objects = cloud.client("s3").list_objects_v2(Bucket=item["id"]).get("Contents", [])
+    if item["kind"] in ("bucket", "run-files"):
+        name, _, prefix = item["id"].removeprefix("s3://").partition("/")
+        objects = cloud.client("s3").list_objects_v2(Bucket=name, Prefix=prefix)["Contents"]
+        if item["kind"] == "bucket":  # its own objects: the run files are listed as such
+            objects = [o for o in objects if o["Key"].count("/") < 3]
         size = sum(o["Size"] for o in objects)
         assert (item["objects"], item["size_bytes"]) == (len(objects), size)
         return 0.0, size / gib * storage["s3-standard"]["usd_per_gb_month"]
@@ -154,6 +162,10 @@ def test_ls_lists_exactly_what_is_alive_priced_and_gc_dry_run_marks_it(
     assert main(["batch", "up", "--from-bake"]) == 0
     bucket = cloud.ssm.get_parameter(Name="/amibake/batch/bucket")["Parameter"]["Value"]
     cloud.client("s3").put_object(Bucket=bucket, Key="fleet/probe", Body=b"x" * 1000)
+    # A SIGKILLed fleet run's files, their compute environment gone: a leftover of their own.
+    orphan = "fleet/fb-0123456789/fleet-fb-0123456789-abcdef-0/"
+    for name, size in (("payload.tar", 3000), ("r0/result.json", 200)):
+        cloud.client("s3").put_object(Bucket=bucket, Key=orphan + name, Body=b"x" * size)
 
     def explode(name: str) -> None:
         if name == "launch":
@@ -168,7 +180,7 @@ def test_ls_lists_exactly_what_is_alive_priced_and_gc_dry_run_marks_it(
     assert seen == described(cloud)
     kinds = {kind for kind, _ in seen}
     assert {"instance", "image", "snapshot", "compute-environment", "job-queue"} <= kinds, kinds
-    assert {"job-definition", "bucket", "key-pair", "security-group"} <= kinds, kinds
+    assert {"job-definition", "bucket", "key-pair", "security-group", "run-files"} <= kinds
     for item in listed["resources"]:
         hourly, monthly = expected_cost(cloud, item)
         assert (item["usd_per_hour"] or 0.0) == pytest.approx(hourly), item
@@ -182,8 +194,11 @@ def test_ls_lists_exactly_what_is_alive_priced_and_gc_dry_run_marks_it(
     )
     assert "us-east-1 list prices of" in listed["basis"]
     # The run kept on error is gc's; the image, its snapshot and Batch's pieces are not.
+    files = by_id[f"s3://{bucket}/{orphan}"]
+    assert (files["objects"], files["size_bytes"], files["gc"]) == (2, 3200, "delete"), files
+    assert by_id[bucket]["objects"] == 1, by_id[bucket]  # fleet/probe
     for item in listed["resources"]:
-        leftover = item["run_id"] == run_id
+        leftover = item["run_id"] == run_id or item["kind"] == "run-files"
         assert item["gc"] == ("delete" if leftover else "keep"), item
 
     capsys.readouterr()
@@ -218,6 +233,9 @@ def test_ls_lists_exactly_what_is_alive_priced_and_gc_dry_run_marks_it(
 
     # gc deletes the run's leftovers, batch down Batch's pieces: the image and snapshot stay.
     assert main(["gc"]) == 0
+    s3 = cloud.client("s3")
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix=orphan)
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["fleet/probe"]
     assert main(["batch", "down"]) == 0
     left = {(r["kind"], r["id"]) for r in _json(capsys, "ls")["resources"]}
     assert left == described(cloud)

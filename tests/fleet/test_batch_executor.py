@@ -511,6 +511,41 @@ def test_fleet_kill_mid_job_removes_everything(
     batch_left(cloud, run_id, local_dir)
 
 
+def test_gc_after_a_sigkill_mid_job_removes_the_run_s_files_too(
+    cloud: Cloud, registered: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL, then `amibake gc` rather than `fleet kill`: the run's files in the job bucket
+    are found as the run's (by their compute environment) and deleted once its jobs have
+    stopped. gc found none before: untagged objects, listed only as the bucket's."""
+    run_id = new_run(
+        cloud, executor="batch", command="sleep 60; echo value=1", metric="value=(\\d+)"
+    )
+    process = fleet_process("bench", "--resume", run_id)
+    client = cloud.client("batch")
+    jobs: list[str] = []
+    statuses: list[str] = []
+    delete_prefix = batch.delete_prefix
+
+    def at_deletion(cloud: Cloud, bucket: str, prefix: str) -> int:
+        statuses.extend(j["status"] for j in client.describe_jobs(jobs=jobs)["jobs"])
+        return delete_prefix(cloud, bucket, prefix)
+
+    monkeypatch.setattr(batch, "delete_prefix", at_deletion)
+    try:
+        wait_for(lambda: running_jobs(cloud, run_id), timeout_s=120)
+        queue = run_queue(cloud, run_id)
+        assert queue is not None
+        jobs += [j["jobId"] for j in queue_jobs(client, queue, ("RUNNING",))]
+        assert bucket_files(cloud, run_id), "the run wrote no file: nothing for gc to find"
+        process.kill()
+        process.wait(30)
+        assert main_amibake(["gc"]) == 0
+    finally:
+        process.kill()
+    assert statuses and set(statuses) <= {"SUCCEEDED", "FAILED"}, statuses
+    batch_left(cloud, run_id, local_dir)
+
+
 def test_ctrl_c_mid_job_removes_the_runs_files_once_its_jobs_have_stopped(
     cloud: Cloud, registered: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
