@@ -26,6 +26,9 @@ log = logging.getLogger("amibake")
 # The controller's own cleanup: terminating and waiting on instances, or on Batch jobs (up to
 # amibake.batch.JOBS_STOPPING_S) and then deleting their compute environment.
 STOP_TIMEOUT_S = 300.0
+# How long a SIGKILLed controller has to be gone: at once, unless it is in uninterruptible sleep
+# (a hung disk or NFS read), where the kill waits until the call returns.
+KILL_WAIT_S = 30.0
 
 
 # Events that say whether a run is running: a controller started ("controller": a bench's or a
@@ -319,6 +322,25 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
             time.sleep(0.2)
         if process_alive(pid):
             os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + KILL_WAIT_S
+            while process_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if process_alive(pid):
+                # Its resources count as a live run's (gc keeps them) for as long as it is
+                # there: swept now, nothing would go, and "killed" would be said of a run
+                # still holding instances.
+                return {
+                    "run_id": run_id,
+                    "controller": f"pid {pid} did not exit at SIGKILL",
+                    "state": "running",
+                    "deleted": [],
+                    "failures": [
+                        f"pid {pid} did not exit within {KILL_WAIT_S:.0f}s of SIGKILL (in "
+                        f"uninterruptible sleep, state D in `ps -o stat= -p {pid}`: a hung disk "
+                        f"or network mount), so its run's resources were left: run fleet kill "
+                        f"{run_id} again once it is gone"
+                    ],
+                }
             said = f"pid {pid} did not stop in {STOP_TIMEOUT_S:.0f}s and was killed"
         else:
             said = f"pid {pid} stopped"

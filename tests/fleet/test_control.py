@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import socket
 from pathlib import Path
 
@@ -45,6 +46,44 @@ def test_kill_of_a_run_whose_controller_died_records_it_killed(
     outcome = control.kill(cloud, results, "fb-0000000002")
     assert outcome["state"] == "killed"
     assert [k for _, k, _ in results.events("fb-0000000002")][-1] == "killed"
+
+
+def test_kill_of_a_controller_that_does_not_exit_at_sigkill_says_so_and_sweeps_nothing(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller in uninterruptible sleep outlives SIGKILL until its call returns. gc keeps a
+    live run's resources, so kill swept nothing and said "killed", exit 0: the run's instances
+    ran on, unsaid. The process is given as one no signal ends (a D state cannot be made
+    here)."""
+    import subprocess
+
+    results = bench.results_db(tmp_path / "results")
+    run = "fb-0000000005"
+    results.create_run(run, "bench", _spec(tmp_path), "local", cloud.config.region)
+    stuck = subprocess.Popen(["sleep", "60"])
+    signals: list[int] = []
+    swept: list[str] = []
+    try:
+        from amibake import procs
+
+        me = {"pid": stuck.pid, "pid_started": procs.started(stuck.pid), "host": socket.gethostname()}  # fmt: skip
+        results.event(run, "controller", **me, amibake_run="ab-000000000005")
+        monkeypatch.setattr(control, "process_alive", lambda pid: pid == stuck.pid)
+        monkeypatch.setattr(control.os, "kill", lambda pid, sig: signals.append(sig))
+        monkeypatch.setattr(control, "sweep", lambda *a: swept.append(a[2]) or ([], []))
+        monkeypatch.setattr(control, "STOP_TIMEOUT_S", 0.3)
+        monkeypatch.setattr(control, "KILL_WAIT_S", 0.3)
+        outcome = control.kill(cloud, results, run)
+        sent = list(signals)
+    finally:
+        monkeypatch.undo()
+        stuck.kill()
+        stuck.wait()
+    assert sent == [signal.SIGTERM, signal.SIGKILL]
+    assert outcome["state"] == "running" and swept == [], outcome
+    (failure,) = outcome["failures"]
+    assert f"pid {stuck.pid} did not exit" in failure and f"fleet kill {run} again" in failure
+    assert "killed" not in [k for _, k, _ in results.events(run)]
 
 
 def test_a_controller_s_pid_taken_by_another_process_is_not_the_controller(
