@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -369,6 +370,61 @@ def test_ctrl_c_while_waiting_for_the_image_leaves_nothing(
             pipelines.bake(cloud, pipelines.BakeRequest())
     finally:
         cloud.ec2.meta.events.unregister("before-call.ec2.DescribeImages", interrupt)
+    _assert_bake_left_nothing(cloud, local_dir)
+
+
+# A bake as its own process, held (asleep) once a call of the given operation has returned
+# (RunInstances: the boot test's, of the image this bake made): the moment a SIGKILL is to hit.
+HELD_BAKE = """
+import sys, time
+import botocore.client
+made, images = botocore.client.BaseClient._make_api_call, []
+def call(self, name, params):
+    answer = made(self, name, params)
+    if name == "CreateImage":
+        images.append(answer["ImageId"])
+    if name == sys.argv[1] and (name != "RunInstances" or params.get("ImageId") in images):
+        print("amibake-test-held", flush=True)
+        time.sleep(300)
+    return answer
+botocore.client.BaseClient._make_api_call = call
+from amibake.cli import main
+sys.exit(main(["bake", "--yes"]))
+"""
+
+
+@pytest.mark.parametrize("held_at", ["CreateImage", "RunInstances"])
+def test_sigkill_mid_bake_then_gc_leaves_nothing(
+    cloud: Cloud,
+    built: None,
+    local_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    held_at: str,
+) -> None:
+    """SIGKILL as the image is made (before the journal knows it: found by its tag) and in
+    the boot test (its instance up from the image): gc deletes the image, its snapshot and the
+    instances, and nothing is left. The image is not the product until it is kept."""
+    bake_process = subprocess.Popen(
+        [sys.executable, "-c", HELD_BAKE, held_at],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert bake_process.stdout is not None
+        for line in bake_process.stdout:
+            if line.strip() == "amibake-test-held":
+                break
+        else:
+            raise AssertionError(f"the bake ended (rc {bake_process.wait()}) before {held_at}")
+    finally:
+        bake_process.kill()
+        bake_process.wait()
+    run_id = _last_run(cloud)
+    assert tagged_images_alive(cloud, run_id), "the killed bake should have left its image"
+    capsys.readouterr()
+    assert main(["gc"]) == 0
+    assert "deleted image ami-" in capsys.readouterr().out
     _assert_bake_left_nothing(cloud, local_dir)
 
 
