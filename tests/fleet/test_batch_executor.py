@@ -242,6 +242,18 @@ def test_the_job_bucket_is_random_recorded_and_every_s3_call_names_its_owner(
     )
 
 
+def _ecs_tasks_trust(condition: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A trust policy that lets ECS assume a role for tasks (under `condition`)."""
+    statement: dict[str, Any] = {
+        "Effect": "Allow",
+        "Principal": {"Service": "ecs-tasks.amazonaws.com"},
+        "Action": "sts:AssumeRole",
+    }
+    if condition:
+        statement["Condition"] = condition
+    return {"Version": "2012-10-17", "Statement": [statement]}
+
+
 def test_the_job_role_trusts_this_account_s_ecs_tasks_alone_and_an_older_trust_is_renewed(
     cloud: Cloud, registered: None
 ) -> None:
@@ -276,19 +288,10 @@ def test_the_job_role_trusts_this_account_s_ecs_tasks_alone_and_an_older_trust_i
     for why, context in refused.items():
         assert assumes(context) == "implicit", why
 
-    # An older amibake made the role with a bare trust: the next up gives it this one, and the
-    # jobs of the environment still run as it (the local cloud judges the trust at each start).
-    bare = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": "ecs-tasks.amazonaws.com"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-    iam.update_assume_role_policy(RoleName=batch.JOB_ROLE, PolicyDocument=json.dumps(bare))
+    # An older amibake made the role with a bare trust: the next up gives it this one. (The
+    # other tests' jobs run as it, the local cloud judging its trust at each start.)
+    bare = json.dumps(_ecs_tasks_trust())
+    iam.update_assume_role_policy(RoleName=batch.JOB_ROLE, PolicyDocument=bare)
     batch.up(cloud, batch.images_from_bake(cloud.config.results_dir / "amis.json"))
     renewed = iam.get_role(RoleName=batch.JOB_ROLE)["Role"]["AssumeRolePolicyDocument"]
     assert renewed == role["AssumeRolePolicyDocument"]
@@ -300,17 +303,7 @@ def test_a_job_whose_role_does_not_trust_its_ecs_task_never_starts(
     """As ECS: a role that lets no task of this account in is not assumed, and the job fails
     with ECS's reason, never run."""
     iam, client = cloud.client("iam"), cloud.client("batch")
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": "ecs-tasks.amazonaws.com"},
-                "Action": "sts:AssumeRole",
-                "Condition": {"StringEquals": {"aws:SourceAccount": "111111111111"}},
-            }
-        ],
-    }
+    trust = _ecs_tasks_trust({"StringEquals": {"aws:SourceAccount": "111111111111"}})
     name = "test-another-account-s-tasks"
     arn = iam.create_role(
         RoleName=name, Path="/amibake/", AssumeRolePolicyDocument=json.dumps(trust)
@@ -476,9 +469,14 @@ def test_a_run_stopped_after_each_creating_step_leaves_nothing(
     batch_left(cloud, run_id, local_dir)
 
 
-def test_fleet_kill_mid_job_removes_everything(
-    cloud: Cloud, registered: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("sweeper", ["fleet kill", "amibake gc"])
+def test_a_sigkill_mid_job_then_fleet_kill_or_gc_removes_everything(
+    cloud: Cloud, registered: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch, sweeper: str
 ) -> None:
+    """SIGKILL: no cleanup by the controller. `fleet kill` finds it all by tag, journal and the
+    run's prefix; `amibake gc` by tag and journal, and the run's files in the job bucket as its
+    compute environment's (gc found none before: untagged objects, listed only as the
+    bucket's). Either stops the run's jobs before it removes their files."""
     run_id = new_run(
         cloud, executor="batch", command="sleep 60; echo value=1", metric="value=(\\d+)"
     )
@@ -499,50 +497,19 @@ def test_fleet_kill_mid_job_removes_everything(
         queue = run_queue(cloud, run_id)
         assert queue is not None
         jobs += [j["jobId"] for j in queue_jobs(client, queue, ("RUNNING",))]
-        # SIGKILL: no cleanup by the controller; `fleet kill` must find it all by tag.
+        assert bucket_files(cloud, run_id), "the run wrote no file: nothing to find"
         process.kill()
         process.wait(30)
-        assert main(["kill", run_id]) == 0
+        if sweeper == "fleet kill":
+            assert main(["kill", run_id]) == 0
+        else:
+            assert main_amibake(["gc"]) == 0
     finally:
         process.kill()
     # Its jobs had stopped before their files were removed: one still stopping wrote on.
     assert statuses and set(statuses) <= {"SUCCEEDED", "FAILED"}, statuses
-    assert control.status(results, run_id)["state"] == "killed"
-    batch_left(cloud, run_id, local_dir)
-
-
-def test_gc_after_a_sigkill_mid_job_removes_the_run_s_files_too(
-    cloud: Cloud, registered: None, local_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SIGKILL, then `amibake gc` rather than `fleet kill`: the run's files in the job bucket
-    are found as the run's (by their compute environment) and deleted once its jobs have
-    stopped. gc found none before: untagged objects, listed only as the bucket's."""
-    run_id = new_run(
-        cloud, executor="batch", command="sleep 60; echo value=1", metric="value=(\\d+)"
-    )
-    process = fleet_process("bench", "--resume", run_id)
-    client = cloud.client("batch")
-    jobs: list[str] = []
-    statuses: list[str] = []
-    delete_prefix = batch.delete_prefix
-
-    def at_deletion(cloud: Cloud, bucket: str, prefix: str) -> int:
-        statuses.extend(j["status"] for j in client.describe_jobs(jobs=jobs)["jobs"])
-        return delete_prefix(cloud, bucket, prefix)
-
-    monkeypatch.setattr(batch, "delete_prefix", at_deletion)
-    try:
-        wait_for(lambda: running_jobs(cloud, run_id), timeout_s=120)
-        queue = run_queue(cloud, run_id)
-        assert queue is not None
-        jobs += [j["jobId"] for j in queue_jobs(client, queue, ("RUNNING",))]
-        assert bucket_files(cloud, run_id), "the run wrote no file: nothing for gc to find"
-        process.kill()
-        process.wait(30)
-        assert main_amibake(["gc"]) == 0
-    finally:
-        process.kill()
-    assert statuses and set(statuses) <= {"SUCCEEDED", "FAILED"}, statuses
+    if sweeper == "fleet kill":
+        assert control.status(results, run_id)["state"] == "killed"
     batch_left(cloud, run_id, local_dir)
 
 
