@@ -354,9 +354,11 @@ def _report(args: argparse.Namespace) -> int:
         raise UserError(f"--prefer {args.prefer!r} is not one of {', '.join(PREFERENCES)}")
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
+    run_id = _run_id(results, args.run)
+    _say_if_running(results, run_id, "report")
     made = report.make(
         results,
-        _run_id(results, args.run),
+        run_id,
         cfg.results_dir / "reports",
         html_page=not args.no_html,
         prefer=args.prefer,
@@ -369,16 +371,30 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_if_running(results: Any, run_id: str, command: str) -> None:
+    """A run still going has measured part of what it will: what reads it now says so."""
+    from fleet import control
+
+    if control.status(results, run_id)["state"] == "running":
+        print(
+            f"fleet {command}: run {run_id} is still running: this reads the replicates it has "
+            "measured so far (fleet status shows how far it is)",
+            file=sys.stderr,
+        )
+
+
 def _plan(args: argparse.Namespace) -> int:
     from fleet import bench, plan
 
-    deadline_h = plan.hours(args.deadline) if args.deadline else None
+    deadline_h = plan.hours(args.deadline) if args.deadline is not None else None
     plan.check(args.work, args.instances, deadline_h, args.budget)  # before any run is read
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
+    run_id = _run_id(results, args.run)
+    _say_if_running(results, run_id, "plan")
     rows = plan.plan(
         results,
-        _run_id(results, args.run),
+        run_id,
         work=args.work,
         instances=args.instances,
         deadline_h=deadline_h,

@@ -24,7 +24,7 @@ from fleet.spec import BenchSpec
 if TYPE_CHECKING:
     from fleet.tune_spec import TuneSpec
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hm]?)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hm])\s*$")  # a unit: is "4" hours or minutes?
 # More instances than an account's vCPU quota would ever allow: a plan for them is a typo's.
 MAX_INSTANCES = 100000
 INSTANCES_WHY = "more than any account's EC2 quota runs at once"
@@ -81,26 +81,88 @@ def plan(
             f"run {run_id} measured its builds only under emulation (QEMU), which says nothing "
             "of the types' speed: bench them on instances that run them natively"
         )
-    out = []
-    for _, row in frame.iterrows():
-        machine_hours = work * row.seconds_per_unit / 3600
-        wall = machine_hours / instances
-        cost = machine_hours * row.usd_per_hour if not math.isnan(row.usd_per_hour) else None
-        out.append(
-            {
-                "type": row.type,
-                "build": row.build,
-                "instances": instances,
-                "hours": wall,
-                "usd": cost,
-                "meets_deadline": None if deadline_h is None else wall <= deadline_h,
-                "meets_budget": None if budget is None or cost is None else cost <= budget,
-                "instances_for_deadline": (
-                    None if deadline_h is None else max(1, math.ceil(machine_hours / deadline_h))
-                ),
-            }
+    whole_runs = spec.metric.meaning == "seconds"  # a unit is a run: it is not split
+    if whole_runs and work != math.floor(work):
+        raise UserError(
+            f"--work {work:g}: the run measured seconds per run, so a unit of work is one run: "
+            "give a whole number of runs"
         )
-    return sorted(out, key=lambda r: (r["usd"] is None, r["usd"] or 0, r["hours"]))
+    out = [
+        _projection(row, work, instances, deadline_h, budget, whole_runs)
+        for _, row in frame.iterrows()
+    ]
+    # A type whose runs failed in part is not recommended while another ran every replicate
+    # (the slow runs are the ones that time out: its figures are its fast ones), as the
+    # report's answer has it; one that did no work has nothing to plan.
+    return sorted(
+        out,
+        key=lambda r: (
+            r["hours"] is None,
+            r["failed"] > 0,
+            r["usd"] is None,
+            r["usd"] or 0,
+            r["hours"] or 0,
+        ),
+    )
+
+
+def _projection(
+    row: Any,
+    work: float,
+    instances: int,
+    deadline_h: float | None,
+    budget: float | None,
+    whole_runs: bool,
+) -> dict[str, Any]:
+    """One (type, build)'s time and cost for `work`, as `plan` says them."""
+    found: dict[str, Any] = {
+        "type": row.type,
+        "build": row.build,
+        "instances": instances,
+        "n": int(row.n),
+        "failed": int(row.failed),
+        "market": row.market,
+        "hours": None,
+        "usd": None,
+        "meets_deadline": None,
+        "meets_budget": None,
+        "instances_for_deadline": None,
+        "note": "",
+    }
+    if not math.isfinite(row.seconds_per_unit):  # a rate of 0: no work done in any replicate
+        found["note"] = "measured no work done (a rate of 0): nothing to plan from"
+        return found
+    each_h = row.seconds_per_unit / 3600
+    machine_hours = work * each_h
+    if not math.isfinite(machine_hours):
+        raise UserError(f"--work {work:g}: more work than any plan can count hours for")
+    # Runs are whole: the busiest instance does the ceiling's share, and no instance count
+    # brings the time under one run's.
+    wall = math.ceil(work / instances) * each_h if whole_runs else machine_hours / instances
+    cost = machine_hours * row.usd_per_hour if not math.isnan(row.usd_per_hour) else None
+    notes = []
+    if row.failed:
+        notes.append(f"{int(row.failed)} of its {int(row.n + row.failed)} replicates failed")
+    needed = None
+    if deadline_h is not None:
+        if whole_runs and each_h > deadline_h:
+            notes.append("one run takes longer than the deadline")
+        else:
+            share = math.floor(deadline_h / each_h) if whole_runs else None
+            needed = math.ceil(work / share) if share else math.ceil(machine_hours / deadline_h)
+            needed = max(1, needed)
+            if needed > MAX_INSTANCES:
+                notes.append(f"the deadline needs more than {MAX_INSTANCES} instances")
+                needed = None
+    found.update(
+        hours=wall,
+        usd=cost,
+        meets_deadline=None if deadline_h is None else wall <= deadline_h,
+        meets_budget=None if budget is None or cost is None else cost <= budget,
+        instances_for_deadline=needed,
+        note="; ".join(notes),
+    )
+    return found
 
 
 def plan_text(rows: list[dict[str, Any]]) -> str:
@@ -111,15 +173,21 @@ def plan_text(rows: list[dict[str, Any]]) -> str:
         {
             "type": r["type"],
             "build": r["build"],
+            "n": r["n"],
+            "market": r["market"] or "-",
             "instances": r["instances"],
-            "hours": f"{r['hours']:.3g}",
+            "hours": "-" if r["hours"] is None else f"{r['hours']:.3g}",
             "USD": "-" if r["usd"] is None else f"{r['usd']:.4g}",
             "deadline": mark(r["meets_deadline"]),
             "budget": mark(r["meets_budget"]),
             "instances for deadline": r["instances_for_deadline"] or "-",
+            "note": r["note"],
         }
         for r in rows
     ]
+    if not any(r["note"] for r in rows):
+        for line in table:
+            del line["note"]
     return tabulate(table, headers="keys")
 
 

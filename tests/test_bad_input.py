@@ -374,6 +374,8 @@ PLAN = [
     case("fleet plan last --work 1 --budget inf", "--budget must be a finite number above 0"),
     case("fleet plan last --work 1 --deadline 4x", "--deadline '4x' is not a duration like 4h"),
     case("fleet plan last --work 1 --deadline 0h", "--deadline '0h' is not a duration like 4h"),
+    case("fleet plan last --work 1 --deadline 4", "--deadline '4' is not a duration like 4h"),
+    case("fleet plan last --work 1 --deadline=", "--deadline '' is not a duration like 4h"),
     case("fleet plan last --work 1 --deadline nan", "--deadline 'nan' is not a duration"),
     case("fleet plan last --work 1 --deadline 1e400h", "--deadline '1e400h' is not a duration"),
     case("fleet plan last --work 1 --deadline 9999999h", "--deadline '9999999h' is more than a "
