@@ -103,7 +103,7 @@ def summarize(
         # Seconds per unit is monotonic in the metric, so the interval maps end to end.
         spu = sorted(metric.seconds_per_unit(v) for v in (summary.low, summary.high))
         spu_median = metric.seconds_per_unit(summary.median)
-        if not math.isnan(price):
+        if not math.isnan(price) and math.isfinite(spu_median):  # no work done: no cost per unit
             costs[key] = stats.Summary(
                 summary.n,
                 stats.cost_per_unit(spu_median, price),
@@ -200,6 +200,9 @@ def answer(frame: pd.DataFrame, metric: Metric, unit: str = "") -> str:
     ranked_first = native[(native.cost_rank == 1) | (native.speed_rank == 1)]
     for index, row in ranked_first[ranked_first.failed > 0].iterrows():
         parts.append(f"{names[index]}: {_failures(row)}")
+    idle = native[native["median"] <= 0] if metric.higher_is_better else native.iloc[:0]
+    if not idle.empty:  # a median rate of 0: for ever per unit, so neither cost nor time
+        parts.append(f"measured no work done (a rate of 0): {', '.join(names[idle.index])}")
     return "answer: " + ("; ".join(parts) if parts else "nothing ranked")
 
 

@@ -15,7 +15,7 @@ def _frame(*rows: tuple[str, int, int, float, bool], n: int = 3) -> pd.DataFrame
     return pd.DataFrame(
         [
             {"type": t, "build": "tuned", "cost_rank": c, "speed_rank": s, "usd_per_unit": u}
-            | {"emulated": e, "n": n, "failed": 0}
+            | {"emulated": e, "n": n, "failed": 0, "median": 1.0}
             for t, c, s, u, e in rows
         ]
     )

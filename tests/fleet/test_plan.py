@@ -98,6 +98,13 @@ def test_a_type_that_did_no_work_is_said_so_and_a_deadline_past_any_quota_too(
     assert rows[1]["hours"] is None and rows[1]["usd"] is None
     assert rows[1]["note"] == "measured no work done (a rate of 0): nothing to plan from"
     assert "nothing to plan from" in plan.plan_text(rows)
+    # The report's answer: it was "cheapest: c5.large plain ($inf per 1 x)".
+    from fleet import report
+
+    frame = report.summarize(results.replicates("fb-0123456789"), RATE)
+    said = report.answer(frame, RATE)
+    assert "cheapest: c6i.large plain" in said and "inf" not in said, said
+    assert said.endswith("measured no work done (a rate of 0): c5.large plain"), said
     (many, _) = plan.plan(results, "fb-0123456789", work=1e12, deadline_h=0.01)
     assert many["instances_for_deadline"] is None
     assert many["note"] == f"the deadline needs more than {plan.MAX_INSTANCES} instances"
