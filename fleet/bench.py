@@ -409,13 +409,27 @@ def _execute(
             cloud,
             run_id,
             results,
-            spec,
+            pinned_image(cloud, results, run_id, spec),
             on_boundary=on_boundary,
             before_replicate=before_replicate,
             max_cost=max_cost,
         )
     finally:
         control.release_claims()  # however it ended: a price missing, a build failed, Ctrl-C
+
+
+def pinned_image(cloud: Cloud, results: Results, run_id: str, spec: BenchSpec) -> BenchSpec:
+    """The spec with its image named by the digest its tag named when the run first executed
+    (recorded then): a resume pulls that digest whatever the tag names now. A resume read the
+    tag again, and a run pooled the replicates of two images into one median."""
+    if not spec.image:
+        return spec
+    ref = container.ImageRef.parse(spec.image)
+    pinned = next((d["digest"] for _, kind, d in results.events(run_id) if kind == "image"), "")
+    if not pinned:
+        pinned = container.lookup(cloud, ref).digest
+        results.event(run_id, "image", digest=pinned, reference=spec.image)
+    return replace(spec, image=str(replace(ref, tag="", digest=pinned)))
 
 
 def _execute_taken(

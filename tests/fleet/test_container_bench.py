@@ -85,6 +85,53 @@ def test_an_image_is_benchmarked_on_an_x86_and_a_graviton_type(
     assert_nothing_left(mine, results, run_id, local_dir)
 
 
+def test_a_resumed_image_run_pulls_the_digest_its_tag_named_when_it_began(
+    cloud: Cloud, ref: container.ImageRef, local_dir: Path, tmp_path: Path
+) -> None:
+    """A resume read the tag again: the tag moved between Ctrl-C and --resume, and the run
+    pooled two images' replicates into one median. It pulls the digest recorded at its start."""
+    from amibake.runner import Interrupted
+
+    mine = own_results(cloud, tmp_path / "results")
+    host = test_image.host_architecture()
+    native = X86 if host == "amd64" else GRAVITON
+    layout = test_image.build(tmp_path / "image", (host,))
+    moving = container.ImageRef(ref.account, ref.region, ref.repository, "moving")
+    container.push(mine, f"oci:{layout}:multi", moving)  # an index of one architecture
+    first = container.lookup(mine, moving).digest
+    run_spec = spec.load(
+        None,
+        {
+            "types": [native],
+            "image": str(moving),
+            "command": "work {args}",
+            "args": {"n": 1000},
+            "metric": {"kind": "file", "meaning": "rate", "unit": "iterations/s"},
+            "replicates": 2,
+            "warmups": 0,
+        },
+    )
+    results = bench.results_db(mine.config.results_dir)
+    run_id = bench.create(mine, run_spec, results)
+
+    def ctrl_c_at_the_second(state: object, replicate: object) -> None:
+        if getattr(replicate, "index", 0) == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises((Interrupted, KeyboardInterrupt)):
+        bench.execute(mine, run_id, results, before_replicate=ctrl_c_at_the_second)
+    container.push(mine, f"oci:{layout}:{host}", moving)  # the tag moves: a manifest now
+    container._seen.clear()  # a resume is another process: nothing read before is known
+    assert container.lookup(mine, moving).digest != first
+    container._seen.clear()
+    summary = bench.execute(mine, run_id, results)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    pulled = {e["image"]["digest"] for e in results.environments(run_id)}
+    assert pulled == {first}, pulled
+    assert len(results.replicates(run_id).query("state == 'ok'")) == 2
+    assert_nothing_left(mine, results, run_id, local_dir)
+
+
 def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str) -> str:
     """`fleet bench FILE` exits 2 with one line, no run recorded, no instance launched."""
     path = tmp_path / "bench.toml"
