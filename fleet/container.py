@@ -21,12 +21,14 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import botocore.exceptions
@@ -40,7 +42,7 @@ from amibake.errors import EnvironmentProblem, UserError
 # ECR's private registry host, the repository path, then a tag or a digest (none: "latest", as
 # docker pulls it).
 REFERENCE = re.compile(
-    r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d)\.amazonaws\.com(?:\.cn)?"
+    r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d)\.amazonaws\.com"
     r"/(?P<repository>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})|@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
@@ -71,6 +73,11 @@ class ImageRef:
     @classmethod
     def parse(cls, text: str) -> ImageRef:
         match = REFERENCE.match(text.strip())
+        if match is None and ".amazonaws.com.cn/" in text:
+            raise ValueError(
+                f"{text!r} is an ECR image of AWS's China partition: amibake works in the "
+                f"commercial partition's regions only (e.g. {EXAMPLE})"
+            )
         if match is None:
             raise ValueError(
                 f"{text!r} is not an ECR image reference: write ACCOUNT.dkr.ecr.REGION."
@@ -257,21 +264,28 @@ def push(cloud: Cloud, source: str, ref: ImageRef) -> None:
         raise EnvironmentProblem("pushing an image needs skopeo: sudo apt-get install skopeo")
     where = login(cloud, ref)
     destination = f"docker://{where.host}/{ref.repository}:{ref.tag or 'latest'}"
-    done = subprocess.run(
-        [
-            program,
-            "copy",
-            "--all",
-            "--quiet",
-            f"--dest-tls-verify={'false' if where.insecure else 'true'}",
-            "--dest-creds",
-            f"{where.username}:{where.password}",
-            source,
-            destination,
-        ],
-        capture_output=True,
-        text=True,
-    )
+    # The token (ECR's: a 12-hour password to the registry) goes in an auth file only this
+    # user reads, never on the command line, which every user reads in /proc/PID/cmdline.
+    with tempfile.TemporaryDirectory(prefix="amibake-ecr-") as private:
+        authfile = Path(private) / "auth.json"
+        token = base64.b64encode(f"{where.username}:{where.password}".encode()).decode()
+        authfile.touch(mode=0o600)
+        authfile.write_text(json.dumps({"auths": {where.host: {"auth": token}}}))
+        done = subprocess.run(
+            [
+                program,
+                "copy",
+                "--all",
+                "--quiet",
+                f"--dest-tls-verify={'false' if where.insecure else 'true'}",
+                "--dest-authfile",
+                str(authfile),
+                source,
+                destination,
+            ],
+            capture_output=True,
+            text=True,
+        )
     if done.returncode != 0:
         raise UserError(f"skopeo could not push {source} to {ref}: {done.stderr.strip()[-300:]}")
 

@@ -190,6 +190,10 @@ def test_a_gpu_type_without_gpus_requested_is_refused(
     ("extra", "said"),
     [
         ('image = "app:latest"\ncommand = "work"', "is not an ECR image reference"),
+        (
+            'image = "123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn/app:v1"\ncommand = "w"',
+            "is an ECR image of AWS's China partition",  # it was read as us-east-1's "app"
+        ),
         ('image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/app"', "needs command"),
         ('command = "work"\ngpus = 1', "GPUs are given to an image's container"),
     ],
@@ -243,3 +247,35 @@ def test_the_monitor_samples_the_workload_inside_an_image_with_a_shell(
     image = results.environments(run_id)[0]["image"]
     assert image["shell"] and not image["emulated"] and image["not_measured"] == []
     assert_nothing_left(mine, results, run_id, local_dir)
+
+
+def test_a_push_hands_skopeo_the_token_in_a_file_only_this_user_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ECR's token is a 12-hour password to the registry: it was on skopeo's command line,
+    which every user of the machine reads in /proc/PID/cmdline."""
+    import base64
+    import json
+    import os
+    import subprocess
+
+    secret = "the-registry-password"
+    seen: dict[str, object] = {}
+
+    def skopeo(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        authfile = Path(argv[argv.index("--dest-authfile") + 1])
+        seen["argv"], seen["mode"] = argv, authfile.stat().st_mode & 0o777
+        seen["auths"], seen["file"] = json.loads(authfile.read_text())["auths"], authfile
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    login = container.Login("registry.example:5000", "AWS", secret, False)
+    monkeypatch.setattr(container, "login", lambda cloud, ref: login)
+    monkeypatch.setattr(container.shutil, "which", lambda name: "/usr/bin/skopeo")
+    monkeypatch.setattr(container.subprocess, "run", skopeo)
+    ref = container.ImageRef.parse("123456789012.dkr.ecr.us-east-1.amazonaws.com/app:v1")
+    container.push(object(), "oci:/layout:multi", ref)  # type: ignore[arg-type]
+    assert not any(secret in word for word in seen["argv"]), seen["argv"]  # type: ignore[attr-defined]
+    assert seen["mode"] == 0o600
+    token = base64.b64encode(f"AWS:{secret}".encode()).decode()
+    assert seen["auths"] == {"registry.example:5000": {"auth": token}}
+    assert not os.path.exists(seen["file"])  # type: ignore[arg-type]
