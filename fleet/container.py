@@ -253,6 +253,14 @@ def check(
         )
     if wanted and not gpus:
         return f"{instance_type} has no GPU and the run requests gpus = {wanted}: pick a GPU type"
+    carried = sum(int(g.split(" x ", 1)[0]) for g in gpus if g.split(" x ", 1)[0].isdigit())
+    if gpus and wanted > carried:
+        # Batch would never place the job (it waits RUNNABLE), and docker run --gpus fails
+        # on an instance already paid for.
+        return (
+            f"{instance_type} has {carried} GPU{'s' * (carried != 1)} ({', '.join(gpus)}) and "
+            f"the run requests gpus = {wanted}: ask for at most {carried}, or pick a larger type"
+        )
     return ""
 
 

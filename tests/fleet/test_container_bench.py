@@ -184,6 +184,9 @@ def test_a_gpu_type_without_gpus_requested_is_refused(
     body = f'types = ["g5.xlarge"]\nimage = "{ref}"\ncommand = "work"\nallow_missing_price = true\n'
     err = _refused(tmp_path, capsys, body)
     assert "g5.xlarge has GPUs" in err and "gpus = N" in err
+    # More GPUs than the type carries: Batch never places the job, docker run --gpus fails.
+    err = _refused(tmp_path, capsys, body + "gpus = 8\n")
+    assert "g5.xlarge has 1 GPU (1 x NVIDIA A10G" in err and "ask for at most 1" in err
 
 
 @pytest.mark.parametrize(
