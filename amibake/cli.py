@@ -898,7 +898,7 @@ def _source(args: argparse.Namespace) -> int:
         from amibake import recipes as recipes_module
 
         cfg = config_from(args)
-        found = sources.resolve(recipes_module.load(args.recipe, cfg.recipes_dir))
+        found = sources.resolve(recipes_module.load(args.recipe, cfg.recipes_dir), cfg.results_dir)
         print_result(
             args,
             {"sha256": found.sha256, "path": str(found.path)},
@@ -925,6 +925,7 @@ def _recipe(args: argparse.Namespace) -> int:
         commit=args.commit,
         build=args.build,
         artifacts=args.artifact,
+        results_dir=cfg.results_dir,
     )
     print_result(
         args,

@@ -85,8 +85,10 @@ def write(
     commit: str | None = None,
     build: str | None = None,
     artifacts: list[str] | None = None,
+    results_dir: Path | None = None,
 ) -> Written:
-    """Check everything, then write the recipe NAME in `root` for the tree at `origin`."""
+    """Check everything, then write the recipe NAME in `root` for the tree at `origin`
+    (amibake's `results_dir` is not part of it, where the tree holds it)."""
     recipes.check_name(name, root)
     target = root / name
     if target.exists():
@@ -121,7 +123,7 @@ def write(
             raise UserError(f"--from {origin}: no such directory")
         if not tree.is_dir():
             raise UserError(f"--from {origin}: not a directory (give the source tree's folder)")
-        names = source_tree.files(tree)
+        names = source_tree.files(tree, leave_out=results_dir)
         chosen, needs = _plan(tree, names, build, origin)
         source = {"path": str(tree)}
         said = str(tree)
@@ -150,7 +152,7 @@ def _plan(tree: Path, names: list[Path], build: str | None, origin: str) -> tupl
         )
     needs = [COMPILERS[language] for language in languages(tree, names, chosen)]
     needs += TOOLS[chosen]
-    if chosen == "autotools" and not (tree / "configure").is_file():
+    if chosen == "autotools" and Path("configure") not in names:  # what ships, not what is here
         needs += BOOTSTRAP
     return chosen, list(dict.fromkeys(needs))
 

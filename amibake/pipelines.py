@@ -160,7 +160,7 @@ def prepare(request: BuildRequest, results_dir: Path) -> list[BuildState]:
     if (variant.generic or variant.cflags) and not variant.name.replace("_", "").isalnum():
         raise UserError(f"build variant name {variant.name!r} must be letters, digits and _")
     recipe = recipes.load(request.recipe, request.recipes_dir)
-    source = sources.resolve(recipe)
+    source = sources.resolve(recipe, results_dir)
     states = []
     # The trial renders' checkers run side by side (eight families' one after another took
     # 300 ms before anything launched).

@@ -334,12 +334,12 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     )
 
 
-def pack_directory(path: Path, *, gitignore: bool = True) -> bytes:
+def pack_directory(path: Path, *, gitignore: bool = True, leave_out: Path | None = None) -> bytes:
     """A reproducible tar.gz of a source directory: same files, same bytes, same sha256. The
     files are those git would commit (.gitignore respected, amibake.source_tree), so a build
     output or an editor's file left in the tree neither ships nor changes the hash."""
     buffer = io.BytesIO()
-    names = source_tree.files(path, gitignore=gitignore)
+    names = source_tree.files(path, gitignore=gitignore, leave_out=leave_out)
     if not names:  # an empty tarball was packed, cached and built from, for a build that failed
         raise UserError(
             f"{path}: no file to ship: the tree is empty, or its .gitignore (or an enclosing "

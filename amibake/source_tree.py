@@ -43,18 +43,44 @@ def is_git_url(text: str) -> bool:
     return bool(_GIT_URL.match(text))
 
 
-def files(directory: Path, *, gitignore: bool = True) -> list[Path]:
+def files(directory: Path, *, gitignore: bool = True, leave_out: Path | None = None) -> list[Path]:
     """The files of the tree that ship, relative to it, sorted; .gitignore respected unless
     told otherwise (a tree git exported is already exactly what was committed). A symbolic
     link ships as a link, whatever it points to: a link to a directory (include -> src) was
-    left out, and the build failed on the instance for a header it did not have."""
+    left out, and the build failed on the instance for a header it did not have.
+
+    `leave_out` (amibake's results folder) never ships, ignored or not: a tree built from
+    where amibake runs (`--from .`) shipped its database, logs, artifacts and a kept run's
+    private keys to every build host, and hashed anew at every run, so never built from cache."""
     if not gitignore:
-        found = [p.relative_to(directory) for p in directory.rglob("*") if _ships(p)]
-        return sorted(found)
-    listed = _git_listed(directory)
-    if listed is None:
-        listed = _matched(directory)
-    return sorted(p for p in listed if _ships(directory / p))
+        listed = [p.relative_to(directory) for p in directory.rglob("*")]
+    else:
+        found = _git_listed(directory)
+        listed = found if found is not None else _matched(directory)
+    outside = _relative(leave_out, directory) if leave_out is not None else None
+    shipped = sorted(
+        p
+        for p in listed
+        if _ships(directory / p) and (outside is None or not p.is_relative_to(outside))
+    )
+    for name in shipped:
+        # A link ships as a link: one leading out of the tree arrives dangling on the build
+        # host (its headers missing there), as a git commit's such link is refused.
+        if (directory / name).is_symlink() and _relative(directory / name, directory) is None:
+            raise UserError(
+                f"{directory}: {name} links outside the tree (to {os.readlink(directory / name)})"
+                ": a build source's links must stay in its tree: copy what it names into the "
+                "tree, or link within it"
+            )
+    return shipped
+
+
+def _relative(path: Path, directory: Path) -> Path | None:
+    """`path` relative to `directory` when it is inside it (both resolved), else None."""
+    try:
+        return path.resolve().relative_to(directory.resolve())
+    except ValueError:
+        return None
 
 
 def _ships(path: Path) -> bool:

@@ -41,10 +41,11 @@ class Source:
     filename: str  # the name the build script sees
 
 
-def resolve(recipe: Recipe) -> Source:
-    """The recipe's source, in the cache: packed from its directory, or one of its archives."""
+def resolve(recipe: Recipe, results_dir: Path | None = None) -> Source:
+    """The recipe's source, in the cache: packed from its directory (amibake's `results_dir`
+    left out where the tree holds it), or one of its archives."""
     if recipe.source_path is not None:
-        target, digest = store(pack_directory(recipe.source_path))
+        target, digest = store(pack_directory(recipe.source_path, leave_out=results_dir))
         return Source(target, digest, f"{recipe.name}-src.tar.gz")
     if recipe.git_url:
         target, digest = from_git(recipe.git_url, recipe.git_commit)

@@ -152,6 +152,52 @@ def test_a_link_to_a_directory_ships_as_the_link(tmp_path: Path, kind: str) -> N
         assert link.issym() and link.linkname == "src"
 
 
+def test_amibake_s_results_folder_in_the_tree_never_ships(tmp_path: Path, cache: Path) -> None:
+    """`recipe new --from .` where amibake runs: its results folder (the database, logs, a kept
+    run's private keys) shipped to every build host, and changed the source hash at every run,
+    so nothing was built from cache."""
+    src = project(tmp_path / "hello", "make")
+    results = src / "results"
+    (results / "logs").mkdir(parents=True)
+    (results / "journal.sqlite").write_text("a run's journal")
+    (results / "logs" / "ab-0123.pem").write_text("-----BEGIN OPENSSH PRIVATE KEY-----")
+    for kind in ("plain", "git"):
+        if kind == "git":
+            git(src, "init", "-q")
+        names = source_tree.files(src, leave_out=results)
+        assert not [n for n in names if n.parts[0] == "results"], (kind, names)
+    packed = recipes.pack_directory(src, leave_out=results)
+    (results / "journal.sqlite").write_text("the journal, a run later")
+    assert recipes.pack_directory(src, leave_out=results) == packed  # the same cache key
+    written = new_recipe.write("hello", str(src), root=tmp_path / "recipes", results_dir=results)
+    assert written.files == 3  # hello.c, Makefile, .gitignore
+
+
+def test_a_link_out_of_the_tree_is_refused_in_one_line(tmp_path: Path) -> None:
+    """It shipped as a link and arrived dangling on the build host (a commit's is refused)."""
+    src = project(tmp_path / "hello", "make")
+    (src / "pw").symlink_to("/etc/passwd")
+    with pytest.raises(UserError) as refused:
+        new_recipe.write("hello", str(src), root=tmp_path / "recipes")
+    said = str(refused.value)
+    assert "pw links outside the tree (to /etc/passwd)" in said and "\n" not in said
+    assert not (tmp_path / "recipes" / "hello").exists()
+
+
+def test_autotools_whose_configure_does_not_ship_installs_what_makes_it(tmp_path: Path) -> None:
+    """configure is generated and git-ignored (as most autotools projects have it): the build
+    host runs autoreconf, which the recipe did not install."""
+    src = tmp_path / "tool"
+    src.mkdir()
+    (src / "configure.ac").write_text("AC_INIT([tool], [1])\nAC_OUTPUT\n")
+    (src / "configure").write_text("#!/bin/sh\n")
+    (src / "main.c").write_text("int main(void) { return 0; }\n")
+    (src / ".gitignore").write_text("/configure\n")
+    written = new_recipe.write("tool", str(src), root=tmp_path / "recipes")
+    assert written.build == "autotools"
+    assert {"autoconf", "automake", "libtool"} <= set(written.packages), written.packages
+
+
 def test_a_submodule_ships_its_files_and_one_not_checked_out_is_named(tmp_path: Path) -> None:
     """A submodule is one gitlink entry to git and a directory here: its files were left out
     without a word."""
