@@ -76,6 +76,49 @@ def test_a_tag_or_repository_that_does_not_exist_is_refused_naming_what_exists(
         ecr.describe_images(repositoryName="bench/app", imageIds=[{"imageTag": "v2"}])
 
 
+def test_images_and_repositories_are_deleted_as_ecr_deletes_them(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """moto answered ImageNotFound for a pushed image, deleted a repository holding images
+    without force, and the registry kept them: a repository made again had them back."""
+    import botocore.exceptions
+
+    account = cloud.client("sts").get_caller_identity()["Account"]
+    ecr = cloud.client("ecr")
+    ecr.create_repository(repositoryName="gone/app")
+    layout = test_image.build(tmp_path / "image", (test_image.host_architecture(),))
+    host = f"{account}.dkr.ecr.{cloud.config.region}.amazonaws.com/gone/app"
+    for tag in ("v1", "v2"):  # one image, two tags
+        container.push(cloud, f"oci:{layout}:multi", container.ImageRef.parse(f"{host}:{tag}"))
+    digest = container.lookup(cloud, container.ImageRef.parse(f"{host}:v1")).digest
+
+    def tags() -> list[str]:
+        details = ecr.describe_images(repositoryName="gone/app")["imageDetails"]
+        return sorted(t for d in details for t in d.get("imageTags", []))
+
+    # A tag of an image that has another: the tag alone goes.
+    answer = ecr.batch_delete_image(repositoryName="gone/app", imageIds=[{"imageTag": "v1"}])
+    assert answer["imageIds"] == [{"imageDigest": digest, "imageTag": "v1"}], answer
+    assert answer["failures"] == [] and tags() == ["v2"]
+    missing = ecr.batch_delete_image(repositoryName="gone/app", imageIds=[{"imageTag": "v1"}])
+    assert [f["failureCode"] for f in missing["failures"]] == ["ImageNotFound"]
+    # A repository holding images is kept unless forced.
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        ecr.delete_repository(repositoryName="gone/app")
+    assert refused.value.response["Error"]["Code"] == "RepositoryNotEmptyException"
+    assert tags() == ["v2"]
+    ecr.delete_repository(repositoryName="gone/app", force=True)
+    ecr.create_repository(repositoryName="gone/app")  # made again: empty, as on ECR
+    assert ecr.describe_images(repositoryName="gone/app")["imageDetails"] == []
+    # The last tag of an image takes the image with it (a single manifest: an index's own
+    # manifests are images of the repository too, untagged).
+    single = f"oci:{layout}:{test_image.host_architecture()}"
+    container.push(cloud, single, container.ImageRef.parse(f"{host}:v3"))
+    ecr.batch_delete_image(repositoryName="gone/app", imageIds=[{"imageTag": "v3"}])
+    assert ecr.describe_images(repositoryName="gone/app")["imageDetails"] == []
+    ecr.delete_repository(repositoryName="gone/app")  # empty: no force needed
+
+
 def test_the_registry_address_is_the_proxy_endpoint_on_loopback(
     cloud: Cloud, pushed: container.ImageRef
 ) -> None:

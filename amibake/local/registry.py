@@ -10,7 +10,8 @@ moto never sees a push (it goes to the registry, not through the API). ECR has o
 both its API and its registry: a pushed image *is* what DescribeImages lists, at once. So
 DescribeImages and BatchGetImage are answered from the registry's own manifests, not from moto's
 records of PutImage calls: nothing to keep in step, no push to lose, and an image deleted from the
-registry is gone from the API too. Registering pushes into moto (the registry's notification
+registry is gone from the API too. BatchDeleteImage and DeleteRepository delete in the registry
+(a tag, an image, a repository's images) as ECR does, before moto forgets the repository. Registering pushes into moto (the registry's notification
 webhook) was the other way: asynchronous, so an image just pushed could be missing from
 DescribeImages, which ECR never does. moto still owns the repositories (CreateRepository,
 DescribeRepositories, DeleteRepository): an image call for a repository it does not know is
@@ -18,12 +19,14 @@ refused with RepositoryNotFoundException, as ECR does.
 
 What differs from ECR, on purpose: one registry serves every account and region (a repository
 name is the registry path); a push to a repository that was never created is accepted (ECR
-refuses it); the token is not checked.
+refuses it); the token is not checked; DescribeImages without ids lists tagged images only (ECR
+lists an index's own manifests too, untagged).
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 import os
@@ -46,7 +49,14 @@ from amibake.local.sandbox import remove_tree
 log = logging.getLogger("amibake.local")
 
 TARGET_PREFIX = "AmazonEC2ContainerRegistry_V20150921."
-SERVED = {"DescribeImages", "BatchGetImage", "GetAuthorizationToken", "GetDownloadUrlForLayer"}
+SERVED = {
+    "DescribeImages",
+    "BatchGetImage",
+    "BatchDeleteImage",
+    "DeleteRepository",
+    "GetAuthorizationToken",
+    "GetDownloadUrlForLayer",
+}
 # Every kind of manifest, lists first: asked with all of them, the registry answers what was pushed.
 ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
 START_TIMEOUT_S = 20.0
@@ -160,6 +170,39 @@ class Registry:
         digest = headers.get("Docker-Content-Digest", "")
         return Manifest(body, media_type, digest)
 
+    def _repository_dir(self, repository: str) -> Path:
+        return self.storage / "docker/registry/v2/repositories" / repository
+
+    def has_images(self, repository: str) -> bool:
+        """Whether any manifest, tagged or not, is stored under the repository."""
+        revisions = self._repository_dir(repository) / "_manifests/revisions"
+        return any(revisions.glob("*/*/link"))  # a deleted one keeps its folder, not its link
+
+    def untag(self, repository: str, tag: str) -> None:
+        """The tag alone, its image kept (the registry's API deletes manifests, not tags)."""
+        remove_tree(self._repository_dir(repository) / "_manifests/tags" / tag)
+
+    def delete_manifest(self, repository: str, digest: str) -> None:
+        """The image and every tag that names it."""
+        request = urllib.request.Request(
+            f"{self.endpoint}/v2/{repository}/manifests/{digest}", method="DELETE"
+        )
+        try:
+            with _OPENER.open(request, timeout=30):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise LocalCloudError(
+                    f"the registry answered {exc.code} deleting {digest}"
+                ) from None
+        tags = self._repository_dir(repository) / "_manifests/tags"
+        for tag in tags.glob("*") if tags.is_dir() else []:
+            if (tag / "current/link").is_file() and (tag / "current/link").read_text() == digest:
+                remove_tree(tag)
+
+    def delete_repository(self, repository: str) -> None:
+        remove_tree(self._repository_dir(repository))
+
     def pushed_at(self, repository: str, tag: str) -> float:
         link = (
             self.storage / "docker/registry/v2/repositories" / repository / "_manifests/tags" / tag
@@ -258,6 +301,13 @@ class EcrFront:
                     body = self.describe_images(request, registry_id)
                 elif action == "GetDownloadUrlForLayer":
                     body = self.download_url(request)
+                elif action == "BatchDeleteImage":
+                    body = self.batch_delete_image(request)
+                elif action == "DeleteRepository":
+                    self.delete_repository(request, registry_id)
+                    # moto forgets the repository (and answers with it) as for any other.
+                    environ["wsgi.input"] = io.BytesIO(raw)
+                    return self.app(environ, start_response)
                 else:
                     body = self.batch_get_image(request, registry_id)
         except EcrError as exc:
@@ -330,12 +380,7 @@ class EcrFront:
                     f"The image with imageId {{{said}}} does not exist within the repository "
                     f"with name '{repository}' in the registry with id '{registry_id}'",
                 )
-            tags = [
-                t
-                for t in self.registry.tags(repository)
-                if (m := self.registry.manifest(repository, t)) and m.digest == manifest.digest
-            ]
-            by_digest[manifest.digest] = (manifest, tags)
+            by_digest[manifest.digest] = (manifest, self._tags_of(repository, manifest.digest))
         details = []
         for digest, (manifest, tags) in by_digest.items():
             detail: dict[str, Any] = {
@@ -352,6 +397,51 @@ class EcrFront:
                 detail["imageTags"] = sorted(tags)
             details.append(detail)
         return {"imageDetails": details}
+
+    def batch_delete_image(self, request: dict[str, Any]) -> dict[str, Any]:
+        """As ECR: a tag is removed, and its image with it when no other tag names it; a digest
+        removes the image and all its tags. moto answered ImageNotFound for every image here
+        (it never sees a push), and the registry kept them."""
+        repository = request["repositoryName"]
+        deleted, failures = [], []
+        for image_id in request.get("imageIds", []):
+            manifest, code = self._find(repository, image_id)
+            if manifest is None:
+                failures.append(
+                    {"imageId": image_id, "failureCode": code, "failureReason": _reason(code)}
+                )
+                continue
+            tags = self._tags_of(repository, manifest.digest)
+            tag = image_id.get("imageTag")
+            if tag and len(tags) > 1:
+                self.registry.untag(repository, tag)
+                tags = [tag]
+            else:
+                self.registry.delete_manifest(repository, manifest.digest)
+            deleted += [{"imageDigest": manifest.digest, "imageTag": t} for t in tags] or [
+                {"imageDigest": manifest.digest}
+            ]
+        return {"imageIds": deleted, "failures": failures}
+
+    def delete_repository(self, request: dict[str, Any], registry_id: str) -> None:
+        """As ECR: a repository that holds images is refused unless forced, and forced, goes with
+        them. moto deleted it with its images left in the registry, and a repository made again
+        under the name had them back."""
+        repository = request["repositoryName"]
+        if self.registry.has_images(repository) and not request.get("force"):
+            raise EcrError(
+                "RepositoryNotEmptyException",
+                f"The repository with name '{repository}' in registry with id '{registry_id}' "
+                "cannot be deleted because it still contains images",
+            )
+        self.registry.delete_repository(repository)
+
+    def _tags_of(self, repository: str, digest: str) -> list[str]:
+        return [
+            t
+            for t in self.registry.tags(repository)
+            if (m := self.registry.manifest(repository, t)) and m.digest == digest
+        ]
 
     def batch_get_image(self, request: dict[str, Any], registry_id: str) -> dict[str, Any]:
         repository = request["repositoryName"]
