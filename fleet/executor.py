@@ -411,13 +411,16 @@ def record_host(
             # runtime runs it under QEMU (the local cloud), measured, never ranked as native.
             emulator = f"qemu-{'aarch64' if state.family.architecture == 'arm64' else 'x86_64'}"
             state.facts["emulated"] = {b: emulator for b in state.spec.builds}
+            # A Batch job's host is seen from outside (EC2), which names no machine.
+            where = host.get("machine")
+            on = f"this {where} CPU" if where else "a CPU of the other architecture"
             log.warning(
-                "%s: the image's %s variant runs under %s on this %s CPU: measured, never "
-                "ranked against native runs",
+                "%s: the image's %s variant runs under %s on %s: measured, never ranked "
+                "against native runs",
                 state.label,
                 state.family.architecture,
                 emulator,
-                host.get("machine", ""),
+                on,
             )
     if isinstance(state.family, InstanceKind):  # a type outside the build catalog: as EC2 has it
         state.facts.update(state.family.facts())
