@@ -287,6 +287,8 @@ class CloudEvaluator:
             executor=spec.executor,
             allow_missing_price=not self.priced,
         )
+        # Every trial, and every trial of a resume, pulls the digest the first one's tag named.
+        bench_spec = bench.pinned_image(self.cloud(), self.results, self.run_id, bench_spec)
         board = bench.Board(f"{self.run_id} {label}", total=len(todo))
         try:
             outcomes = bench.measure(

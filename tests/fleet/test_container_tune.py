@@ -69,6 +69,9 @@ def test_an_image_is_tuned_over_run_parameters_and_the_instance_type(
     assert len(ok) == 4 and set(ok.instance_type) == {"c5a.large", "c7g.large"}
     facts = results.environments(out["run_id"])
     assert {f["image"]["platform"] for f in facts} == {"linux/amd64", "linux/arm64"}
+    # One image for the whole search, as its first trial's tag named it (a resume pulls it too).
+    pinned = {d["digest"] for _, kind, d in results.events(out["run_id"]) if kind == "image"}
+    assert {f["image"]["digest"] for f in facts} == pinned and len(pinned) == 1, (facts, pinned)
     # Nothing was built: no artifact, no build instance.
     assert not list((tmp_path / "results").glob("**/*.tar.xz"))
 
