@@ -10,12 +10,13 @@ moto never sees a push (it goes to the registry, not through the API). ECR has o
 both its API and its registry: a pushed image *is* what DescribeImages lists, at once. So
 DescribeImages and BatchGetImage are answered from the registry's own manifests, not from moto's
 records of PutImage calls: nothing to keep in step, no push to lose, and an image deleted from the
-registry is gone from the API too. BatchDeleteImage and DeleteRepository delete in the registry
-(a tag, an image, a repository's images) as ECR does, before moto forgets the repository. Registering pushes into moto (the registry's notification
+registry is gone from the API too. Registering pushes into moto (the registry's notification
 webhook) was the other way: asynchronous, so an image just pushed could be missing from
 DescribeImages, which ECR never does. moto still owns the repositories (CreateRepository,
 DescribeRepositories, DeleteRepository): an image call for a repository it does not know is
-refused with RepositoryNotFoundException, as ECR does.
+refused with RepositoryNotFoundException, as ECR does. BatchDeleteImage and DeleteRepository
+delete in the registry (a tag, an image, a repository's images) as ECR does, before moto
+forgets the repository.
 
 What differs from ECR, on purpose: one registry serves every account and region (a repository
 name is the registry path); a push to a repository that was never created is accepted (ECR

@@ -20,6 +20,7 @@ from fleet import batch, bench, container, spec
 from tests.container import image as test_image
 from tests.fleet.test_any_type import own_results
 from tests.fleet.test_bench import assert_nothing_left
+from tests.fleet.test_container_bench import image_run
 from tests.helpers import BASE_AMI_PARAMETER, launch_and_reach
 
 
@@ -127,21 +128,16 @@ def test_a_batch_bench_runs_the_image_on_the_local_cloud(
     the image only, so a job run on the host's files fails), its metric file read by the image's
     own shell, and nothing is left."""
     mine = own_results(cloud, tmp_path / "results")
-    run_spec = spec.load(
-        None,
-        {
-            "types": [registered_for_host],
-            "executor": "batch",
-            "image": str(ref),
-            "command": "work {args} && echo 7.25 > $FLEET_METRIC_FILE",
-            "args": {"n": 1000},
-            "metric": {"kind": "file", "meaning": "rate", "unit": "iterations/s"},
-            "replicates": 2,
-            "warmups": 0,
-        },
+    results, run_id = image_run(
+        mine,
+        types=[registered_for_host],
+        executor="batch",
+        image=str(ref),
+        command="work {args} && echo 7.25 > $FLEET_METRIC_FILE",
+        args={"n": 1000},
+        metric={"kind": "file", "meaning": "rate", "unit": "iterations/s"},
+        replicates=2,
     )
-    results = bench.results_db(mine.config.results_dir)
-    run_id = bench.create(mine, run_spec, results)
     submitted: list[dict[str, Any]] = []
     client = mine.client("batch")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from amibake.errors import UserError
 from fleet import bench, container, spec
 from fleet.cli import main
 from fleet.report import emulated
+from fleet.results import Results
 from tests.container import image as test_image
 from tests.fleet.test_any_type import own_results
 from tests.fleet.test_bench import assert_nothing_left
@@ -40,6 +42,12 @@ def host_only(
     single = container.ImageRef(ref.account, ref.region, ref.repository, "one-arch")
     container.push(cloud, f"oci:{layout}:{test_image.host_architecture()}", single)
     return single
+
+
+def image_run(cloud: Cloud, **fields: Any) -> tuple[Results, str]:
+    """A bench run of an image recorded (not run): its results and id. No warm-ups."""
+    results = bench.results_db(cloud.config.results_dir)
+    return results, bench.create(cloud, spec.load(None, {"warmups": 0, **fields}), results)
 
 
 @pytest.mark.e2e
@@ -99,20 +107,15 @@ def test_a_resumed_image_run_pulls_the_digest_its_tag_named_when_it_began(
     moving = container.ImageRef(ref.account, ref.region, ref.repository, "moving")
     container.push(mine, f"oci:{layout}:multi", moving)  # an index of one architecture
     first = container.lookup(mine, moving).digest
-    run_spec = spec.load(
-        None,
-        {
-            "types": [native],
-            "image": str(moving),
-            "command": "work {args}",
-            "args": {"n": 1000},
-            "metric": {"kind": "file", "meaning": "rate", "unit": "iterations/s"},
-            "replicates": 2,
-            "warmups": 0,
-        },
+    results, run_id = image_run(
+        mine,
+        types=[native],
+        image=str(moving),
+        command="work {args}",
+        args={"n": 1000},
+        metric={"kind": "file", "meaning": "rate", "unit": "iterations/s"},
+        replicates=2,
     )
-    results = bench.results_db(mine.config.results_dir)
-    run_id = bench.create(mine, run_spec, results)
 
     def ctrl_c_at_the_second(state: object, replicate: object) -> None:
         if getattr(replicate, "index", 0) == 1:
@@ -217,23 +220,18 @@ def test_the_monitor_samples_the_workload_inside_an_image_with_a_shell(
 ) -> None:
     mine = own_results(cloud, tmp_path / "results")
     native = X86 if test_image.host_architecture() == "amd64" else GRAVITON
-    run_spec = spec.load(
-        None,
-        {
-            "types": [native],
-            "image": str(ref),
-            # A shell line (&&): this machine's variant has busybox's sh. Busy for 3 s whatever
-            # the host's speed (a count of 600M iterations once fit in one second's sample), so
-            # the 1 Hz monitor samples it more than once.
-            "command": "work {args} && echo done-in-shell",
-            "args": {"seconds": 3},
-            "metric": {"kind": "regex", "pattern": "rate=([0-9.]+)", "meaning": "rate"},
-            "replicates": 1,
-            "warmups": 0,
-        },
+    results, run_id = image_run(
+        mine,
+        types=[native],
+        image=str(ref),
+        # A shell line (&&): this machine's variant has busybox's sh. Busy for 3 s whatever
+        # the host's speed (a count of 600M iterations once fit in one second's sample), so
+        # the 1 Hz monitor samples it more than once.
+        command="work {args} && echo done-in-shell",
+        args={"seconds": 3},
+        metric={"kind": "regex", "pattern": "rate=([0-9.]+)", "meaning": "rate"},
+        replicates=1,
     )
-    results = bench.results_db(mine.config.results_dir)
-    run_id = bench.create(mine, run_spec, results)
     summary = bench.execute(mine, run_id, results)
     assert all(t["ok"] for t in summary["types"].values()), summary
     rows = results.replicates(run_id)
