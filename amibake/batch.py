@@ -676,6 +676,14 @@ def ensure_environment(
             if found is None:
                 raise CloudError(f"compute environment {name} is gone right after it was made")
         if found.get("status") == "VALID":
+            if found.get("state") != create.get("state", "ENABLED"):
+                # Left DISABLED (retired while jobs drained, or by an interrupted down): a queue
+                # pointed at it places nothing, and its jobs waited RUNNABLE for ever.
+                log.info("compute environment %s was %s: enabling it", name, found.get("state"))
+                batch.update_compute_environment(
+                    computeEnvironment=name, state=create.get("state", "ENABLED")
+                )
+                wait_settled(batch, "compute environment", name)
             return str(found["computeEnvironmentArn"])
         reason = found.get("statusReason") or "no reason given"
         again = made < ENVIRONMENT_TRIES

@@ -189,6 +189,31 @@ def test_full_flow_up_job_swap_down(
     assert capsys.readouterr().out.startswith("nothing registered")
 
 
+def test_up_enables_an_environment_it_finds_disabled(
+    cloud: Cloud,
+    built: None,  # noqa: F811
+) -> None:
+    """An environment left DISABLED (retired while its queue's jobs drained, or by a down
+    stopped between disabling and deleting it) was taken as it was: the queue pointed at it,
+    and its jobs waited RUNNABLE for ever (Batch places nothing in a DISABLED environment)."""
+    _bake(cloud)
+    images = batch.images_from_bake(cloud.config.results_dir / "amis.json")
+    up = batch.up(cloud, images)
+    client = cloud.client("batch")
+    (queue, environment), *_ = up["queues"].items()
+    try:
+        client.update_compute_environment(computeEnvironment=environment, state="DISABLED")
+        batch.up(cloud, images)
+        (found,) = batch.environments(client, environment)
+        assert found["state"] == "ENABLED", found
+        job = client.submit_job(
+            jobName="after", jobQueue=queue, jobDefinition="amibake-trivial-x86_64"
+        )["jobId"]
+        assert _wait_job(client, job)["status"] == "SUCCEEDED"
+    finally:
+        batch.down(cloud)
+
+
 def test_an_interrupted_batch_up_says_what_stays_and_up_again_completes_it(
     cloud: Cloud,
     built: None,  # noqa: F811
