@@ -676,6 +676,7 @@ def ensure_environment(
             if found is None:
                 raise CloudError(f"compute environment {name} is gone right after it was made")
         if found.get("status") == "VALID":
+            _check_unchanged(name, found, create)
             if found.get("state") != create.get("state", "ENABLED"):
                 # Left DISABLED (retired while jobs drained, or by an interrupted down): a queue
                 # pointed at it places nothing, and its jobs waited RUNNABLE for ever.
@@ -700,6 +701,39 @@ def ensure_environment(
                 f"check the IAM roles {INSTANCE_ROLE} and AWSServiceRoleForBatch, then run "
                 "`amibake batch up` again)"
             )
+
+
+# What a compute environment is made with that Batch cannot change in place (a managed
+# environment's type, and its subnets, groups and types only through an update policy amibake
+# does not use), and how each is said.
+_SETTLED = {
+    "type": "the market (SPOT or EC2: on-demand)",
+    "instanceTypes": "the instance types",
+    "subnets": "the subnets",
+    "securityGroupIds": "the security groups",
+}
+
+
+def _check_unchanged(name: str, found: dict[str, Any], create: dict[str, Any]) -> None:
+    """An environment found under the name was made with other settings (batch up --on-demand
+    after a spot up; new subnet_ids or security_group_ids): refused, naming them. It was taken
+    as it was, and the change silently did nothing."""
+    have, want = found.get("computeResources", {}), create.get("computeResources", {})
+    differ = [
+        what
+        for key, what in _SETTLED.items()
+        if key in want and _normal(have.get(key)) != _normal(want[key])
+    ]
+    if differ:
+        raise UserError(
+            f"compute environment {name} was made with other {', '.join(differ)} than this up "
+            "asks, which Batch does not change in place: run amibake batch down, then batch up "
+            "again with these settings (or up as before)"
+        )
+
+
+def _normal(value: Any) -> Any:
+    return sorted(value) if isinstance(value, list) else value
 
 
 def _swap_into_queue(batch: Any, queue: str, env_arn: str) -> list[str]:

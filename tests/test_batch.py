@@ -189,9 +189,10 @@ def test_full_flow_up_job_swap_down(
     assert capsys.readouterr().out.startswith("nothing registered")
 
 
-def test_up_enables_an_environment_it_finds_disabled(
+def test_up_enables_an_environment_it_finds_disabled_and_refuses_one_made_otherwise(
     cloud: Cloud,
     built: None,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """An environment left DISABLED (retired while its queue's jobs drained, or by a down
     stopped between disabling and deleting it) was taken as it was: the queue pointed at it,
@@ -210,6 +211,15 @@ def test_up_enables_an_environment_it_finds_disabled(
             jobName="after", jobQueue=queue, jobDefinition="amibake-trivial-x86_64"
         )["jobId"]
         assert _wait_job(client, job)["status"] == "SUCCEEDED"
+        # Asked on-demand after a spot up: Batch changes no managed environment's market in
+        # place, and the up did nothing, saying nothing.
+        capsys.readouterr()
+        assert main(["batch", "up", "--from-bake", "--on-demand"]) == 2
+        said = capsys.readouterr().err.strip()
+        assert said.startswith(f"amibake: error: compute environment {environment} was made ")
+        assert "the market (SPOT or EC2: on-demand)" in said and "\n" not in said, said
+        (kept,) = batch.environments(client, environment)
+        assert kept["computeResources"]["type"] == "SPOT"
     finally:
         batch.down(cloud)
 
