@@ -527,7 +527,8 @@ def _tune_command(args: argparse.Namespace) -> int:
     if isinstance(evaluate, CloudEvaluator) and outcome.recommended:
         if spec.gain_replicates and spec.recipe:  # an image's tune builds nothing to compare
             measured = _gain(results, run_id, spec, evaluate, outcome)
-            outcome.spent_usd += measured.get("usd", 0.0)
+            # Read again: a gain an earlier controller measured is the same one, not a new cost.
+            outcome.spent_usd = tune.run_spend(results, run_id)
         # The hand-over to `amibake bake --from-tune` (fleet report writes it anew too).
         if recommended.write(
             cfg.results_dir, run_id, spec, outcome.recommended["params"], gain.lines(measured)

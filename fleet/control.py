@@ -193,7 +193,7 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A tune run's progress: trials asked and finished (by state) against its budget, money
     spent, the best so far."""
-    from fleet.search.record import budget_changes, in_own_terms, trial_costs
+    from fleet.search.record import budget_changes, in_own_terms, run_spend
 
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"] if len(trials) else trials
@@ -205,8 +205,7 @@ def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, An
         "trials_asked": int((trials.state == "asked").sum()) if len(trials) else 0,
         "trials_finished": {str(k): int(n) for k, n in final.state.value_counts().items()},
         # The trials, and the gain measured after them (fleet/gain.py).
-        "spent_usd": sum(trial_costs(results, run_id).values())
-        + sum(d.get("usd", 0.0) for _, k, d in results.events(run_id) if k == "gain"),
+        "spent_usd": run_spend(results, run_id),
         "best_loss": float(top.loss) if top is not None else None,
         "best": in_own_terms(objective, float(top.loss), top.metric) if top is not None else None,
     }

@@ -31,10 +31,12 @@ from fleet.search.evaluation import Evaluation, Evaluator
 from fleet.search.record import (
     best,
     budget_changes,
+    gain_spend,
     in_own_terms,
     is_rate,
     recommendation,
     recommendation_text,
+    run_spend,
     trial_costs,
 )
 from fleet.spec import Metric, metric_label
@@ -73,6 +75,7 @@ __all__ = [
     "recommendation",
     "recommendation_text",
     "resumed",
+    "run_spend",
     "search",
     "start",
     "trial_costs",
@@ -101,6 +104,7 @@ class Budget:
     costs: list[float]  # USD of each trial that cost something
     earlier_hours: float  # earlier controllers' searching time
     started: float = field(default_factory=time.monotonic)
+    besides_usd: float = 0.0  # spent beside the trials: earlier controllers' gain measurements
 
     @classmethod
     def of_run(cls, spec: TuneSpec, results: Results, run_id: str) -> Budget:
@@ -110,6 +114,9 @@ class Budget:
             asked=int((recorded.state == "asked").sum()) if len(recorded) else 0,
             costs=list(trial_costs(results, run_id).values()),
             earlier_hours=_searched_hours(results, run_id),
+            # A resume counted the trials alone: with a gain measured before it, the search
+            # ran past the cap its user approved.
+            besides_usd=gain_spend(results, run_id),
         )
 
     def capped(self, running: int) -> bool:
@@ -119,8 +126,9 @@ class Budget:
         cap = self.spec.max_usd
         if cap is None:
             return False
-        spent = sum(self.costs)
-        mean = spent / len(self.costs) if self.costs else self.spec.trial_usd_guess
+        trials = sum(self.costs)
+        mean = trials / len(self.costs) if self.costs else self.spec.trial_usd_guess
+        spent = trials + self.besides_usd
         return spent >= cap or spent + (running + 1) * mean > cap
 
     def exhausted(self, running: int) -> bool:
@@ -218,7 +226,7 @@ def _search(
         raise
     finally:
         allow_runs()  # the pool's trials have all ended: this process's next runs may run
-    spent = sum(budget.costs)
+    spent = sum(budget.costs) + budget.besides_usd
     reason = ""
     if budget.asked < spec.trials and budget.capped(0):
         # Stopped by the money budget with trials left: said so, and resumable with a new one.

@@ -97,6 +97,17 @@ def trial_costs(results: Results, run_id: str) -> dict[int, float]:
     return costs
 
 
+def gain_spend(results: Results, run_id: str) -> float:
+    """USD the run's gain measurements cost (fleet/gain.py records each), all its controllers
+    together: spent beside the trials, under the same money budget."""
+    return float(sum(d.get("usd", 0.0) for _, kind, d in results.events(run_id) if kind == "gain"))
+
+
+def run_spend(results: Results, run_id: str) -> float:
+    """USD the run has spent: its trials' and its gain measurements'."""
+    return sum(trial_costs(results, run_id).values()) + gain_spend(results, run_id)
+
+
 def budget_changes(results: Results, run_id: str) -> dict[str, Any]:
     """--trials and --parallel given on resuming the run, the latest of each."""
     changes: dict[str, Any] = {}

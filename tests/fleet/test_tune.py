@@ -344,6 +344,31 @@ def test_the_money_budget_counts_trials_in_flight_and_what_a_resumed_search_spen
     assert len(results.trials(other).query("state != 'asked'")) == 3
 
 
+def test_a_resumed_search_counts_the_gain_an_earlier_controller_measured(
+    tmp_path: Path,
+) -> None:
+    """The gain, measured after a search, is spent under the same budget: a resume counted
+    the trials alone, ran past the cap ($3.30 said, $3.55 spent of $3.50) and printed less
+    than fleet status."""
+    from fleet import control
+
+    spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=20, max_usd=3.5))
+    results = Results(tmp_path / "fleet.sqlite")
+    run_id = tune.start(results, spec, "local", "us-east-1")
+    lookup = ReplayEvaluator(spec.replay or Path(), spec)
+
+    def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
+        return dataclasses.replace(lookup(trial, params), usd=0.3)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune.search(spec, evaluator, results, run_id, stop_after=2)
+    results.event(run_id, "gain", usd=0.25, params={})  # as fleet/gain.py records one
+    outcome = tune.search(spec, evaluator, results, run_id)  # resumed
+    assert len(tune.trial_costs(results, run_id)) == 10  # 10 x $0.30 + $0.25 = $3.25 (11 before)
+    assert outcome.spent_usd == pytest.approx(control.status(results, run_id)["spent_usd"])
+    assert outcome.spent_usd == pytest.approx(3.25) and outcome.stopped, outcome
+
+
 def test_the_wall_time_budget_is_the_runs_across_a_resume(tmp_path: Path) -> None:
     spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=50, max_hours=1 / 3600))
     results = Results(tmp_path / "fleet.sqlite")
