@@ -493,6 +493,7 @@ def _tune_command(args: argparse.Namespace) -> int:
             raise UserError("fleet tune needs a tune file (or compare, or --resume RUN)")
         spec = tune.load(Path(args.file), overrides)
         run_id = ""
+    logs.to_terminal()  # what reading the space says (a replay table's rows left out) is seen
     try:
         evaluate = evaluators.evaluator(spec, cfg)
     except UserError as exc:
@@ -520,7 +521,6 @@ def _tune_command(args: argparse.Namespace) -> int:
         return 0
     if not run_id:
         run_id = tune.start(results, spec, cfg.cloud, cfg.region)
-    logs.to_terminal()
     print(f"fleet: tune run {run_id} (log: {results.log_path(run_id)})", file=sys.stderr)
     outcome = tune.search(spec, evaluate, results, run_id)
     measured, bake = None, None

@@ -4,11 +4,15 @@ neither evaluator (ARCHITECTURE.md: the CLI picks the evaluator)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from amibake import recipes
+from amibake.errors import UserError
 from fleet.search.evaluation import Evaluator
 from fleet.tune_spec import TuneSpec
+
+log = logging.getLogger("amibake")
 
 
 def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
@@ -18,7 +22,22 @@ def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
 
         table = ReplayEvaluator(spec.replay, spec)
         # The search runs what the table holds: a configuration it lacks cannot be looked up
-        spec.space = spec.space.holding(table.configurations(), table.prices())
+        held = table.configurations()
+        if not held:  # every search failed on an empty space (a traceback, a run recorded)
+            raise UserError(
+                f"{spec.replay}: none of its {len(table.table)} rows is a configuration of the "
+                "tune file's space (each names a value the file does not list, or leaves a "
+                "parameter empty): check the table's values against the file's"
+            )
+        if len(held) < len(table.table):
+            log.warning(
+                "%s: %d of its %d rows are not configurations of the tune file's space "
+                "(a value it does not list, or a parameter left empty): the search leaves them out",
+                spec.replay,
+                len(table.table) - len(held),
+                len(table.table),
+            )
+        spec.space = spec.space.holding(held, table.prices())
         return table
     from fleet.trial import CloudEvaluator
 

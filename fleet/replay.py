@@ -155,6 +155,32 @@ def check_measures(path: Path, table: pd.DataFrame, spec: TuneSpec, kind: str, r
                 f"(leave the cell empty for {row} that failed)"
             )
         table[name] = numbers.astype(float)
+    # A price, and a time, is above 0: a price of -0.1 was recommended as a negative cost, one of
+    # 0 as free, a runtime of -3 s as the fastest.
+    above_zero = {spec.price_column: "price", "price_per_hour": "price", "seconds": "time"}
+    if timed:
+        above_zero[column] = "time"
+    for name, what in above_zero.items():
+        if name not in table.columns:
+            continue
+        low = table[name].notna().to_numpy() & ~(table[name].to_numpy(dtype=float) > 0)
+        if low.any():
+            first = int(low.nonzero()[0][0])
+            raise UserError(
+                f"{path}:{first + 2}: {name} {table[name].iloc[first]:g} is not a {what} above 0 "
+                f"(leave the cell empty for {row} that failed)"
+            )
+
+
+def _text(value: Any) -> str:
+    """A parameter's value as a key compares it: "" for none; a whole float as the integer
+    (pandas reads a column of numbers with a gap as floats: 128.0, which matched no 128 of the
+    tune file, and the row was dropped without a word); text without its edge spaces."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
 
 
 def objective_of(spec: TuneSpec, row: dict[str, Any]) -> float:
@@ -231,12 +257,7 @@ class ReplayEvaluator:
             self.table[key] = row
 
     def _key(self, values: dict[str, Any]) -> tuple[str, ...]:
-        return tuple(
-            ""
-            if (v := values.get(p)) is None or (isinstance(v, float) and math.isnan(v))
-            else str(v)
-            for p in self.params
-        )
+        return tuple(_text(values.get(p)) for p in self.params)
 
     def configurations(self) -> list[dict[str, Any]]:
         """The table's configurations in the space's own values: what a search over the table
@@ -258,7 +279,7 @@ class ReplayEvaluator:
 
     def _named(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         space = self.spec.space
-        named = {name: {str(v): v for v in space.params[name].options()} for name in self.params}
+        named = {name: {_text(v): v for v in space.params[name].options()} for name in self.params}
         for key, row in self.table.items():
             texts = zip(self.params, key, strict=True)
             chosen = {name: named[name].get(text) for name, text in texts if text != ""}

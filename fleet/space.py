@@ -127,13 +127,15 @@ class Space:
 
     def names(self, chosen: dict[str, Any]) -> bool:
         """Whether `chosen` is one of this space's configurations: each value one its parameter
-        lists, and each parameter one that applies (a replay table's row the search can run)."""
+        lists, each parameter one that applies, and every one that applies given (a replay
+        table's row the search can run: one with an empty cell was {}, and recommended)."""
         return (
             all(
                 name in self.params and value in self.params[name].options()
                 for name, value in chosen.items()
             )
             and self.active(chosen) == chosen
+            and all(n in chosen for n, p in self.params.items() if self._holds(p, chosen))
         )
 
     def origin(self, name: str) -> str:

@@ -617,3 +617,72 @@ def test_the_interval_allows_for_picking_the_best_of_several(rivals: int) -> Non
     assert (chosen.low, chosen.high) == pytest.approx(
         (math.exp(centre - half), math.exp(centre + half))
     )
+
+
+THREE = 'objective = "runtime"\ntrials = 6\n[params.t]\nkind = "categorical"\nvalues = ["a", "b", "c"]\n'
+CONDITIONAL = (
+    'objective = "runtime"\ntrials = 4\nalgorithm = "grid"\n'
+    '[params.opt]\nkind = "categorical"\nvalues = ["-O2", "-O3"]\nstage = "compile"\n'
+    '[params.vw]\nkind = "categorical"\nvalues = [128, 256]\nstage = "compile"\n'
+    'flag = "-mprefer-vector-width={}"\nwhen = { param = "opt", in = ["-O3"] }\n'
+)
+
+
+def _tune_json(sandbox: Path, capsys: pytest.CaptureFixture[str], toml: str, csv: str) -> Any:
+    (sandbox / "tune.toml").write_text(toml)
+    (sandbox / "space.csv").write_text(csv)
+    capsys.readouterr()
+    argv = ["tune", str(sandbox / "tune.toml"), "--replay", str(sandbox / "space.csv"), "--json"]
+    assert fleet(argv) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err
+
+
+def test_a_replay_row_leaving_a_parameter_empty_is_no_configuration(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its empty cell made it {}, which the search ran and recommended ("use: {}")."""
+    out, err = _tune_json(sandbox, capsys, THREE, "t,metric\na,10\nb,12\nc,11\n,9\n")
+    assert out["recommended"]["params"] == {"t": "a"}, out["recommended"]
+    assert "1 of its 4 rows are not configurations of the tune file's space" in err
+
+
+def test_numbers_read_beside_a_gap_are_the_tune_file_s_numbers(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pandas reads a column of numbers with an empty cell as floats: 128.0 matched no 128, the
+    rows were dropped without a word, and -O2 (10 s) was recommended over -O3 at 256 (4 s)."""
+    table = "opt,vw,metric\n-O2,,10\n-O3,128,5\n-O3 ,256,4\n"  # and a cell's edge space
+    out, err = _tune_json(sandbox, capsys, CONDITIONAL, table)
+    assert out["recommended"]["params"] == {"opt": "-O3", "vw": 256}, out["recommended"]
+    assert "not configurations" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("toml", "csv", "says"),
+    [
+        (
+            THREE.replace('"a", "b", "c"', '"x", "y"'),
+            "t,metric\na,10\nb,12\n",
+            "space.csv: none of its 2 rows is a configuration of the tune file's space",
+        ),  # a traceback from every search, and a run left recorded
+        (
+            THREE.replace('"runtime"', '"cost"'),
+            "t,metric,price_per_hour\na,10,0.5\nb,20,-0.1\nc,3,0.2\n",
+            "space.csv:3: price_per_hour -0.1 is not a price above 0",
+        ),  # recommended as a negative cost
+        (THREE, "t,metric\na,10\nb,-3\nc,11\n", "space.csv:3: metric -3 is not a time above 0"),
+    ],
+    ids=["no-configuration-held", "negative-price", "negative-runtime"],
+)
+def test_a_replay_table_the_search_cannot_use_is_refused(
+    sandbox: Path, capsys: pytest.CaptureFixture[str], toml: str, csv: str, says: str
+) -> None:
+    (sandbox / "tune.toml").write_text(toml)
+    (sandbox / "space.csv").write_text(csv)
+    argv = ["tune", str(sandbox / "tune.toml"), "--replay", str(sandbox / "space.csv")]
+    assert says in refused(argv, capsys)
+    assert (
+        not (sandbox / "results" / "fleet.sqlite").exists()
+        or not Results(sandbox / "results" / "fleet.sqlite").run_ids()
+    )
