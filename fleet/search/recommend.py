@@ -75,13 +75,18 @@ class Pooled:
     scale: Scale
     sd: float | None  # pooled within-configuration standard deviation (None: no replicate)
     dof: int
+    # Configurations with a run that failed or broke a constraint: not recommended while one
+    # without is (one rate of 11 among three of 5 under min_rate = 10 was recommended at 11).
+    spoiled: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, observations: Iterable[tuple[dict[str, Any], float | None]]) -> Pooled:
         params: dict[str, dict[str, Any]] = {}
         raw: dict[str, list[float]] = {}
+        spoiled: set[str] = set()
         for chosen, loss in observations:
             if loss is None or not math.isfinite(loss):
+                spoiled.add(key(chosen))
                 continue
             name = key(chosen)
             params[name] = chosen
@@ -93,15 +98,24 @@ class Pooled:
             if len(runs) > 1:
                 squares += float(np.var(runs, ddof=1)) * (len(runs) - 1)
                 dof += len(runs) - 1
-        return cls(params, values, scale, math.sqrt(squares / dof) if dof else None, dof)
+        sd = math.sqrt(squares / dof) if dof else None
+        return cls(params, values, scale, sd, dof, frozenset(spoiled & set(values)))
 
     def ranked(self, penalty: float = PENALTY_SE) -> list[tuple[float, str]]:
-        """(mean + penalty standard errors, configuration), best first."""
+        """(mean + penalty standard errors, configuration), best first; those with a failed or
+        infeasible run after every one without."""
         sd = self.sd or 0.0
-        return sorted(
-            (float(np.mean(runs)) + penalty * sd / math.sqrt(len(runs)), name)
-            for name, runs in self.values.items()
-        )
+        return [
+            (score, name)
+            for _, score, name in sorted(
+                (
+                    name in self.spoiled,
+                    float(np.mean(runs)) + penalty * sd / math.sqrt(len(runs)),
+                    name,
+                )
+                for name, runs in self.values.items()
+            )
+        ]
 
 
 def recommend(

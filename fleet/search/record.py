@@ -34,8 +34,12 @@ def recommendation(results: Results, run_id: str) -> dict[str, Any] | None:
     metric as the user reads it, and an interval where the noise could be measured."""
     trials = results.trials(run_id)
     ok = trials[trials.state == "ok"]
+    # A configuration's runs that broke a constraint count against it (a failed trial may be
+    # the cloud's doing, and is left out): it was recommended on its one run that passed.
+    broke = trials[trials.state == "infeasible"]
     chosen = recommend(
-        (json.loads(row.params), loss) for row in ok.itertuples() for loss in _losses(row)
+        [(json.loads(row.params), loss) for row in ok.itertuples() for loss in _losses(row)]
+        + [(json.loads(row.params), None) for row in broke.itertuples()]
     )
     if chosen is None:
         return None

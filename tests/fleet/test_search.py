@@ -234,6 +234,19 @@ def test_the_recommendation_does_not_trust_one_lucky_run() -> None:
     assert "its own runs' spread, wider than the 3 replicates' pooled noise" in spread.basis
 
 
+def test_a_configuration_whose_runs_broke_a_constraint_is_not_recommended() -> None:
+    """Runs of 11, 5, 5, 5 under min_rate = 10: the three infeasible ones were left out, and
+    the configuration recommended on its one run that passed, ahead of a steady one."""
+    spotty, steady = {"b": 16}, {"b": 8}
+    observations = [(spotty, -11.0), (spotty, None), (spotty, None), (spotty, None)]
+    observations += [(steady, v) for v in (-10.5, -10.6, -10.4)]
+    chosen = recommend(observations)
+    assert chosen is not None and chosen.params == steady, chosen
+    # Nothing but such configurations: the best of them, rather than nothing.
+    only = recommend([(spotty, -11.0), (spotty, None)])
+    assert only is not None and only.params == spotty
+
+
 def _runs_table(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
     path = tmp_path / "runs.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
