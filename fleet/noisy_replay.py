@@ -106,8 +106,12 @@ class RunsReplay:
             if any(r is not None for r in runs)
         }
         self.means = {name: replay.objective_of(spec, row) for name, row in self.truth.items()}
+        # The best a search of this space could find: a row outside it (a value the --space
+        # leaves out) made every search look worse than it was.
         feasible = [
-            m for name, m in self.means.items() if not replay.broken(spec, self.truth[name])
+            m
+            for name, m in self.means.items()
+            if not replay.broken(spec, self.truth[name]) and self.space.names(self.rows[name])
         ]
         if not self.truth:
             raise UserError(

@@ -686,3 +686,21 @@ def test_a_replay_table_the_search_cannot_use_is_refused(
         not (sandbox / "results" / "fleet.sqlite").exists()
         or not Results(sandbox / "results" / "fleet.sqlite").run_ids()
     )
+
+
+def test_compare_scores_against_the_best_the_space_holds(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row outside the --space (a value it leaves out) was the optimum every search was
+    scored against: grid, which tries every configuration, read 1.2 of it, 'never' within 2%."""
+    from fleet import tune
+    from fleet.noisy_replay import RunsReplay
+    from fleet.replay import ReplayEvaluator
+
+    (sandbox / "space.csv").write_text("t,metric\na,10\nb,12\nc,1\n")
+    toml = THREE.replace('"a", "b", "c"', '"a", "b"')
+    (sandbox / "tune.toml").write_text(f'replay = "{sandbox / "space.csv"}"\n' + toml)
+    spec = tune.load(sandbox / "tune.toml")
+    assert ReplayEvaluator(sandbox / "space.csv", spec).optimum() == 10.0
+    (sandbox / "runs.csv").write_text("run,t,metric\n0,a,10\n1,a,11\n0,b,12\n0,c,1\n")
+    assert RunsReplay(sandbox / "runs.csv", spec).best == 10.5
