@@ -37,6 +37,18 @@ def evaluator(spec: TuneSpec, config: Any) -> Evaluator:
                 len(table.table) - len(held),
                 len(table.table),
             )
+        if spec.trials > len(held):
+            # A lookup repeated is the same number: pooled as replicates, it made a "95%
+            # interval 10 .. 10" of no noise measured.
+            log.warning(
+                "%s holds %d configurations: %d trials, not %d (a lookup repeated measures no "
+                "noise)",
+                spec.replay,
+                len(held),
+                len(held),
+                spec.trials,
+            )
+            spec.trials = len(held)
         spec.space = spec.space.holding(held, table.prices())
         return table
     from fleet.trial import CloudEvaluator

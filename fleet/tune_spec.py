@@ -174,6 +174,12 @@ def from_dict(
             problem = checks.integer(data[key], low, high, why)
             if problem:
                 raise fail(key, problem)
+    if data.get("gain_replicates") == 1:  # "95%: 0.94 to 0.94" from one run each
+        raise fail(
+            "gain_replicates",
+            "1 run of each build gives a ratio with no interval: 0 measures no gain, 2 or more "
+            "one with an interval",
+        )
     startup = data.get("startup_trials")
     for key, cap in (("max_usd", None), ("max_hours", MAX_HOURS)):
         if key in data:

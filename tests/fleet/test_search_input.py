@@ -645,6 +645,10 @@ def test_a_replay_row_leaving_a_parameter_empty_is_no_configuration(
     out, err = _tune_json(sandbox, capsys, THREE, "t,metric\na,10\nb,12\nc,11\n,9\n")
     assert out["recommended"]["params"] == {"t": "a"}, out["recommended"]
     assert "1 of its 4 rows are not configurations of the tune file's space" in err
+    # 6 trials of 3 configurations: 3, each looked up once; repeats were pooled as replicates
+    # into "95% interval 10 .. 10".
+    assert out["trials"] == 3 and "3 trials, not 6" in err, (out, err)
+    assert out["recommended"]["interval"] is None, out["recommended"]
 
 
 def test_numbers_read_beside_a_gap_are_the_tune_file_s_numbers(

@@ -544,6 +544,7 @@ def test_bad_tune_input_names_file_and_line(
     param = '[params.a]\nkind = "int"\nlow = 1\nhigh = 3\n'
     cases = {
         head + 'max_usd = "ten"\n' + param: ":3: max_usd: must be a finite number above 0",
+        head + "gain_replicates = 1\n" + param: ":3: gain_replicates: 1 run of each build gives",
         head + "max_hours = -1\n" + param: ":3: max_hours: must be a finite number above 0",
         head
         + param
