@@ -580,6 +580,7 @@ def up(cloud: Cloud, images: list[Image], spot: bool = True) -> dict[str, Any]:
             },
         )
         result["retired"] += _swap_into_queue(batch, queue_name, env_arn)
+        result["retired"] += _drained(batch, queue_name, image.architecture)
         result["queues"][queue_name] = env_name
         for app in image.apps:
             result["job_definitions"].append(
@@ -784,10 +785,39 @@ def _retire(batch: Any, queue: str, environment: str) -> None:
         pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=s)
         for s in ACTIVE_JOBS
     ):
-        log.warning("%s disabled; delete it once its jobs drain (amibake batch down)", environment)
+        log.warning(
+            "%s disabled; the next batch up deletes it once the queue's jobs drain", environment
+        )
         return
     wait_settled(batch, "compute environment", environment.rsplit("/", 1)[-1])
     _delete_environment(batch, environment)
+
+
+def _drained(batch: Any, queue: str, architecture: str) -> list[str]:
+    """The architecture's environments an earlier up retired while the queue's jobs drained
+    (DISABLED, in no queue), deleted once none is active: they were kept until batch down, and
+    the images they launch from with them (bake --keep leaves such an image)."""
+    queued = {
+        environment_arn(batch, e["computeEnvironment"])
+        for q in queues(batch)
+        for e in q.get("computeEnvironmentOrder", [])
+    }
+    left = [
+        str(e["computeEnvironmentArn"])
+        for e in environments(batch)
+        if e["computeEnvironmentName"].startswith(f"amibake-{architecture}-")
+        and e.get("state") == "DISABLED"
+        and e["computeEnvironmentArn"] not in queued
+    ]
+    if not left or any(
+        pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=s)
+        for s in ACTIVE_JOBS
+    ):
+        return []
+    for environment in left:
+        wait_settled(batch, "compute environment", environment.rsplit("/", 1)[-1])
+        _delete_environment(batch, environment)
+    return left
 
 
 def _job_definition(batch: Any, app: str, architecture: str, job_role: str) -> str:

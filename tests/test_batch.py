@@ -224,6 +224,43 @@ def test_up_enables_an_environment_it_finds_disabled_and_refuses_one_made_otherw
         batch.down(cloud)
 
 
+def test_an_environment_retired_while_jobs_ran_goes_at_the_next_up(
+    cloud: Cloud,
+    built: None,  # noqa: F811
+) -> None:
+    """Retired while the queue had a job running, it was kept (DISABLED) until batch down, and
+    bake --keep kept its image for it: a later up found it in no queue, and left it."""
+    first = _bake(cloud)
+    amis = cloud.config.results_dir / "amis.json"
+    batch.up(cloud, batch.images_from_bake(amis))
+    client = cloud.client("batch")
+    try:
+        job = client.submit_job(
+            jobName="long",
+            jobQueue="amibake-x86_64",
+            jobDefinition="amibake-trivial-x86_64",
+            containerOverrides={
+                "command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]
+            },
+        )["jobId"]
+        deadline = time.monotonic() + 60
+        while client.describe_jobs(jobs=[job])["jobs"][0]["status"] != "RUNNING":
+            assert time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.2)
+        _bake(cloud)
+        swapped = batch.up(cloud, batch.images_from_bake(amis))
+        old = f"amibake-x86_64-{first}"
+        (kept,) = batch.environments(client, old)  # its job runs on: kept, disabled
+        assert kept["state"] == "DISABLED" and any(old in r for r in swapped["retired"])
+        client.terminate_job(jobId=job, reason="test")
+        assert _wait_job(client, job)["status"] == "FAILED"
+        again = batch.up(cloud, batch.images_from_bake(amis))
+        assert batch.environments(client, old) == []
+        assert any(old in r for r in again["retired"]), again
+    finally:
+        batch.down(cloud)
+
+
 def test_an_interrupted_batch_up_says_what_stays_and_up_again_completes_it(
     cloud: Cloud,
     built: None,  # noqa: F811
