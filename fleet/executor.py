@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import shlex
 import time
 from collections.abc import Callable, Iterable
@@ -246,7 +247,7 @@ class Measure:
             started = time.time()
             result = remote.run(
                 f"bash {WORK}/replicate.sh {directory} {replicate.tag} {imds} "
-                f"{int(state.monitor)} {timeout:.0f} {shlex.quote(command)}",
+                f"{int(state.monitor)} {math.ceil(timeout)} {shlex.quote(command)}",
                 check=False,
                 stream=False,
                 timeout_s=timeout + 60,

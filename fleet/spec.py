@@ -111,12 +111,13 @@ class Metric:
         if self.kind == "runtime":
             return seconds
         if self.kind == "file":
-            try:
-                return float(metric_file.split()[0])
-            except (ValueError, IndexError):
+            words = metric_file.split()
+            if not words or not _is_number(words[0]):  # inf or nan failed every report after
                 raise ValueError(
-                    f"the workload wrote no number to $FLEET_METRIC_FILE (got {metric_file!r})"
-                ) from None
+                    f"the workload wrote no finite number to $FLEET_METRIC_FILE (got "
+                    f"{metric_file!r})"
+                )
+            return float(words[0])
         values = [float(m) for m in re.findall(self.pattern, output) if _is_number(m)]
         if not values:
             raise ValueError(f"metric pattern {self.pattern!r} never matched the output")
@@ -221,8 +222,12 @@ def _args_text(value: Any) -> str:
         for key, item in value.items():
             if isinstance(item, float) and checks.number(item):
                 raise TypeError(f"args.{key} is {item}, not a finite number")
-            if not isinstance(item, str | int | float):  # {b = 1} went in as "{'b': 1}"
-                raise TypeError(f"args.{key} is {item!r}: give a string or a number")
+            if isinstance(item, bool) or not isinstance(item, str | int | float):
+                # {b = 1} went in as "{'b': 1}", true as "--verbose True"
+                raise TypeError(
+                    f"args.{key} is {item!r}: give a string or a number (a flag without a "
+                    'value goes in a string: args = "--verbose --n 3")'
+                )
             if not checks.FLAG_NAME.fullmatch(str(key)):  # --{key} goes into the command unquoted
                 raise TypeError(f"args: {key!r} is not a flag name (letters, digits, - and _)")
         return " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in value.items())
@@ -234,7 +239,10 @@ def metric_from(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
     if unknown:
         known = recipes.METRIC_KEYS
         raise ValueError(f"unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}")
-    merged = {**recipe_metric, **raw}
+    # Another kind than the recipe's takes none of its kind's keys (runtime over a recipe's
+    # regex kept its unit: seconds were headed "geomean throughput").
+    same_kind = "kind" not in raw or raw["kind"] == recipe_metric.get("kind", "runtime")
+    merged = {**recipe_metric, **raw} if same_kind else dict(raw)
     kind = str(merged.get("kind", "runtime"))
     if kind not in METRIC_KINDS:
         raise ValueError(f"metric.kind {kind!r} is not one of {', '.join(METRIC_KINDS)}")
@@ -286,7 +294,12 @@ def load(
                 f"{where}:{line_of(text, key)}: unknown key {key!r}"
                 f"{did_you_mean(key, KNOWN_KEYS)}; known: {', '.join(sorted(KNOWN_KEYS))}"
             )
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if isinstance(given.get("metric"), dict) and isinstance(data.get("metric"), dict):
+        # --metric-regex is a pattern: the file's [metric] keeps its meaning and unit (replaced
+        # whole, a file's seconds became a rate, and the slowest type ranked first).
+        given["metric"] = {**data["metric"], **given["metric"]}
+    data.update(given)
 
     def fail(key: str, message: str) -> UserError:
         if overrides.get(key) is not None:  # said of the flag the user typed
@@ -391,9 +404,11 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     except ValueError as exc:
         raise fail("metric", str(exc)) from None
     timeout = data.get("timeout_s", 3600.0)
+    # At least a second: the wrapper on the instance counts whole seconds (0.4 killed every
+    # replicate at once, "timed out after 0s").
     problem = checks.number(
         timeout, above=0, at_most=MAX_TIMEOUT_S, why="a replicate running for a week is stuck"
-    )
+    ) or ("must be 1 or more" if isinstance(timeout, int | float) and timeout < 1 else "")
     if problem:
         raise fail("timeout_s", f"{problem} (seconds)")
     for key in ("spot", "allow_missing_price", "monitor"):

@@ -67,6 +67,9 @@ watcher=$!
 wait "$pid"
 code=$?
 end=$(date +%s.%N)
+# What the workload left running in its group (a helper it put in the background) goes with
+# it: it ran on beside every later replicate on the instance.
+kill -KILL -- "-$pid" 2>/dev/null
 kill "$watcher" 2>/dev/null
 wait "$watcher" 2>/dev/null
 if [ -n "$mon" ]; then
@@ -77,6 +80,9 @@ if [ -n "$mon" ]; then
   rm -f "$tag.pid"
 fi
 cat "$tag.out"
+# The result on a line of its own: output without a final newline (printf value=1) ran into it,
+# and the whole type failed as "the replicate wrapper did not finish".
+[ -n "$(tail -c 1 "$tag.out")" ] && echo
 state=finished
 [ -e "$tag.timeout" ] && state=timeout
 [ -e "$tag.interrupted" ] && state=interrupted

@@ -76,3 +76,33 @@ def test_the_watcher_asks_a_new_token_when_imds_refuses_its_own(imds: Any, tmp_p
     assert result.startswith("FLEET-RESULT ") and "state=interrupted" in result, ran.stdout
     assert time.monotonic() - started < 15
     assert imds.issued >= 2  # it asked again
+
+
+def _replicate(tmp_path: Path, command: str) -> list[str]:
+    """The wrapper's output lines, with an IMDS nobody answers (no spot notice)."""
+    ran = subprocess.run(
+        ["bash", str(AGENT / "replicate.sh"), str(tmp_path), "r0", "http://127.0.0.1:9", "0",
+         "60", command],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return ran.stdout.splitlines()
+
+
+def test_the_result_line_stands_alone_after_output_without_a_final_newline(
+    tmp_path: Path,
+) -> None:
+    """`printf value=1` ran into the result line: "value=1FLEET-RESULT ...", and the whole
+    type failed as "the replicate wrapper did not finish"."""
+    lines = _replicate(tmp_path, "printf value=1")
+    assert lines[0] == "value=1" and lines[1].startswith("FLEET-RESULT exit=0 "), lines
+
+
+def test_what_a_workload_leaves_running_ends_with_its_replicate(tmp_path: Path) -> None:
+    """A helper the workload put in the background ran on beside every later replicate."""
+    marker = tmp_path / "helper-alive"
+    command = f"sh -c 'while :; do touch {marker}; sleep 0.2; done & echo value=1'"
+    lines = _replicate(tmp_path, command)
+    assert lines[-1].startswith("FLEET-RESULT exit=0 "), lines
+    marker.unlink(missing_ok=True)
+    time.sleep(1)
+    assert not marker.exists(), "the workload's background helper outlived its replicate"
