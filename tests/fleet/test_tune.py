@@ -318,19 +318,25 @@ def test_an_interrupt_outside_the_wait_still_stops_the_trials_in_flight(
     assert stop.is_set()
 
 
-def test_the_money_budget_counts_trials_in_flight_and_what_a_resumed_search_spent(
-    tmp_path: Path,
-) -> None:
-    """Each trial costs $1 against a $3.50 budget: the search stops asking once the trials in
-    flight and one more would pass it, and a resumed search counts what was spent before."""
+def _priced_search(tmp_path: Path, usd: float) -> tuple[Any, Results, str, Any]:
+    """A replayed search of 20 trials under a $3.50 budget, each trial costing `usd`."""
     spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=20, max_usd=3.5))
     results = Results(tmp_path / "fleet.sqlite")
     run_id = tune.start(results, spec, "local", "us-east-1")
     lookup = ReplayEvaluator(spec.replay or Path(), spec)
 
     def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
-        return dataclasses.replace(lookup(trial, params), usd=1.0)
+        return dataclasses.replace(lookup(trial, params), usd=usd)
 
+    return spec, results, run_id, evaluator
+
+
+def test_the_money_budget_counts_trials_in_flight_and_what_a_resumed_search_spent(
+    tmp_path: Path,
+) -> None:
+    """Each trial costs $1 against a $3.50 budget: the search stops asking once the trials in
+    flight and one more would pass it, and a resumed search counts what was spent before."""
+    spec, results, run_id, evaluator = _priced_search(tmp_path, 1.0)
     with pytest.raises(KeyboardInterrupt):
         tune.search(spec, evaluator, results, run_id, stop_after=2)
     tune.search(spec, evaluator, results, run_id)
@@ -352,14 +358,7 @@ def test_a_resumed_search_counts_the_gain_an_earlier_controller_measured(
     than fleet status."""
     from fleet import control
 
-    spec = tune.load(tune_file(tmp_path, known_optimum(tmp_path), trials=20, max_usd=3.5))
-    results = Results(tmp_path / "fleet.sqlite")
-    run_id = tune.start(results, spec, "local", "us-east-1")
-    lookup = ReplayEvaluator(spec.replay or Path(), spec)
-
-    def evaluator(trial: int, params: dict[str, Any]) -> tune.Evaluation:
-        return dataclasses.replace(lookup(trial, params), usd=0.3)
-
+    spec, results, run_id, evaluator = _priced_search(tmp_path, 0.3)
     with pytest.raises(KeyboardInterrupt):
         tune.search(spec, evaluator, results, run_id, stop_after=2)
     results.event(run_id, "gain", usd=0.25, params={})  # as fleet/gain.py records one
