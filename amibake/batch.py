@@ -12,7 +12,6 @@ import logging
 import re
 import secrets
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,21 +245,10 @@ def _ensure_role(iam: Any, name: str, service: str, condition: dict[str, Any] | 
             f"amibake?): delete it (aws iam delete-role --role-name {name}, after detaching its "
             "policies), and `amibake batch up` makes it again"
         )
-    if _trust_of(role) != trust:
+    # boto3 hands the document over decoded (botocore's json_decode_policies): data to compare.
+    if role.get("AssumeRolePolicyDocument") != trust:
         iam.update_assume_role_policy(RoleName=name, PolicyDocument=json.dumps(trust))
     return str(role["Arn"])
-
-
-def _trust_of(role: dict[str, Any]) -> Any:
-    """A role's trust policy as data: boto3 decodes IAM's URL-encoded policy documents into
-    dicts (botocore's json_decode_policies); another client may hand over the text."""
-    document = role.get("AssumeRolePolicyDocument")
-    if isinstance(document, str):
-        try:
-            return json.loads(urllib.parse.unquote(document))
-        except ValueError:
-            return None
-    return document
 
 
 def _ensure_job_role(cloud: Cloud, bucket: str) -> str:
@@ -781,16 +769,21 @@ def environment_arn(batch: Any, environment: str) -> str:
 def _retire(batch: Any, queue: str, environment: str) -> None:
     """Disable an environment the queue no longer uses; delete it once no job is left on it."""
     batch.update_compute_environment(computeEnvironment=environment, state="DISABLED")
-    if any(
-        pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=s)
-        for s in ACTIVE_JOBS
-    ):
+    if _busy(batch, queue):
         log.warning(
             "%s disabled; the next batch up deletes it once the queue's jobs drain", environment
         )
         return
     wait_settled(batch, "compute environment", environment.rsplit("/", 1)[-1])
     _delete_environment(batch, environment)
+
+
+def _busy(batch: Any, queue: str) -> bool:
+    """Whether the queue has a job not ended yet (one may run on a retired environment)."""
+    return any(
+        pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=s)
+        for s in ACTIVE_JOBS
+    )
 
 
 def _drained(batch: Any, queue: str, architecture: str) -> list[str]:
@@ -809,10 +802,7 @@ def _drained(batch: Any, queue: str, architecture: str) -> list[str]:
         and e.get("state") == "DISABLED"
         and e["computeEnvironmentArn"] not in queued
     ]
-    if not left or any(
-        pages(batch, "list_jobs", "jobSummaryList", jobQueue=queue, jobStatus=s)
-        for s in ACTIVE_JOBS
-    ):
+    if not left or _busy(batch, queue):
         return []
     for environment in left:
         wait_settled(batch, "compute environment", environment.rsplit("/", 1)[-1])
