@@ -23,6 +23,7 @@ def apply() -> None:
     _tags_of_one_resource()
     _create_image_snapshot_tags()
     _deregister_image_with_snapshots()
+    _image_imds_support()
     _terminate_once()
     _fleet_network()
     _created_subnets_are_not_default()
@@ -125,6 +126,40 @@ def _deregister_image_with_snapshots() -> None:
 
     deregister_image._amibake = True  # type: ignore[attr-defined]
     AmisResponse.deregister_image = deregister_image  # type: ignore[method-assign]
+
+
+def _image_imds_support() -> None:
+    """ModifyImageAttribute's ImdsSupport v2.0 (moto accepts and ignores it) is kept on the
+    image, and an instance launched from it without MetadataOptions gets EC2's defaults for
+    such an image: IMDSv2 required and a PUT response hop limit of 2 (EC2 User Guide,
+    "Configure the AMI": two hops, so that containers on the instance reach IMDS). Without an
+    image that says so, moto's (and EC2's) defaults stand: tokens optional, one hop."""
+    from moto.ec2.models.instances import Instance
+    from moto.ec2.responses.amis import AmisResponse
+
+    original_modify = AmisResponse.modify_image_attribute
+    if getattr(original_modify, "_amibake", False):
+        return
+
+    def modify_image_attribute(self: Any) -> Any:
+        support = (self._get_param("ImdsSupport") or {}).get("Value")
+        result = original_modify(self)
+        image = self.ec2_backend.amis.get(self._get_param("ImageId"))
+        if image is not None and support == "v2.0":
+            image.imds_support = "v2.0"  # once set, EC2 allows no way back
+        return result
+
+    original_init = Instance.__init__
+
+    def init(self: Any, ec2_backend: Any, image_id: str, *args: Any, **kwargs: Any) -> None:
+        image = ec2_backend.amis.get(image_id)
+        if not kwargs.get("metadata_options") and getattr(image, "imds_support", "") == "v2.0":
+            kwargs["metadata_options"] = {"HttpTokens": "required", "HttpPutResponseHopLimit": 2}
+        original_init(self, ec2_backend, image_id, *args, **kwargs)
+
+    modify_image_attribute._amibake = True  # type: ignore[attr-defined]
+    AmisResponse.modify_image_attribute = modify_image_attribute  # type: ignore[method-assign]
+    Instance.__init__ = init  # type: ignore[method-assign]
 
 
 def _terminate_once() -> None:

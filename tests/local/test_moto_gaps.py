@@ -201,3 +201,35 @@ def test_a_bucket_policy_applies_to_the_requests_its_conditions_and_principals_n
         s3.delete_bucket_policy(Bucket=bucket)
         s3.delete_object(Bucket=bucket, Key="k")
         s3.delete_bucket(Bucket=bucket)
+
+
+def test_an_image_that_says_imds_v2_launches_with_two_hops_unless_asked_otherwise(
+    cloud: Any,
+) -> None:
+    """EC2's defaults for an image with ImdsSupport v2.0: tokens required, two hops (so that
+    containers reach IMDS). moto ignored the attribute and launched at its own defaults
+    (optional, one hop): a container looked shut out where on EC2 it was not."""
+    ec2 = cloud.ec2
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    made = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="t3.micro")
+    plain = made["Instances"][0]
+    registered = ec2.create_image(InstanceId=plain["InstanceId"], Name="gap-imds")["ImageId"]
+    ec2.modify_image_attribute(ImageId=registered, ImdsSupport={"Value": "v2.0"})
+    launched = []
+    for options in (
+        {},
+        {"MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}},
+    ):
+        instance = ec2.run_instances(
+            ImageId=registered, MinCount=1, MaxCount=1, InstanceType="t3.micro", **options
+        )["Instances"][0]
+        launched.append(instance["InstanceId"])
+        got = instance["MetadataOptions"]
+        launched_with = (got["HttpTokens"], got["HttpPutResponseHopLimit"])
+        assert launched_with == (("required", 2) if not options else ("required", 1)), got
+    assert (
+        plain["MetadataOptions"]["HttpTokens"],
+        plain["MetadataOptions"]["HttpPutResponseHopLimit"],
+    ) == ("optional", 1)
+    ec2.terminate_instances(InstanceIds=[plain["InstanceId"], *launched])
+    ec2.deregister_image(ImageId=registered)
