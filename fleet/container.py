@@ -298,6 +298,14 @@ def push(cloud: Cloud, source: str, ref: ImageRef) -> None:
         raise UserError(f"skopeo could not push {source} to {ref}: {done.stderr.strip()[-300:]}")
 
 
+# The replicate's container, by name: a timeout's SIGKILL to the replicate's process group ends
+# the docker client, not the container (dockerd's), which ran on beside every later replicate.
+CONTAINER_NAME = "fleet-workload"
+# What the replicate wrapper runs once the workload's group is gone (FLEET_CLEANUP): nothing
+# to remove is no error.
+REMOVE_LINE = f"sudo -n docker rm -f {CONTAINER_NAME}"
+
+
 def run_line(pull: str, architecture: str, command: str, shell: bool, gpus: int) -> str:
     """The shell line that runs `command` in the image on its instance (run by the replicate
     wrapper in the replicate's directory, which the container sees at the same path, with
@@ -305,6 +313,7 @@ def run_line(pull: str, architecture: str, command: str, shell: bool, gpus: int)
     one, its words are run as they are."""
     options = [
         "--rm",
+        f"--name {CONTAINER_NAME}",  # one at a time on an instance: see REMOVE_LINE
         "--network host",
         f"--platform linux/{OCI_ARCHITECTURE[architecture]}",
         '-v "$PWD:$PWD"',

@@ -230,6 +230,8 @@ class Measure:
         assert remote is not None
         imds = self.context.cloud.imds_endpoint
         command = workload_line(state)
+        # An image's container outlives its client: removed once the replicate ends.
+        cleanup = container.REMOVE_LINE if state.facts.get("image") else ""
         timeout = state.spec.timeout_s
         state.pending[0:0] = warmups_again(state)
         while state.pending:
@@ -246,6 +248,7 @@ class Measure:
             directory = f"{WORK}/{replicate.build}" if state.artifacts else f"{WORK}/run"
             started = time.time()
             result = remote.run(
+                f"FLEET_CLEANUP={shlex.quote(cleanup)} "
                 f"bash {WORK}/replicate.sh {directory} {replicate.tag} {imds} "
                 f"{int(state.monitor)} {math.ceil(timeout)} {shlex.quote(command)}",
                 check=False,

@@ -14,28 +14,36 @@ the host's python3.
 - ``run`` stacks the layers as overlay lower directories under a fresh upper one, in a mount
   namespace of the run's own, binds the ``-v`` directories, /proc, /dev and /sys, chroots and
   executes the entrypoint: the workload is this process (same pid), so whatever watches the
-  ``docker run`` process tree watches the workload. An image of the other architecture runs its
-  entrypoint under ``qemu-<arch>-static`` (said on stderr: emulated); without binfmt_misc, what
-  that program executes in turn is not emulated, so a shell line of such an image fails.
+  ``docker run`` process tree watches the workload. It leaves its caller's session first: a
+  container is dockerd's, not its client's, and killing the client's process group (a
+  timeout's SIGKILL) leaves it running, as on a Docker host. ``--name`` records it, and
+  ``rm -f NAME`` (or ``kill NAME``) ends it and all it started. An image of the other
+  architecture runs its entrypoint under ``qemu-<arch>-static`` (said on stderr: emulated);
+  without binfmt_misc, what that program executes in turn is not emulated, so a shell line of
+  such an image fails.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path("/var/lib/docker")
 AUTH = Path("/root/.docker/config.json")
+CONTAINERS = ROOT / "containers"  # NAME -> "PID START" of a named run's workload
 POLICY = '{"default": [{"type": "insecureAcceptAnything"}]}'
 OCI_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 QEMU = {"amd64": "qemu-x86_64-static", "arm64": "qemu-aarch64-static"}
@@ -244,12 +252,62 @@ def run(args: list[str]) -> None:
             fail(f"the image is linux/{arch} and this machine runs {host_platform()}, no QEMU")
         print(f"docker: linux/{arch} on {host_platform()}: emulated by {plan['emulator']}",
               file=sys.stderr)  # fmt: skip
+    name = found.get("--name", [""])[-1]
+    if name and alive(name):
+        fail(f'Conflict. The container name "/{name}" is already in use by a running container.')
+    with contextlib.suppress(OSError):  # PID 1 of a job's namespace may lead its group
+        os.setsid()
+    if name:
+        CONTAINERS.mkdir(exist_ok=True)
+        (CONTAINERS / name).write_text(f"{os.getpid()} {started(os.getpid())}")
     # A mount namespace of the run's own; this process becomes the workload (exec, same pid).
     os.execvp(
         "unshare",
         ["unshare", "--mount", "--propagation", "private", sys.executable, "-I", __file__,
          "__inside", json.dumps(plan)],
     )  # fmt: skip
+
+
+def started(pid: int) -> str:
+    """A process's start time (clock ticks since boot): with its pid, it names one process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def alive(name: str) -> int:
+    """The pid of the named run's workload while it runs, else 0."""
+    try:
+        pid, start = (CONTAINERS / name).read_text().split()
+    except (OSError, ValueError):
+        return 0
+    return int(pid) if started(int(pid)) == start else 0
+
+
+def remove(args: list[str]) -> None:
+    """``rm -f NAME...`` / ``kill NAME...``: SIGKILL to each running one's session (it and
+    what it started), waited for, as dockerd's docker rm -f is."""
+    names = [a for a in args if not a.startswith("-")]
+    if not names:
+        fail("rm needs a container name", 1)
+    missing = False
+    for name in names:
+        pid = alive(name)
+        if not pid:
+            print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
+            missing = True
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        for _ in range(200):
+            if not started(pid):
+                break
+            time.sleep(0.05)
+        (CONTAINERS / name).unlink(missing_ok=True)
+        print(name)
+    if missing:
+        sys.exit(1)
 
 
 def sweep_scratch() -> None:
@@ -326,7 +384,7 @@ def mount(source: str, target: str, kind: str, opts: str) -> None:
 
 def main(argv: list[str]) -> None:
     if not argv:
-        fail("a command: login, pull, run, version")
+        fail("a command: login, pull, run, rm, kill, version")
     action, rest = argv[0], argv[1:]
     if os.geteuid() != 0 and action != "version":
         fail("permission denied: run docker with sudo", 1)
@@ -336,12 +394,17 @@ def main(argv: list[str]) -> None:
         pull(rest)
     elif action == "run":
         run(rest)
+    elif action in ("rm", "kill"):
+        remove(rest)
     elif action == "__inside":
         inside(json.loads(rest[0]))
     elif action == "version":
         print(VERSION)
     else:
-        fail(f"{action} is not served by the local cloud's runtime (login, pull, run, version)")
+        fail(
+            f"{action} is not served by the local cloud's runtime "
+            "(login, pull, run, rm, kill, version)"
+        )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # Runs COMMAND in its own process group with the psutil monitor beside it and a watcher on the
 # IMDS spot interruption notice; on a notice it stops the workload and says so, so the
 # controller reruns the replicate elsewhere instead of scoring it. Prints the workload's output,
-# then one FLEET-RESULT line.
+# then one FLEET-RESULT line. FLEET_CLEANUP (environment, optional): shell run once the workload's
+# group is gone, for what it started outside it.
 set -u
 dir=$1 tag=$2 imds=$3 monitor=$4 timeout_s=$5 cmd=$6
 cd "$dir" || exit 97
@@ -68,8 +69,10 @@ wait "$pid"
 code=$?
 end=$(date +%s.%N)
 # What the workload left running in its group (a helper it put in the background) goes with
-# it: it ran on beside every later replicate on the instance.
+# it: it ran on beside every later replicate on the instance. So does what is not in its group
+# (FLEET_CLEANUP: an image's container, which is dockerd's, not its client's).
 kill -KILL -- "-$pid" 2>/dev/null
+[ -z "${FLEET_CLEANUP:-}" ] || bash -c "$FLEET_CLEANUP" >/dev/null 2>&1 </dev/null
 kill "$watcher" 2>/dev/null
 wait "$watcher" 2>/dev/null
 if [ -n "$mon" ]; then

@@ -135,6 +135,36 @@ def test_a_resumed_image_run_pulls_the_digest_its_tag_named_when_it_began(
     assert_nothing_left(mine, results, run_id, local_dir)
 
 
+def test_a_timed_out_image_replicate_leaves_no_container_beside_the_next(
+    cloud: Cloud, host_only: container.ImageRef, local_dir: Path, tmp_path: Path
+) -> None:
+    """A timeout kills the replicate's process group: the docker client, not its container,
+    which is dockerd's. The container ran on beside every later replicate (and the local
+    runtime, which keeps the workload in a session of its own, shows it as a Docker host
+    does). Each replicate here looks for the one before it still running, then runs past its
+    timeout: found, it says value=9 and ends ok."""
+    mine = own_results(cloud, tmp_path / "results")
+    native = X86 if test_image.host_architecture() == "amd64" else GRAVITON
+    results, run_id = image_run(
+        mine,
+        types=[native],
+        image=str(host_only),
+        # Shell built-ins only: the image's busybox has no applets on its PATH.
+        command=(
+            'if [ -s pid ] && read p <pid && kill -0 "$p" 2>/dev/null; then echo value=9; '
+            "else echo $$ >pid; while :; do :; done; fi"
+        ),
+        metric="value=(\\d+)",
+        timeout_s=1,
+        replicates=2,
+    )
+    bench.execute(mine, run_id, results)
+    rows = results.replicates(run_id)
+    said = [(r.state, str(r.error).split(";")[0]) for r in rows.itertuples()]
+    assert said == [("failed", "timed out after 1s")] * 2, rows[["state", "metric", "error"]]
+    assert_nothing_left(mine, results, run_id, local_dir)
+
+
 def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str) -> str:
     """`fleet bench FILE` exits 2 with one line, no run recorded, no instance launched."""
     path = tmp_path / "bench.toml"
