@@ -45,6 +45,11 @@ INSTANCE_ROLE = "amibake-batch-instance"
 # role's own short-lived credentials (no URL or key travels in the job's environment).
 JOB_ROLE = "amibake-batch-job"
 SECURITY_GROUP = "amibake-batch"
+# The instance role's only policy, on purpose: a Batch job on EC2 runs in the host's network
+# ("Networking modes for AWS Batch jobs": host is the one mode of an ECS-on-EC2 job), so it
+# reaches IMDS and this role. A launch template's hop limit of 1 does not stop it (that only
+# holds bridge-mode containers back), nor does a docker0 firewall rule; whatever this role may
+# do, any job may.
 ECS_INSTANCE_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role"
 CONTAINER_IMAGE = "public.ecr.aws/amazonlinux/amazonlinux:2023"
 ACTIVE_JOBS = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
