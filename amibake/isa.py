@@ -9,6 +9,14 @@ artifact is then a question of sets (`amibake.cpu`), never of family or vendor n
 The scan runs on the controller, on the files the build host sent back, so no host needs a
 disassembler. Decoding is linear, as objdump's is: code that jumps into the middle of an
 instruction is not followed (compilers do not emit it).
+
+Code that runs only once a CPU check has passed does not count: the functions an IFUNC
+resolver returns (glibc's memcpy, strlen... variants in a static program, gcc's target_clones
+in any), which run only where the resolver found their features, and the C runtime's own
+guarded code (_GUARDED: glibc's trampolines, lock elision and memory tagging, libgcc's outline
+atomics and unwinder). Without that a static program of baseline code read as needing AVX-512
+and RTM on x86-64 and SVE and MTE on arm64, which no EC2 CPU has all of: it was judged to run
+nowhere. This needs the symbol table; a stripped program is read whole.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.relocation import RelocationSection
+from elftools.elf.sections import SymbolTableSection
 
 from amibake.catalog import ARCHSPEC_FAMILY
 from amibake.errors import UserError
@@ -34,6 +44,35 @@ _EXECINSTR = 0x4  # SHF_EXECINSTR
 # arm64's hint space (HINT #imm: PACIASP, AUTIASP, BTI, ...) runs as NOP on a CPU without the
 # feature, which is why -mbranch-protection code runs anywhere.
 _HINT_MASK, _HINT = 0xFFFFF01F, 0xD503201F
+# R_X86_64_IRELATIVE, R_AARCH64_IRELATIVE: a slot filled with what its resolver returns.
+_IRELATIVE = {"x86_64": 37, "arm64": 1032}
+EVERYTHING = None  # a guarded function whose every feature is the CPU check's to grant
+# The C runtime's code that runs only once a CPU check has passed: the features the check
+# grants, and the functions (name prefixes). What else such a function uses still counts.
+# fmt: off
+_GUARDED: tuple[tuple[frozenset[str] | None, tuple[str, ...]], ...] = (
+    # glibc's ld.so: start-up picks the lazy-binding and TLS trampolines that save registers
+    # with the best XSAVE form the CPU has (sysdeps/x86_64/dl-machine.h).
+    (EVERYTHING, ("_dl_runtime_resolve_", "_dl_runtime_profile_", "_dl_tlsdesc_dynamic_")),
+    # XGETBV once CPUID says the OS saves the registers: glibc's (sysdeps/x86/cpu-features.c)
+    # and libgcc's, which target_clones' resolvers ask (cpuinfo.c).
+    (frozenset({"xsave"}), ("update_active", "get_available_features", "__cpu_indicator_init")),
+    # glibc's lock elision, switched on only where CPUID says RTM (sysdeps/x86/elide.h).
+    (frozenset({"rtm"}), ("__lll_lock_elision", "__lll_unlock_elision", "__lll_trylock_elision",
+                          "__lll_timedlock_elision")),
+    # glibc's malloc tags memory only where the kernel says MTE (mtag_enabled).
+    (frozenset({"mte"}), ("__libc_mtag_", "_int_", "__libc_malloc", "__libc_calloc",
+                          "__libc_realloc", "__libc_free", "__libc_memalign", "_mid_memalign",
+                          "malloc", "tag_new_usable")),
+    # libgcc's outline atomics: LSE where HWCAP says so, else load/store-exclusive loops.
+    (frozenset({"atomics"}), ("__aarch64_cas", "__aarch64_swp", "__aarch64_ldadd",
+                              "__aarch64_ldclr", "__aarch64_ldeor", "__aarch64_ldset")),
+    # libgcc's unwinder reads SVE's vector length only for a frame whose CFI names it, which
+    # only SVE code's frames do.
+    (frozenset({"sve"}), ("execute_stack_op", "uw_update_context", "_Unwind_GetGR")),
+)
+# fmt: on
+Guard = tuple[int, int, frozenset[str] | None]  # [start, end), the features it grants there
 
 
 @dataclass(frozen=True)
@@ -122,10 +161,126 @@ def scan(directory: Path, files: Iterable[str]) -> Scan:
             result.architecture = architecture
             if elf["e_type"] == "ET_EXEC" or elf.get_section_by_name(".interp") is not None:
                 result.programs.append(relative)
+            guards = guarded(elf, architecture)
+            # The code each guard grants the same features, decoded as one (a decoder's start
+            # costs more than its instructions in a static program's hundreds of pieces):
+            # pieces start and end at function boundaries, which are instructions'.
+            code: dict[frozenset[str], tuple[int, list[bytes]]] = {}
             for section in elf.iter_sections():
                 if section["sh_flags"] & _EXECINSTR and section["sh_type"] != "SHT_NOBITS":
-                    _decode(architecture, section.data(), section["sh_addr"], result)
+                    start = section["sh_addr"]
+                    for begin, end, grants in _pieces(start, start + section["sh_size"], guards):
+                        if grants is not EVERYTHING:
+                            piece = section.data()[begin - start : end - start]
+                            code.setdefault(grants, (begin, []))[1].append(piece)
+            for grants, (address, pieces) in code.items():
+                found = Scan()
+                _decode(architecture, b"".join(pieces), address, found)
+                result.instructions += found.instructions
+                for feature, text in found.features.items():
+                    if feature not in grants:
+                        result.features.setdefault(feature, text)
     return result
+
+
+def guarded(elf: ELFFile, architecture: str) -> list[Guard]:
+    """The functions, sorted by address, that run only once a CPU check passed (see the module's
+    doc): each IFUNC resolver's possible answers (read from the addresses its code loads), which
+    the check grants everything, and the C runtime's guarded code (_GUARDED). Empty without a
+    symbol table."""
+    symbols = elf.get_section_by_name(".symtab")
+    if not isinstance(symbols, SymbolTableSection):
+        return []
+    functions: dict[int, int] = {}  # start -> end
+    resolvers: set[int] = set()
+    found: list[Guard] = []
+    for symbol in symbols.iter_symbols():
+        kind, start, size = symbol["st_info"]["type"], symbol["st_value"], symbol["st_size"]
+        if kind not in ("STT_FUNC", "STT_LOOS") or not size:  # STT_LOOS: STT_GNU_IFUNC
+            continue
+        functions[start] = max(functions.get(start, 0), start + size)
+        if kind == "STT_LOOS":
+            resolvers.add(start)
+        for grants, prefixes in _GUARDED:
+            if symbol.name.startswith(prefixes):
+                found.append((start, start + size, grants))
+                break
+    for section in elf.iter_sections():
+        if isinstance(section, RelocationSection) and section.is_RELA():
+            resolvers |= {
+                r["r_addend"]
+                for r in section.iter_relocations()
+                if r["r_info_type"] == _IRELATIVE[architecture]
+            }
+    targets: set[int] = set()
+    for resolver in resolvers:
+        end = functions.get(resolver)
+        code = _bytes_at(elf, resolver, end) if end else b""
+        loaded = _x86_64_addresses if architecture == "x86_64" else _arm64_addresses
+        targets |= {a for a in loaded(code, resolver) if a in functions and a not in resolvers}
+    found += [(t, functions[t], EVERYTHING) for t in targets]
+    return sorted(found, key=lambda g: (g[0], g[1]))
+
+
+def _bytes_at(elf: ELFFile, start: int, end: int) -> bytes:
+    for section in elf.iter_sections():
+        base = section["sh_addr"]
+        if section["sh_flags"] & _EXECINSTR and base <= start and end <= base + section["sh_size"]:
+            return bytes(section.data()[start - base : end - base])
+    return b""
+
+
+def _pieces(start: int, end: int, guards: list[Guard]) -> Iterator[Guard]:
+    """[start, end) cut at the guarded functions (sorted; where two overlap, the first wins):
+    each piece with the features its guard grants (none outside any)."""
+    at = start
+    for begin, finish, grants in guards:
+        begin, finish = max(begin, at), min(finish, end)
+        if finish <= begin:
+            continue
+        if begin > at:
+            yield at, begin, frozenset()
+        yield begin, finish, grants
+        at = finish
+    if at < end:
+        yield at, end, frozenset()
+
+
+def _x86_64_addresses(code: bytes, address: int) -> Iterator[int]:
+    """The addresses x86-64 code loads: RIP-relative operands (lea f(%rip)) and immediates
+    (mov $f, %eax in code that is not position-independent)."""
+    import iced_x86
+
+    for instruction in iced_x86.Decoder(64, code, ip=address):
+        if instruction.is_ip_rel_memory_operand:
+            yield instruction.ip_rel_memory_address
+        for operand in range(instruction.op_count):
+            if instruction.op_kind(operand) in _immediate_kinds():
+                yield instruction.immediate(operand)
+
+
+def _arm64_addresses(code: bytes, address: int) -> Iterator[int]:
+    """The addresses arm64 code forms: ADRP's page plus a later ADD's offset, or ADR."""
+    import capstone
+    import capstone.aarch64_const as a64
+
+    engine = capstone.Cs(capstone.CS_ARCH_AARCH64, capstone.CS_MODE_ARM)
+    engine.detail = True
+    pages: dict[int, int] = {}  # register -> page ADRP put there
+    for instruction in engine.disasm(code, address):
+        operands = instruction.operands
+        if instruction.mnemonic in ("adrp", "adr") and len(operands) == 2:
+            pages[operands[0].reg] = operands[1].imm
+            if instruction.mnemonic == "adr":
+                yield operands[1].imm
+        elif (
+            instruction.mnemonic == "add"
+            and len(operands) == 3
+            and operands[1].type == a64.AARCH64_OP_REG
+            and operands[1].reg in pages
+            and operands[2].type == a64.AARCH64_OP_IMM
+        ):
+            yield pages[operands[1].reg] + operands[2].imm
 
 
 def _decode(architecture: str, code: bytes, address: int, into: Scan) -> None:
@@ -185,6 +340,17 @@ def _arm64(code: bytes, address: int) -> Iterator[tuple[int, list[str], str]]:
         instruction = decoded[0]
         tags = [tag_names[g] for g in instruction.groups if g in tag_names]
         yield count, tags, f"{instruction.mnemonic} {instruction.op_str}".strip()
+
+
+@cache
+def _immediate_kinds() -> frozenset[int]:
+    """iced's operand kinds that can hold an address (32 or 64 bits wide)."""
+    import iced_x86
+
+    kinds = iced_x86.OpKind
+    return frozenset(
+        (kinds.IMMEDIATE32, kinds.IMMEDIATE64, kinds.IMMEDIATE32TO64, kinds.IMMEDIATE8TO64)
+    )
 
 
 @cache

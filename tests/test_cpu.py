@@ -106,6 +106,53 @@ def test_the_scan_names_each_feature_the_instructions_need(tmp_path: Path) -> No
     assert "cet_ss" not in isa.scan(static.parent, [static.name]).features
 
 
+COPIES = (
+    "#include <stdio.h>\n#include <string.h>\n"
+    "int main(int c, char **v) { char a[256], b[256]; memset(a, c, sizeof a);\n"
+    '  memcpy(b, a, sizeof a); printf("%zu\\n", strlen(b)); return 0; }\n'
+)
+CLONES = (
+    "int a[4096], b[4096];\n"
+    '__attribute__((target_clones("avx512f", "default"))) void twice(void)\n'
+    "{ for (int i = 0; i < 4096; i++) a[i] = 2 * a[i] + b[i]; }\n"
+    '__attribute__((target("avx2"))) void thrice(void)\n'
+    "{ for (int i = 0; i < 4096; i++) b[i] = 3 * b[i] + a[i]; }\n"
+    "int main(int c, char **v) { twice(); if (c > 5) thrice(); return a[7]; }\n"
+)
+
+
+@pytest.mark.parametrize("architecture", ["x86_64", "arm64"])
+def test_code_a_cpu_check_picks_at_run_time_does_not_count(
+    architecture: str, tmp_path: Path
+) -> None:
+    """A static program carries glibc's memcpy, strlen... in a variant per CPU generation, one
+    picked at start-up by an IFUNC resolver, and the C runtime's guarded code (lock elision,
+    memory tagging, outline atomics, the unwinder's SVE frames). Baseline code read as needing
+    AVX-512, RTM and XSAVEC (x86-64), or SVE and MTE (arm64): no EC2 CPU has all of either, and
+    the program was judged to run nowhere."""
+    program = compile_c(tmp_path, architecture, COPIES, "-O2", "-static")
+    needs = set(isa.scan(program.parent, [program.name]).features)
+    # TZCNT is in glibc's generic code: gcc's `rep bsf`, which a CPU without BMI1 runs as BSF.
+    assert needs <= {"bmi1"}, needs
+    # Stripped, nothing says which code is whose: read whole, as before.
+    subprocess.run([GCC[architecture].replace("gcc", "strip"), str(program)], check=True)
+    stripped = set(isa.scan(program.parent, [program.name]).features)
+    assert stripped > needs, stripped
+
+
+def test_a_target_clone_does_not_count_and_a_function_built_for_a_target_does(
+    tmp_path: Path,
+) -> None:
+    """gcc's target_clones: an AVX-512 clone its resolver picks only where the CPU has it. A
+    function built for AVX2 and called directly runs wherever it is called: it counts."""
+    program = compile_c(tmp_path, "x86_64", CLONES, "-O3")
+    scan = isa.scan(program.parent, [program.name])
+    assert "avx512f" not in scan.features, scan.features
+    assert "avx2" in scan.features and "ymm" in scan.features["avx2"], scan.features
+    # Nor does the XGETBV of libgcc's CPU check the resolver asks (after CPUID's OSXSAVE).
+    assert set(scan.features) == {"avx", "avx2"}, scan.features
+
+
 def test_a_build_for_a_target_may_use_what_its_march_enables(tmp_path: Path) -> None:
     """gcc turns an int8 dot product into AVX-VNNI's vpdpbusd under -march=sapphirerapids,
     which every Sapphire Rapids has though archspec's list leaves it out: the build check
