@@ -25,6 +25,11 @@ from tests.fleet.test_bench import assert_nothing_left
 X86, GRAVITON = "c5a.large", "c7g.large"  # catalog types of each architecture
 
 
+def native_type() -> str:
+    """The type of this machine's architecture (the other runs under QEMU)."""
+    return X86 if test_image.host_architecture() == "amd64" else GRAVITON
+
+
 @pytest.fixture(scope="module")
 def ref(cloud: Cloud, tmp_path_factory: pytest.TempPathFactory) -> container.ImageRef:
     found: container.ImageRef = test_image.push_to_ecr(
@@ -102,7 +107,7 @@ def test_a_resumed_image_run_pulls_the_digest_its_tag_named_when_it_began(
 
     mine = own_results(cloud, tmp_path / "results")
     host = test_image.host_architecture()
-    native = X86 if host == "amd64" else GRAVITON
+    native = native_type()
     layout = test_image.build(tmp_path / "image", (host,))
     moving = container.ImageRef(ref.account, ref.region, ref.repository, "moving")
     container.push(mine, f"oci:{layout}:multi", moving)  # an index of one architecture
@@ -144,10 +149,9 @@ def test_a_timed_out_image_replicate_leaves_no_container_beside_the_next(
     does). Each replicate here looks for the one before it still running, then runs past its
     timeout: found, it says value=9 and ends ok."""
     mine = own_results(cloud, tmp_path / "results")
-    native = X86 if test_image.host_architecture() == "amd64" else GRAVITON
     results, run_id = image_run(
         mine,
-        types=[native],
+        types=[native_type()],
         image=str(host_only),
         # Shell built-ins only: the image's busybox has no applets on its PATH.
         command=(
@@ -249,10 +253,9 @@ def test_the_monitor_samples_the_workload_inside_an_image_with_a_shell(
     cloud: Cloud, ref: container.ImageRef, local_dir: Path, tmp_path: Path
 ) -> None:
     mine = own_results(cloud, tmp_path / "results")
-    native = X86 if test_image.host_architecture() == "amd64" else GRAVITON
     results, run_id = image_run(
         mine,
-        types=[native],
+        types=[native_type()],
         image=str(ref),
         # A shell line (&&): this machine's variant has busybox's sh. Busy for 3 s whatever
         # the host's speed (a count of 600M iterations once fit in one second's sample), so
