@@ -72,6 +72,13 @@ class Resource:
     usd_per_hour: float | None = None  # what runs: instances (None: no price known)
     usd_per_month: float | None = None  # what is stored: volumes, snapshots, buckets
     detail: str = ""  # instance type and market, volume type, a snapshot's image
+    expires: datetime | None = None  # its amibake:expires tag: until when its run may live
+
+    def lives_until(self) -> datetime | None:
+        """Until when its run may still be running, as far as its tags tell."""
+        if self.expires is not None:
+            return self.expires
+        return None if self.created is None else self.created + TAG_TTL
 
     def unseen_for(self) -> float:
         """How much longer EC2 may answer NotFound for it though it exists (eventual
@@ -155,7 +162,13 @@ def scan(cloud: Cloud) -> dict[tuple[str, str], Resource]:
         if RUN_ID not in item_tags:
             kept = kept or batch_kept
         found[(kind, resource_id)] = Resource(
-            kind, resource_id, item_tags.get(RUN_ID, ""), _created(item, field), kept, **extra
+            kind,
+            resource_id,
+            item_tags.get(RUN_ID, ""),
+            _created(item, field),
+            kept,
+            expires=parse_expires(item_tags.get(EXPIRES, "")),
+            **extra,
         )
 
     reservations = [
@@ -422,10 +435,13 @@ def discover(
         )
         if everything:
             found[("bucket", bucket)] = _job_bucket(cloud, bucket, objects)
-    # A run elsewhere counts as running for as long as its resources' amibake:expires says.
+    # A run elsewhere counts as running for as long as its resources' amibake:expires says:
+    # one of this journal's on another machine (a shared results dir), or one this journal
+    # never had (another machine's, user's or results dir's in the same account).
     live, elsewhere = journal.live_runs(), journal.running_elsewhere(TAG_TTL.total_seconds())
+    known = journal.known_runs()
     chosen = [
-        _unless_running(item, live, {} if run_id is not None else elsewhere)
+        _unless_running(item, live, {} if run_id is not None else elsewhere, known, run_id)
         for item in found.values()
         if (run_id is None or item.run_id == run_id)
         and (
@@ -437,13 +453,29 @@ def discover(
     return sorted(chosen, key=lambda x: (ORDER.index(x.kind), x.resource_id))
 
 
-def _unless_running(item: Resource, live: dict[str, int], elsewhere: dict[str, str]) -> Resource:
+def _unless_running(
+    item: Resource,
+    live: dict[str, int],
+    elsewhere: dict[str, str],
+    known: frozenset[str],
+    asked: str | None,
+) -> Resource:
     """Kept while its run runs: on this machine (`live`: its own cleanup removes it; gc took a
     live bake's image, a bench's instance, a colleague's run in the same results dir), or, as
     far as the journal knows, on another (`elsewhere`; empty when gc is given a run id: what
-    runs there cannot be told from here)."""
+    runs there cannot be told from here), or, for a run this journal never had (`known`: its
+    runs), until its resources' amibake:expires: gc took a colleague's or CI's live build in a
+    shared account. A run asked for by id (`asked`) is taken as stopped."""
     if item.kept or not item.run_id:
         return item
+    until = item.lives_until()
+    if item.run_id not in known and asked is None and until and until > datetime.now(UTC):
+        why = (
+            f"run {item.run_id} is not in this journal (another machine's, user's or results "
+            f"dir's) and may be running until {until.strftime('%Y-%m-%d %H:%M')} UTC, its "
+            f"amibake:expires: gc there, or amibake gc --run-id {item.run_id} once it has stopped"
+        )
+        return replace(item, kept=why, running=True)
     pid = live.get(item.run_id)
     if pid is not None:
         why = (

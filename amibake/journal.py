@@ -203,6 +203,10 @@ class Journal:
             if host != here
         }
 
+    def known_runs(self) -> frozenset[str]:
+        """Every run this journal has a record of, whatever its state."""
+        return frozenset(str(r) for (r,) in self._exec("SELECT run_id FROM runs"))
+
     def cleaned_up(self, run_id: str) -> None:
         """gc removed the last of what the run left: its record says so."""
         if self.alive(run_id):

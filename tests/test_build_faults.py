@@ -529,6 +529,39 @@ def test_gc_leaves_a_live_run_s_resources_and_takes_them_once_it_is_dead(
     assert journal.run_state(run_id) == "killed"
 
 
+@pytest.mark.parametrize("hours", [6, -1], ids=["unexpired", "past-its-expiry"])
+def test_gc_leaves_a_run_no_journal_here_knows_until_its_expiry_unless_given_its_id(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str], hours: int
+) -> None:
+    """A shared account: a colleague's, or CI's, build runs from another machine's results
+    dir. This journal has never heard of it; gc took its live instance, key pair and group
+    as leftovers. Until its resources' amibake:expires it may be running: kept, and said why."""
+    from datetime import timedelta
+
+    from amibake.cloud import tags as tag_names
+
+    run_id = new_run_id()
+    assert run_id not in Journal(cloud.config.results_dir / "journal.sqlite").known_runs()
+    name = f"amibake-{run_id}"
+    theirs = tag_names.run_tags(
+        run_id, "arn:aws:iam::123456789012:user/colleague", timedelta(hours=hours)
+    )
+    cloud.ec2.create_key_pair(
+        KeyName=name, TagSpecifications=[tag_names.specification("key-pair", theirs)]
+    )
+    assert main(["gc"]) == 0
+    out = capsys.readouterr().out
+    if hours < 0:
+        assert f"deleted key-pair {name}" in out, out
+    else:
+        assert f"keep key-pair {name}" in out, out
+        assert f"run {run_id} is not in this journal" in out and "amibake:expires" in out, out
+        assert tagged_alive(cloud, run_id) == [f"key-pair {name}"]
+        assert main(["gc", "--run-id", run_id]) == 0  # asked by id: taken as stopped
+        assert f"deleted key-pair {name}" in capsys.readouterr().out
+    assert tagged_alive(cloud, run_id) == []
+
+
 @pytest.mark.parametrize("hours_ago", [0, 7], ids=["recent", "past-its-expiry"])
 def test_gc_leaves_a_run_another_machine_runs_unless_given_its_id_or_long_past(
     cloud: Cloud, capsys: pytest.CaptureFixture[str], hours_ago: int
