@@ -13,7 +13,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from amibake import batch, cost, gc
+from amibake import batch, cost, gc, inventory
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code
 from amibake.errors import UserError
@@ -29,6 +29,9 @@ STOP_TIMEOUT_S = 300.0
 # How long a SIGKILLed controller has to be gone: at once, unless it is in uninterruptible sleep
 # (a hung disk or NFS read), where the kill waits until the call returns.
 KILL_WAIT_S = 30.0
+# How long a controller started on another machine is taken to run: as long as gc keeps its
+# resources (their amibake:expires).
+ELSEWHERE_S = inventory.TAG_TTL.total_seconds()
 
 
 # Events that say whether a run is running: a controller started ("controller": a bench's or a
@@ -79,6 +82,37 @@ def controller(results: Results, run_id: str) -> dict[str, Any] | None:
     since = max((i for i, (_, kind, _) in enumerate(events) if kind in ENDED), default=-1)
     standing = [i for i in _standing(events) if i > since]
     return events[standing[0]][2] if standing else None
+
+
+def elsewhere(results: Results, run_id: str) -> dict[str, Any] | None:
+    """A controller of the run started on another machine (a results dir shared between
+    machines) since the run last ended, within the time its resources' amibake:expires gives
+    it, and not released: whether it lives cannot be told from here. None when there is none."""
+    events = results.events(run_id)
+    since = max((i for i, (_, kind, _) in enumerate(events) if kind in ENDED), default=-1)
+    released = [(i, _identity(d)) for i, (_, k, d) in enumerate(events) if k == "released"]
+    here = socket.gethostname()
+    for i, (at, kind, detail) in enumerate(events):
+        if (
+            i > since
+            and kind in STARTED
+            and detail.get("host") not in (None, here)
+            and time.time() - at < ELSEWHERE_S
+            and not any(j > i and who == _identity(detail) for j, who in released)
+        ):
+            return {**detail, "at": at}
+    return None
+
+
+def _refuse_elsewhere(results: Results, run_id: str, doing: str) -> None:
+    found = elsewhere(results, run_id)
+    if found is not None:
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(found["at"]))
+        raise UserError(
+            f"run {run_id} was started on {found['host']} (pid {found.get('pid')}, {when} UTC) "
+            f"and has not ended as far as its record says: {doing} it there (taken for dead "
+            f"{ELSEWHERE_S / 3600:.0f}h after it started)"
+        )
 
 
 def _lifecycle(events: list[tuple[float, str, dict[str, Any]]]) -> list[tuple[float, str]]:
@@ -283,6 +317,8 @@ def take_over(cloud: Cloud | None, results: Results, run_id: str) -> None:
     (a replayed search)."""
     me = this_process()
     _refuse_another(results, run_id, me)
+    # Its sweep would take another machine's live controller's instances and files.
+    _refuse_elsewhere(results, run_id, "resume")
     # Claimed before anything else: builds and preflight take minutes before the controller's
     # own event, and a second resume (or fleet kill) found no controller then, swept this
     # one's live build and ran the same replicates. Read back, as two may claim at once.
@@ -313,6 +349,8 @@ def kill(cloud: Cloud, results: Results, run_id: str) -> dict[str, Any]:
     run's controllers left, found by tag and journal as `amibake gc` does."""
     live = controller(results, run_id)
     said = "not running"
+    if live is None:
+        _refuse_elsewhere(results, run_id, "kill")  # no signal reaches it from here
     if live is not None:
         pid = int(live["pid"])
         os.kill(pid, signal.SIGTERM)

@@ -48,6 +48,44 @@ def test_kill_of_a_run_whose_controller_died_records_it_killed(
     assert [k for _, k, _ in results.events("fb-0000000002")][-1] == "killed"
 
 
+@pytest.mark.parametrize("hours_ago", [0, 7], ids=["recent", "past-its-expiry"])
+def test_a_run_another_machine_runs_is_not_resumed_or_killed_from_here(
+    cloud: Cloud, tmp_path: Path, hours_ago: int
+) -> None:
+    """A results dir shared between machines: a resume, or fleet kill, here found no live
+    controller (its pid is another machine's) and swept the run, taking the other machine's
+    live instances and files, then ran the same replicates again. Refused, naming the machine,
+    until the run's resources' amibake:expires says it is dead."""
+    import sqlite3
+
+    from amibake.errors import UserError
+
+    results = bench.results_db(tmp_path / "results")
+    run = "fb-0000000009"
+    results.create_run(run, "bench", _spec(tmp_path), "local", cloud.config.region)
+    results.event(
+        run,
+        "controller",
+        pid=4242,
+        pid_started="1",
+        host="ci-runner-7",
+        amibake_run="ab-000000000009",
+    )
+    with sqlite3.connect(tmp_path / "results" / "fleet.sqlite") as db:
+        db.execute("UPDATE events SET at = at - ? WHERE run_id = ?", (hours_ago * 3600, run))
+    if hours_ago:
+        assert control.kill(cloud, results, run)["state"] == "killed"
+        return
+    for act in (lambda: control.take_over(cloud, results, run), lambda: control.kill(cloud, results, run)):  # fmt: skip
+        with pytest.raises(UserError) as refused:
+            act()
+        said = str(refused.value)
+        assert said.startswith(f"run {run} was started on ci-runner-7 (pid 4242, "), said
+        assert "\n" not in said
+    kinds = [k for _, k, _ in results.events(run)]
+    assert kinds == ["controller"], kinds  # nothing claimed, swept or said killed
+
+
 def test_kill_of_a_controller_that_does_not_exit_at_sigkill_says_so_and_sweeps_nothing(
     cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
