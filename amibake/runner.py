@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar
 
+from amibake.cloud.calls import STOP_SIGNALS
 from amibake.cloud.ec2 import NEW_RESOURCE_VISIBLE_S
 from amibake.cloud.network import Network
 from amibake.cloud.network import find as find_network
@@ -247,8 +248,7 @@ def _no_interrupts() -> Iterator[None]:
         held.append(signum)
         log.warning("still cleaning up; stopping once it is done (resources would leak if now)")
 
-    stops = (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.signal(signum, still_cleaning) for signum in stops}
+    previous = {signum: signal.signal(signum, still_cleaning) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -260,7 +260,8 @@ def _no_interrupts() -> Iterator[None]:
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C, so `kill` unwinds a run as cleanly as the keyboard does."""
+    """Treat SIGTERM and SIGHUP like Ctrl-C (STOP_SIGNALS), so `kill` or a closed terminal
+    unwinds a run as cleanly as the keyboard does."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -268,8 +269,15 @@ def terminate_as_interrupt() -> Iterator[None]:
     def raise_interrupt(signum: int, frame: FrameType | None) -> Any:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    others = [s for s in STOP_SIGNALS if s != signal.SIGINT]
+    # A signal ignored when the process started (nohup's SIGHUP) stays ignored.
+    previous = {
+        s: signal.signal(s, raise_interrupt)
+        for s in others
+        if signal.getsignal(s) != signal.SIG_IGN
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -82,6 +82,41 @@ def test_a_sigterm_during_cleanup_is_held_until_the_cleanup_is_done(tmp_path: Pa
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
+def test_a_closed_terminal_stops_a_run_as_ctrl_c_does_unless_nohup_ignores_it(
+    tmp_path: Path,
+) -> None:
+    """SIGHUP (the terminal closed, the ssh session to the controller dropped) ended the
+    process at once: no cleanup ran, and its instances ran on, billed. It unwinds the run as
+    Ctrl-C does, held through a cleanup; under nohup it stays ignored."""
+    done: list[str] = []
+
+    class Step:
+        name = "launch"
+
+        def run(self, state: object) -> None:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(1)
+            done.append("ran on")
+
+        def cleanup(self, state: object) -> None:
+            os.kill(os.getpid(), signal.SIGHUP)  # the terminal's last word, mid-cleanup
+            time.sleep(0.2)
+            done.append("instance terminated")
+
+    context = RunContext("r-test", cast(Any, None), cast(Any, None), {}, tmp_path)
+    with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
+        Runner(context, [Step()]).run(object())
+    assert done == ["instance terminated"]
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts it
+    try:
+        with terminate_as_interrupt():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.1)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def test_a_run_opened_after_cancel_all_starts_cancelled_until_runs_are_allowed(
     tmp_path: Path,
 ) -> None:

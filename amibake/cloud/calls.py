@@ -156,6 +156,12 @@ def default_vpc(ec2: Any) -> str:
     return str(vpc["VpcId"])
 
 
+# What stops a run as Ctrl-C does: Ctrl-C, SIGTERM (`kill`, `fleet kill`, a CI timeout) and
+# SIGHUP (the terminal closed, an ssh session to the controller dropped: it ended the process
+# with no cleanup, and its instances ran on).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def creating(what: str) -> Iterator[None]:
     """Around a create call and the recording of what it made: a Ctrl-C or SIGTERM that lands
@@ -174,12 +180,11 @@ def creating(what: str) -> Iterator[None]:
         held.append(signum)
         log.warning("finishing %s to record it; Ctrl-C again to stop now (it may be left)", what)
 
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = [signal.signal(signum, hold) for signum in signals]
+    previous = [signal.signal(signum, hold) for signum in STOP_SIGNALS]
     try:
         yield
     finally:
-        for signum, handler in zip(signals, previous, strict=True):
+        for signum, handler in zip(STOP_SIGNALS, previous, strict=True):
             if handler is not None:  # None: set outside Python, which cannot set it back
                 signal.signal(signum, handler)
         if held:
