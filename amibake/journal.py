@@ -204,8 +204,10 @@ class Journal:
         }
 
     def known_runs(self) -> frozenset[str]:
-        """Every run this journal has a record of, whatever its state."""
-        return frozenset(str(r) for (r,) in self._exec("SELECT run_id FROM runs"))
+        """Every run this journal has a record of, whatever its state: started here, or with a
+        resource recorded here."""
+        rows = self._exec("SELECT run_id FROM runs UNION SELECT run_id FROM resources")
+        return frozenset(str(r) for (r,) in rows)
 
     def cleaned_up(self, run_id: str) -> None:
         """gc removed the last of what the run left: its record says so."""
