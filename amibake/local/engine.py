@@ -62,6 +62,7 @@ class Launch:
     architecture: str
     public_key: str
     user_data: bytes | None
+    shutdown_behavior: str = "stop"  # InstanceInitiatedShutdownBehavior (EC2's default: stop)
 
 
 class LocalCloud:
@@ -164,6 +165,7 @@ class LocalCloud:
                 region=request.region,
                 address=address,
                 architecture=request.architecture,
+                shutdown_behavior=request.shutdown_behavior,
             )
             self.metadata[request.instance_id] = metadata
             metadata.unready_until = time.monotonic() + imds_fault.unready_for(
@@ -255,6 +257,17 @@ class LocalCloud:
             return self._last_console.get(instance_id)
         return sandbox.console_output()
 
+    def powered_off(self) -> list[tuple[str, str]]:
+        """The instances whose guest's shutdown time has come: (instance id, what EC2 does with
+        it: its InstanceInitiatedShutdownBehavior, stop or terminate)."""
+        now = time.time()
+        with self._lock:
+            return [
+                (instance_id, metadata.shutdown_behavior)
+                for instance_id, metadata in self.metadata.items()
+                if metadata.shutdown_at is not None and metadata.shutdown_at <= now
+            ]
+
     def interrupt(self, instance_id: str, after_s: int = 120) -> dict[str, str]:
         """Raise the spot interruption notice on the instance's IMDS, for `after_s` ahead."""
         metadata = self.metadata.get(instance_id)
@@ -278,6 +291,8 @@ class LocalCloud:
                     "interrupted": self.metadata[iid].spot_action is not None
                     if iid in self.metadata
                     else False,
+                    # When its guest powers off (its `shutdown`), epoch seconds, or None.
+                    "shutdown_at": self.metadata[iid].shutdown_at if iid in self.metadata else None,
                 }
                 for iid, s in sorted(self.sandboxes.items())
             },

@@ -50,6 +50,7 @@ GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
 # order of events.
 RECLAIM_AFTER_S = 5.0
 SPOT_TERMINATION = "Server.SpotInstanceTermination"
+INITIATED_SHUTDOWN = "Client.InstanceInitiatedShutdown"  # EC2's state reason for it
 # Services moto does not serve. It answered them with a 500 and an HTML page, which boto retried
 # and then quoted whole ("the Pricing API said: <!doctype html> ..."): a service the local
 # cloud lacks is refused at once, in the service's JSON protocol, saying so. (The Pricing API
@@ -230,6 +231,7 @@ class Gateway:
         instance = backend.get_instance(instance_id)
         key_name = instance.key_name
         user_data = instance.user_data
+        behaviour = instance.instance_initiated_shutdown_behavior
         tags = {
             t["key"]: t["value"]
             for t in backend.describe_tags(filters={"resource-id": [instance_id]})
@@ -256,6 +258,7 @@ class Gateway:
             architecture=getattr(image, "architecture", None) or "x86_64",
             public_key=public_key,
             user_data=_decode_user_data(user_data),
+            shutdown_behavior=behaviour,
         )
 
     def reclaim(self, instance_id: str, after_s: float = RECLAIM_AFTER_S) -> dict[str, str]:
@@ -284,7 +287,10 @@ class Gateway:
         return notice
 
     def reconcile(self) -> None:
-        """Destroy sandboxes whose instance died by any path (DeleteFleets, StopInstances...)."""
+        """Power off the instances whose guest shut down; destroy sandboxes whose instance died
+        by any path (DeleteFleets, StopInstances...)."""
+        for instance_id, behaviour in self.cloud.powered_off():
+            self._power_off(instance_id, behaviour)
         for instance_id in list(self.cloud.sandboxes):
             account, region = self._where.get(instance_id, ("", ""))
             try:
@@ -294,6 +300,25 @@ class Gateway:
                 state = "terminated"
             if state in GONE_STATES:
                 self.cloud.terminate(instance_id)
+
+    def _power_off(self, instance_id: str, behaviour: str) -> None:
+        """The guest powered off (its `shutdown`): EC2 stops the instance, or terminates it when
+        launched with InstanceInitiatedShutdownBehavior terminate, saying why."""
+        account, region = self._where.get(instance_id, ("", ""))
+        try:
+            with BACKENDS:
+                backend = self._backend(account, region)
+                if behaviour == "terminate":
+                    backend.terminate_instances([instance_id])
+                else:
+                    backend.stop_instances([instance_id])
+                instance = backend.get_instance(instance_id)
+                instance.state_reason.code = INITIATED_SHUTDOWN
+                instance.state_reason.message = f"{INITIATED_SHUTDOWN}: Instance initiated shutdown"
+        except Exception as exc:  # gone already
+            log.info("power-off of %s: %s", instance_id, exc)
+        self.cloud.terminate(instance_id)
+        log.info("%s shut itself down: %s", instance_id, behaviour)
 
     # --- admin ------------------------------------------------------------------------------
 

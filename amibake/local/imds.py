@@ -18,6 +18,8 @@ from socketserver import TCPServer
 from typing import Any
 
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
+# Where the guest's `shutdown` tells the local cloud (not an EC2 path: EC2 sees the power-off).
+POWER_PATH = "/amibake-local/shutdown"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 
 
@@ -37,6 +39,9 @@ class InstanceMetadata:
     # the secret.
     task_credentials: dict[str, dict[str, str]] = field(default_factory=dict)
     unready_until: float = 0.0  # time.monotonic() before which it answers 503 (booting)
+    # When the guest powers off (time.time()), as its `shutdown` set it (amibake.local.power).
+    shutdown_at: float | None = None
+    shutdown_behavior: str = "stop"  # what EC2 then does: its InstanceInitiatedShutdownBehavior
 
     def interrupt(self, action: str = "terminate", after_s: int = 120) -> None:
         when = datetime.now(UTC) + timedelta(seconds=after_s)
@@ -94,6 +99,9 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def do_PUT(self) -> None:
+        if self.path == POWER_PATH:  # the guest's power-off: no IMDS in it, booting or not
+            self._power()
+            return
         if self._unready():
             return
         if self.path != "/latest/api/token":
@@ -110,6 +118,24 @@ class _Handler(BaseHTTPRequestHandler):
         token = secrets.token_urlsafe(32)
         self.server.metadata.tokens[token] = time.monotonic() + ttl
         self._send(200, token)
+
+    def _power(self) -> None:
+        """The guest's `shutdown`: at=EPOCH schedules its power-off, cancel forgets it."""
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode(errors="replace")
+        metadata = self.server.metadata
+        if body == "cancel":
+            metadata.shutdown_at = None
+        elif body.startswith("at="):
+            try:
+                metadata.shutdown_at = float(body[3:])
+            except ValueError:
+                self._send(400, "at=EPOCH or cancel")
+                return
+        else:
+            self._send(400, "at=EPOCH or cancel")
+            return
+        self._send(200)
 
     def do_GET(self) -> None:
         if self._unready():

@@ -188,7 +188,8 @@ def _fleet_network() -> None:
     guide, "Assign a public IPv4 address during instance launch"); a template that says nothing
     leaves it to the subnet's MapPublicIpOnLaunch. moto's fleets ignored all three: instances
     joined the VPC's default group, not amibake's SSH group, and got no public address, asked
-    for or given by a default subnet."""
+    for or given by a default subnet. So with its InstanceInitiatedShutdownBehavior: moto's
+    instances all stopped on a power-off from inside."""
     from moto.ec2.models.fleets import Fleet
     from moto.ec2.utils import random_public_ip
 
@@ -214,6 +215,11 @@ def _fleet_network() -> None:
                 groups = [self.ec2_backend.get_security_group_from_id(g) for g in group_ids]
                 instance.security_groups = [g for g in groups if g is not None]
                 instance.nics[0]._group_set = list(instance.security_groups)
+            behaviour = _template_data(self.ec2_backend, spec).get(
+                "InstanceInitiatedShutdownBehavior"
+            )
+            if behaviour:  # what a power-off from inside does to it: stop (default) or terminate
+                instance.instance_initiated_shutdown_behavior = behaviour
 
     init._amibake = True  # type: ignore[attr-defined]
     Fleet.__init__ = init  # type: ignore[method-assign]
@@ -317,14 +323,21 @@ def _job_definition_by_revision() -> None:
     BatchBackend.get_job_definitions = get_job_definitions  # type: ignore[method-assign]
 
 
+def _template_data(backend: Any, spec: Any) -> dict[str, Any]:
+    """The LaunchTemplateData of the template version behind a fleet's launch spec ({} if none)."""
+    template = getattr(spec, "launch_template_spec", None) or {}
+    if "LaunchTemplateId" not in template:
+        return {}
+    found = backend.get_launch_template(template["LaunchTemplateId"])
+    return dict(found.get_version(template.get("Version", found.latest_version_number)).data)
+
+
 def _template_network(backend: Any, spec: Any) -> tuple[bool | None, list[str]]:
     """What the launch template behind a fleet's launch spec says of the primary interface's
     public address (True, False, or None: the subnet decides) and of security groups."""
-    template = getattr(spec, "launch_template_spec", None) or {}
-    if "LaunchTemplateId" not in template:
+    data = _template_data(backend, spec)
+    if not data:
         return None, []
-    found = backend.get_launch_template(template["LaunchTemplateId"])
-    data = found.get_version(template.get("Version", found.latest_version_number)).data
     public, groups = None, [str(g) for g in data.get("SecurityGroupIds") or []]
     for interface in data.get("NetworkInterfaces") or []:
         if int(interface.get("DeviceIndex", 0)) != 0:

@@ -50,6 +50,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_USER = "ec2-user"
 # `docker` on instances of the ECS-optimized AMIs (see Sandbox._install_container_runtime).
 CONTAINER_RUNTIME = Path(__file__).with_name("container_runtime.py")
+# `shutdown` on every instance (see Sandbox._install_power).
+POWER = Path(__file__).with_name("power.py")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -176,6 +178,7 @@ class Sandbox:
         # the instance's own layer, where a bake's hygiene step will find and remove them.
         self.public_host_key, self.fingerprint = host_key(self.upper / "etc" / "ssh")
         self._install_container_runtime()
+        self._install_power()
 
         (self.root / "hosts").write_text(
             f"127.0.0.1 localhost\n{spec.address} {self.hostname}\n"
@@ -233,6 +236,19 @@ class Sandbox:
             target = self.upper / place
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(CONTAINER_RUNTIME, target)
+            target.chmod(0o755)
+
+    def _install_power(self) -> None:
+        """`shutdown` in the instance's own layer, telling its IMDS server (amibake.local.power):
+        the host's would ask this machine's systemd to power it off."""
+        text = POWER.read_text().replace(
+            'ENDPOINT = "http://instance-data:80"',
+            f'ENDPOINT = "http://{self.spec.address}:{self.spec.imds_port}"',
+        )
+        for place in ("usr/sbin/shutdown",):
+            target = self.upper / place
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
             target.chmod(0o755)
 
     def _start_isolated(self, spawn: SpawnFn, command: list[str], wait_s: float) -> None:
