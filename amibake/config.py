@@ -30,6 +30,7 @@ REGION = re.compile(r"[a-z]{2,4}(-[a-z]+)+-\d{1,2}")
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # An instance that has not answered SSH in a day never will; more is a typo for fewer.
 MAX_SSH_TIMEOUT_S = 86400.0
+MAX_DEADLINE_MIN = 1440
 # Which address of an instance SSH dials: its public IPv4 (asked for at launch: the controller is
 # outside the VPC) or its private one (the controller runs inside the VPC, or reaches it by VPN).
 SSH_ADDRESSES = ("public", "private")
@@ -64,6 +65,9 @@ class Config:
     spot: bool = True
     ssh_user: str = "ec2-user"
     ssh_timeout_s: float = 300.0
+    # An instance powers itself off (and is terminated) this long after its controller last
+    # renewed its deadline (amibake.deadline): what a dead controller's instances cost at most.
+    instance_deadline_min: int = 30
     ssh_address: str = "public"
     # The account's shape. Empty: the region's default VPC and its default subnets, as most
     # accounts have. Organisations often delete default VPCs: then the subnets to launch in (one
@@ -173,6 +177,11 @@ def _validate(cfg: Config, problems: list[str]) -> None:
         )
     if not 1 <= cfg.max_attempts <= 50:
         problems.append(f"max_attempts must be between 1 and 50, got {cfg.max_attempts}")
+    if not 1 <= cfg.instance_deadline_min <= MAX_DEADLINE_MIN:
+        problems.append(
+            f"instance_deadline_min must be minutes, 1 to {MAX_DEADLINE_MIN} (a day), got "
+            f"{cfg.instance_deadline_min}"
+        )
     problem = checks.number(
         cfg.ssh_timeout_s,
         above=0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -255,6 +256,14 @@ def _how_to_debug(context: RunContext, state: InstanceState) -> None:
     except AmibakeError as exc:
         where = f"(no address yet: {exc})"
     log.warning("kept %s for debugging: %s", state.instance_id, where)
+    if state.renewal is not None:  # amibake.deadline: kept, it still ends itself
+        state.renewal.stop()
+        until = time.strftime("%H:%M", time.gmtime(state.renewal.until))
+        log.warning(
+            "it powers itself off (and is terminated) at about %s UTC, its deadline: "
+            "`sudo shutdown -c` on it keeps it",
+            until,
+        )
     log.warning("when done: amibake gc --run-id %s", context.run_id)
 
 

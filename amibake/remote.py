@@ -143,6 +143,29 @@ class Remote:
     def close(self) -> None:
         self.connection.close()
 
+    def quiet(self, command: str, timeout_s: float) -> int | None:
+        """Run `command` on a channel of its own, beside whatever else runs (safe from another
+        thread), nothing shown or logged: its exit code, or None when it did not end within
+        `timeout_s` or the connection is gone."""
+        transport = self.connection.transport
+        if transport is None or not transport.is_active():
+            return None
+        try:
+            channel = transport.open_session(timeout=timeout_s)
+            try:
+                channel.settimeout(timeout_s)
+                channel.exec_command(command)
+                deadline = time.monotonic() + timeout_s
+                while not channel.exit_status_ready():
+                    if time.monotonic() > deadline:
+                        return None
+                    time.sleep(0.05)
+                return int(channel.recv_exit_status())
+            finally:
+                channel.close()
+        except (paramiko.SSHException, OSError, EOFError):
+            return None
+
     def __enter__(self) -> Remote:
         return self
 

@@ -230,6 +230,16 @@ CONFIG = [
     config_env("AWS_DEFAULT_REGION", "mars", "region must be an AWS region code"),
     config_env("AMIBAKE_RETRY_MODE", "legacy", "retry_mode must be one of standard, adaptive"),
     config_env("AMIBAKE_MAX_ATTEMPTS", "0", "max_attempts must be between 1 and 50, got 0"),
+    config_env(
+        "AMIBAKE_INSTANCE_DEADLINE_MIN",
+        "0",
+        "instance_deadline_min must be minutes, 1 to 1440 (a day), got 0",
+    ),
+    config_env(
+        "AMIBAKE_INSTANCE_DEADLINE_MIN",
+        "1.5",
+        "AMIBAKE_INSTANCE_DEADLINE_MIN: instance_deadline_min must be int",
+    ),
     config_env("AMIBAKE_MAX_ATTEMPTS", "99", "max_attempts must be between 1 and 50, got 99"),
     config_env("AMIBAKE_MAX_ATTEMPTS", "1e3", "AMIBAKE_MAX_ATTEMPTS: max_attempts must be int"),
     config_env("AMIBAKE_MAX_ATTEMPTS", "2.5", "AMIBAKE_MAX_ATTEMPTS: max_attempts must be int"),

@@ -313,6 +313,60 @@ def test_sigkill_mid_build_then_gc_leaves_nothing(
     assert wait_until_clean(local_dir) == []
 
 
+def test_a_sigkilled_build_s_instance_ends_itself_at_its_deadline(
+    cloud: Cloud, local_dir: Path, tmp_path: Path
+) -> None:
+    """Its controller gone without cleanup (SIGKILL, a crash, a laptop asleep), an instance ran
+    on, billed, until someone ran gc. Each launch has a deadline: user data schedules a
+    power-off at boot, the controller pushes it back while connected, and the instance, made to
+    terminate on a power-off, ends itself once nobody renews it (here 1 minute)."""
+    from amibake.local import control as local_control
+
+    root = _recipe_variant(tmp_path, "echo amibake-test-sleeping; sleep 300")
+    env = {**os.environ, "AMIBAKE_RECIPES_DIR": str(root), "AMIBAKE_INSTANCE_DEADLINE_MIN": "1"}
+    before = _runs(cloud.config.results_dir)
+    build = subprocess.Popen(
+        [sys.executable, "-m", "amibake", "build", "--family", "c5a", "--recipe", "trivial"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def deadline_of(instance_id: str) -> float | None:
+        found = (local_control.status(cloud.config) or {}).get("instances", {})
+        return found.get(instance_id, {}).get("shutdown_at")
+
+    try:
+        _wait_for_log(cloud.config.results_dir, "amibake-test-sleeping", before)
+        run_id = _last_run(cloud)
+        (instance_id,) = [
+            r.split()[1] for r in tagged_alive(cloud, run_id) if r.startswith("instance ")
+        ]
+        first = deadline_of(instance_id)
+        assert first is not None and first - time.time() <= 60, first
+        # Renewed while the controller lives: every third of the deadline.
+        deadline = time.monotonic() + 40
+        while (deadline_of(instance_id) or 0) <= first + 5:
+            assert time.monotonic() < deadline, "the controller never renewed the deadline"
+            time.sleep(1)
+    finally:
+        build.kill()
+        build.wait()
+    described = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        reservations = cloud.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        described = reservations[0]["Instances"][0]
+        if described["State"]["Name"] == "terminated":
+            break
+        time.sleep(2)
+    assert described["State"]["Name"] == "terminated", described["State"]
+    assert described["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown", described
+    assert main(["gc"]) == 0  # the rest of the run: its key pair, group, template
+    assert tagged_alive(cloud, run_id) == []
+    assert wait_until_clean(local_dir) == []
+
+
 def test_gc_dry_run_lists_without_deleting(
     cloud: Cloud, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -175,6 +175,12 @@ class CreateImage:
                 tags.specification("snapshot", self.context.tags),
             ],
         }
+        if state.renewal is not None:
+            # CreateImage reboots the build host, which forgets its deadline (a scheduled
+            # shutdown lives in /run) and drops the connection renewing it: from here until
+            # the bake's cleanup ends it, a SIGKILLed bake leaves it to gc.
+            state.renewal.stop()
+            state.renewal = None
         with creating("the image"):
             state.image_id = ec2.create_image(**state.image_request)["ImageId"]
             self.context.created("image", state.image_id)

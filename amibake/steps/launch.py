@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from amibake import deadline
 from amibake.cloud import tags
 from amibake.cloud.calls import creating, every, ignore_missing, retry_on
 from amibake.cloud.ec2 import (
@@ -99,6 +100,9 @@ class LaunchTemplate:
                 LaunchTemplateData={
                     "ImageId": state.base_ami,
                     "KeyName": state.key_name,
+                    # Its deadline from boot (amibake.deadline), and a power-off that ends it.
+                    "UserData": deadline.user_data(self.context.cloud.config.instance_deadline_min),
+                    "InstanceInitiatedShutdownBehavior": "terminate",
                     # amibake's SSH group and the account's; a public IPv4 asked for when SSH
                     # dials it (EC2 Fleet's overrides then put the interface in each subnet).
                     **self.context.network().interfaces(state.security_group_id),  # type: ignore[typeddict-item]

@@ -18,6 +18,7 @@ from amibake import flags as flags_module
 from amibake import isa, packages
 from amibake.archive import unpack
 from amibake.cloud.reach import reach
+from amibake.deadline import Renewal
 from amibake.errors import RemoteError, UserError
 from amibake.remote import Remote
 from amibake.render import Checks, check_shell, render
@@ -58,9 +59,15 @@ class Connect:
             log=handle,
             cancel=self.context.cancel,
         )
+        state.renewal = Renewal(
+            state.remote, self.context.cloud.config.instance_deadline_min, state.label
+        ).start()
         state.phases["connect"] = time.monotonic() - started
 
     def cleanup(self, state: InstanceState) -> None:
+        if state.renewal is not None:
+            state.renewal.stop()  # the instance's deadline stands: it ends then, kept or not
+            state.renewal = None
         if state.remote is not None:
             state.remote.close()
             if state.remote.log is not None:

@@ -9,6 +9,7 @@ from typing import IO, Any
 
 from amibake.catalog import Family
 from amibake.cpu import Cpu
+from amibake.deadline import Renewal
 from amibake.flags import Compiler, Flags
 from amibake.instance_kinds import Kind
 from amibake.recipes import Recipe
@@ -42,6 +43,7 @@ class InstanceState:
     market: str = ""
     pools_tried: list[str] = field(default_factory=list)
     remote: Remote | None = None
+    renewal: Renewal | None = None  # the instance's deadline, pushed back while connected
     finished_early: bool = False
     warnings: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # seconds, by what was done
@@ -54,7 +56,7 @@ class InstanceState:
         self.launch_template_id = self.fleet_id = self.instance_id = ""
         self.instance_type = self.market = ""
         self.pools_tried = []
-        self.remote = None
+        self.remote = self.renewal = None
         self.attempt += 1
 
     @property
