@@ -280,18 +280,26 @@ def test_ssh_dropping_mid_build_is_a_clear_error(
 
 
 @pytest.mark.e2e
-def test_sigkill_mid_build_then_gc_leaves_nothing(
-    cloud: Cloud, local_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _sleeping_build(
+    cloud: Cloud, tmp_path: Path, **env: str
+) -> tuple[subprocess.Popen[bytes], set[Path]]:
+    """`amibake build` in a process of its own, of a recipe that sleeps once it has said
+    amibake-test-sleeping; and the runs the journal had before it."""
     root = _recipe_variant(tmp_path, "echo amibake-test-sleeping; sleep 300")
-    env = {**os.environ, "AMIBAKE_RECIPES_DIR": str(root)}
     before = _runs(cloud.config.results_dir)
     build = subprocess.Popen(
         [sys.executable, "-m", "amibake", "build", "--family", "c5a", "--recipe", "trivial"],
-        env=env,
+        env={**os.environ, "AMIBAKE_RECIPES_DIR": str(root), **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    return build, before
+
+
+def test_sigkill_mid_build_then_gc_leaves_nothing(
+    cloud: Cloud, local_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build, before = _sleeping_build(cloud, tmp_path)
     try:
         _wait_for_log(cloud.config.results_dir, "amibake-test-sleeping", before)
     finally:
@@ -322,15 +330,7 @@ def test_a_sigkilled_build_s_instance_ends_itself_at_its_deadline(
     terminate on a power-off, ends itself once nobody renews it (here 1 minute)."""
     from amibake.local import control as local_control
 
-    root = _recipe_variant(tmp_path, "echo amibake-test-sleeping; sleep 300")
-    env = {**os.environ, "AMIBAKE_RECIPES_DIR": str(root), "AMIBAKE_INSTANCE_DEADLINE_MIN": "1"}
-    before = _runs(cloud.config.results_dir)
-    build = subprocess.Popen(
-        [sys.executable, "-m", "amibake", "build", "--family", "c5a", "--recipe", "trivial"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    build, before = _sleeping_build(cloud, tmp_path, AMIBAKE_INSTANCE_DEADLINE_MIN="1")
 
     def deadline_of(instance_id: str) -> float | None:
         found = (local_control.status(cloud.config) or {}).get("instances", {})
