@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import urllib.request
 
 from amibake.cloud import tags
 from amibake.cloud.calls import creating, ignore_missing, retry_on
 from amibake.cloud.ec2 import delete_security_group
+from amibake.cloud.network import Network
 from amibake.errors import CloudError
 from amibake.runner import RunContext
 from amibake.steps.state import InstanceState
@@ -46,10 +48,15 @@ class KeyPair:
 
 
 def caller_cidr(context: RunContext) -> str:
-    """The caller's public address as a /32: the only source SSH is opened to."""
+    """The caller's address as a /32: the only source SSH is opened to. Its public address
+    (what checkip sees) when SSH dials instances' public addresses; with ssh_address private,
+    the address this machine sends from toward the VPC (inside it, or over a VPN or peering):
+    the public one was the rule's alone, and private SSH never connected."""
     config = context.cloud.config
     if config.is_local:
         return "127.0.0.1/32"
+    if config.ssh_address == "private":
+        return f"{source_toward(context.network())}/32"
     try:
         with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=10) as response:
             address = response.read().decode().strip()
@@ -64,6 +71,23 @@ def caller_cidr(context: RunContext) -> str:
             f"{address[:60]!r}, not an IPv4 address"
         ) from None
     return f"{address}/32"
+
+
+def source_toward(network: Network) -> str:
+    """The address this machine's packets to the network's first subnet leave from (the
+    kernel's route choice; a UDP connect sends nothing)."""
+    subnet = network.subnets[0]
+    toward = str(next(ipaddress.ip_network(subnet["CidrBlock"]).hosts()))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((toward, 22))
+        except OSError as exc:
+            raise CloudError(
+                f"no route from this machine to subnet {subnet['SubnetId']} "
+                f'({subnet["CidrBlock"]}): {exc.strerror or exc}; ssh_address = "private" '
+                "needs this machine inside the VPC or on a VPN or peering to it"
+            ) from None
+        return str(probe.getsockname()[0])
 
 
 class SecurityGroup:
