@@ -23,17 +23,19 @@ from amibake.remote import Remote
 
 log = logging.getLogger("amibake")
 MESSAGE = "amibake: no controller renewed the deadline of this instance"
+# Both with --no-wall: every renewal broadcast "The system will power off" to whoever was logged
+# in (someone debugging a kept instance, every ten minutes).
 
 
 def user_data(minutes: int) -> str:
     """The launch template's UserData (base64): the deadline from boot, before any connection."""
-    script = f"#!/bin/sh\nshutdown -P +{minutes} {shlex.quote(MESSAGE)}\n"
+    script = f"#!/bin/sh\nshutdown -P --no-wall +{minutes} {shlex.quote(MESSAGE)}\n"
     return base64.b64encode(script.encode()).decode()
 
 
 def renew_command(minutes: int) -> str:
     """Push the deadline back to `minutes` from now (a later shutdown replaces the schedule)."""
-    return f"sudo -n shutdown -P +{minutes} {shlex.quote(MESSAGE)} >/dev/null 2>&1"
+    return f"sudo -n shutdown -P --no-wall +{minutes} {shlex.quote(MESSAGE)} >/dev/null 2>&1"
 
 
 class Renewal:
