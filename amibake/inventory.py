@@ -442,15 +442,33 @@ def discover(
     known = journal.known_runs()
     chosen = [
         _unless_running(item, live, {} if run_id is not None else elsewhere, known, run_id)
-        for item in found.values()
-        if (run_id is None or item.run_id == run_id)
-        and (
-            older_than is None
-            or item.created is None
-            or datetime.now(UTC) - item.created >= older_than
-        )
+        for item in selected(list(found.values()), run_id, older_than)
     ]
     return sorted(chosen, key=lambda x: (ORDER.index(x.kind), x.resource_id))
+
+
+def selected(
+    found: list[Resource], run_id: str | None, older_than: timedelta | None
+) -> list[Resource]:
+    """Those of the run asked for (all without one), and with --older-than those of runs that
+    began that long ago: a run's age is its oldest resource's, and a run is taken whole. By each
+    resource's own age, a killed bake's hour-old key pair and template went and its younger
+    boot-test instance stayed, billed, its group refused as still in use for minutes."""
+    mine = [r for r in found if run_id is None or r.run_id == run_id]
+    if older_than is None:
+        return mine
+    began: dict[str, datetime] = {}
+    for resource in mine:
+        if resource.run_id and resource.created is not None:
+            earliest = began.get(resource.run_id, resource.created)
+            began[resource.run_id] = min(earliest, resource.created)
+    now = datetime.now(UTC)
+
+    def old_enough(resource: Resource) -> bool:
+        when = began.get(resource.run_id) if resource.run_id else resource.created
+        return when is None or now - when >= older_than
+
+    return [r for r in mine if old_enough(r)]
 
 
 def _unless_running(

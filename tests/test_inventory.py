@@ -372,3 +372,28 @@ def test_an_empty_account_is_said_so() -> None:
 
     assert inventory.table([], "us-east-1") == "amibake owns nothing in us-east-1"
     assert "(no prices for eu-west-1: these are us-east-1's)" in inventory.basis("eu-west-1")
+
+
+def test_older_than_takes_a_run_whole_by_its_oldest_resource() -> None:
+    """gc --older-than 1h judged each resource by its own age: a killed bake's key pair and
+    launch template (an hour old) went, its boot-test instance (made later) stayed, billed,
+    and its security group was refused as still in use for minutes."""
+    from datetime import UTC, datetime, timedelta
+
+    from amibake import inventory
+
+    now = datetime.now(UTC)
+
+    def made(kind: str, run_id: str, minutes_ago: int | None) -> inventory.Resource:
+        created = None if minutes_ago is None else now - timedelta(minutes=minutes_ago)
+        return inventory.Resource(kind, f"{kind}-{run_id}", run_id, created)
+
+    bake = [made("key-pair", "ab-1", 70), made("instance", "ab-1", 20), made("image", "ab-1", None)]
+    young = [made("key-pair", "ab-2", 30)]
+    loose = [made("snapshot", "", 90), made("volume", "", 10)]
+    picked = inventory.selected([*bake, *young, *loose], None, timedelta(hours=1))
+    assert {r.resource_id for r in picked} == {
+        "key-pair-ab-1", "instance-ab-1", "image-ab-1", "snapshot-",
+    }  # fmt: skip
+    assert inventory.selected([*bake, *young], "ab-2", None) == young
+    assert inventory.selected([*bake, *young], "ab-2", timedelta(hours=1)) == []
