@@ -30,6 +30,7 @@ from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, every
 from amibake.cloud.ec2 import NEW_INSTANCE_VISIBLE_S, snapshots_of
 from amibake.cloud.tags import EXPIRES, KEPT, RUN_ID, parse_expires
+from amibake.errors import UserError
 from amibake.journal import Journal
 
 log = logging.getLogger("amibake")
@@ -342,6 +343,9 @@ def _bucket_objects(cloud: Cloud) -> tuple[str, list[dict[str, Any]]] | None:
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) not in DENIED:
             raise
+        log.warning("the job bucket not listed: %s", exc)
+        return None
+    except UserError as exc:  # check_owned's 403: another account's, or not ours to list
         log.warning("the job bucket not listed: %s", exc)
         return None
 

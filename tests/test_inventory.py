@@ -397,3 +397,23 @@ def test_older_than_takes_a_run_whole_by_its_oldest_resource() -> None:
     }  # fmt: skip
     assert inventory.selected([*bake, *young], "ab-2", None) == young
     assert inventory.selected([*bake, *young], "ab-2", timedelta(hours=1)) == []
+
+
+def test_a_job_bucket_this_identity_may_not_read_does_not_stop_ls(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """S3's 403 for the recorded job bucket (another account's, or no s3:ListBucket) is a
+    one-line error for batch, and aborted `amibake ls` and gc whole: the rest goes on listed,
+    the bucket said not listed."""
+    from amibake import batch, inventory
+
+    monkeypatch.setattr(batch, "job_bucket", lambda cloud: "amibake-batch-us-east-1-0123")
+
+    def refused(cloud: Cloud, name: str) -> bool:
+        raise batch.UserError(f"the job bucket {name} is not this account's")
+
+    monkeypatch.setattr(batch, "check_owned", refused)
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    found = inventory.discover(cloud, journal, everything=True)
+    assert not [r for r in found if r.kind in ("bucket", "run-files")], found
+    assert "the job bucket not listed: the job bucket amibake-batch-us-east-1-0123" in caplog.text
