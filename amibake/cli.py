@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -395,7 +396,12 @@ def _refuse_while_in_use(cfg: config_module.Config, force: bool) -> None:
 def _status_text(state: dict[str, Any]) -> str:
     lines = [f"local cloud running at {state['endpoint']} (pid {state['pid']})"]
     for instance_id, info in state["instances"].items():
-        lines.append(f"  {instance_id}  ssh {info['address']}  imds {info['imds']}")
+        line = f"  {instance_id}  ssh {info['address']}  imds {info['imds']}"
+        if info.get("shutdown_at"):  # its guest's scheduled power-off (a deadline's)
+            line += "  powers off " + time.strftime(
+                "%H:%M:%S UTC", time.gmtime(info["shutdown_at"])
+            )
+        lines.append(line)
     lines.append(f"  images: {', '.join(state['images']) or 'none'}")
     return "\n".join(lines)
 

@@ -322,7 +322,7 @@ def test_sigkill_mid_build_then_gc_leaves_nothing(
 
 
 def test_a_sigkilled_build_s_instance_ends_itself_at_its_deadline(
-    cloud: Cloud, local_dir: Path, tmp_path: Path
+    cloud: Cloud, local_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Its controller gone without cleanup (SIGKILL, a crash, a laptop asleep), an instance ran
     on, billed, until someone ran gc. Each launch has a deadline: user data schedules a
@@ -344,6 +344,10 @@ def test_a_sigkilled_build_s_instance_ends_itself_at_its_deadline(
         ]
         first = deadline_of(instance_id)
         assert first is not None and first - time.time() <= 60, first
+        capsys.readouterr()
+        assert main(["local", "status"]) == 0
+        shown = [line for line in capsys.readouterr().out.splitlines() if instance_id in line]
+        assert shown and "powers off" in shown[0], shown
         # Renewed while the controller lives: every third of the deadline.
         deadline = time.monotonic() + 40
         while (deadline_of(instance_id) or 0) <= first + 5:
