@@ -67,7 +67,8 @@ class Renewal:
         code = self.remote.quiet(renew_command(self.minutes), timeout_s=30)
         if code == 0:
             self.until = time.time() + 60 * self.minutes
-        else:  # the instance's own deadline stands: it ends then if nothing renews it
+        elif not self._stop.is_set():  # (stopping: the connection closes under it, as asked)
+            # The instance's own deadline stands: it ends then if nothing renews it.
             log.warning(
                 "%s: could not renew the instance's deadline (%s); it powers off at %s UTC",
                 self.label,
