@@ -8,7 +8,8 @@ pushes it back every third of N over the same SSH connection. The launch templat
 InstanceInitiatedShutdownBehavior terminate, so the powered-off instance is terminated (its
 encrypted root volume deleted with it), not stopped. A dead controller's instance costs at most
 N minutes more (`instance_deadline_min`, 30 by default). An instance kept for debugging
-(--keep-on-error) keeps its deadline: `sudo shutdown -c` on it cancels it.
+(--keep-on-error) keeps its deadline: `sudo shutdown -c` on it cancels it. A bake's boot-test
+instance (RunInstances, minutes long) has the same deadline from its user data, unrenewed.
 """
 
 from __future__ import annotations
@@ -27,10 +28,20 @@ MESSAGE = "amibake: no controller renewed the deadline of this instance"
 # in (someone debugging a kept instance, every ten minutes).
 
 
+def boot_line(minutes: int) -> str:
+    """The shell line a launch's user data ends with: the deadline from boot, before any
+    connection (cloud-init runs user data as root)."""
+    return f"shutdown -P --no-wall +{minutes} {shlex.quote(MESSAGE)}\n"
+
+
+def appended(script: str, minutes: int) -> str:
+    """A launch's own user data script with the deadline as its last line."""
+    return f"{script.rstrip(chr(10))}\n{boot_line(minutes)}"
+
+
 def user_data(minutes: int) -> str:
-    """The launch template's UserData (base64): the deadline from boot, before any connection."""
-    script = f"#!/bin/sh\nshutdown -P --no-wall +{minutes} {shlex.quote(MESSAGE)}\n"
-    return base64.b64encode(script.encode()).decode()
+    """A launch template's UserData (base64) that is the deadline alone."""
+    return base64.b64encode(f"#!/bin/sh\n{boot_line(minutes)}".encode()).decode()
 
 
 def renew_command(minutes: int) -> str:

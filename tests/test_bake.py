@@ -3,6 +3,7 @@ when a bake fails or is killed."""
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import os
@@ -435,9 +436,18 @@ def test_an_error_during_the_boot_test_leaves_nothing(
         Name="/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
     )["Parameter"]["Value"]
 
+    launched: dict[str, str] = {}
+
     def explode(parsed: dict[str, Any], **_: Any) -> None:
         # The boot test's instance is the one launched from the new image.
         if parsed["Instances"][0]["ImageId"] != base:
+            instance_id = parsed["Instances"][0]["InstanceId"]
+            ec2 = cloud.ec2
+            launched["behaviour"] = ec2.describe_instance_attribute(
+                InstanceId=instance_id, Attribute="instanceInitiatedShutdownBehavior"
+            )["InstanceInitiatedShutdownBehavior"]["Value"]
+            data = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+            launched["user_data"] = base64.b64decode(data["UserData"]["Value"]).decode()
             raise RuntimeError("injected during the boot test")
 
     cloud.ec2.meta.events.register("after-call.ec2.RunInstances", explode)
@@ -447,6 +457,10 @@ def test_an_error_during_the_boot_test_leaves_nothing(
     finally:
         cloud.ec2.meta.events.unregister("after-call.ec2.RunInstances", explode)
     _assert_bake_left_nothing(cloud, local_dir)
+    # Its deadline (amibake.deadline): a bake SIGKILLed in its boot test left it to gc.
+    assert launched["behaviour"] == "terminate", launched
+    assert "ECS_CLUSTER=amibake-boot-test" in launched["user_data"], launched
+    assert launched["user_data"].rstrip().splitlines()[-1].startswith("shutdown -P --no-wall +")
 
 
 @pytest.mark.parametrize("failing", ["tag", "record"])

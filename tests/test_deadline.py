@@ -26,6 +26,16 @@ def test_the_deadline_s_shell_parses_and_schedules_a_power_off(script: str) -> N
     assert "shutdown -P --no-wall +30 " in script, script
 
 
+def test_a_bake_s_boot_test_user_data_ends_with_the_deadline_and_still_parses() -> None:
+    from amibake import bake
+
+    own = bake.user_data(bake.BOOT_TEST_CLUSTER)
+    script = deadline.appended(own, 30)
+    assert subprocess.run(["bash", "-n", "-c", script], capture_output=True).returncode == 0
+    assert script.startswith(own.rstrip("\n") + "\n"), script
+    assert script.endswith(deadline.boot_line(30)), script
+
+
 class Refusing:
     """A connection whose every command fails (sudo refused), counting them."""
 

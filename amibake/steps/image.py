@@ -19,7 +19,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from amibake import bake, packages
+from amibake import bake, deadline, packages
 from amibake import cpu as cpu_module
 from amibake.cloud import tags
 from amibake.cloud.calls import creating, error_code, retry_on, wait_until
@@ -269,8 +269,12 @@ class BootTest:
                         **network.interfaces(state.security_group_id, subnet),
                         MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
                         # Per-launch settings reach the image through user data: the check
-                        # below reads them back.
-                        UserData=state.boot_user_data,
+                        # below reads them back. Its deadline too (amibake.deadline): a bake
+                        # SIGKILLed in its boot test left the instance to gc.
+                        UserData=deadline.appended(
+                            state.boot_user_data, self.context.cloud.config.instance_deadline_min
+                        ),
+                        InstanceInitiatedShutdownBehavior="terminate",
                         TagSpecifications=[
                             tags.specification(
                                 "instance",
