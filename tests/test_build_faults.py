@@ -279,7 +279,6 @@ def test_ssh_dropping_mid_build_is_a_clear_error(
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
 
-@pytest.mark.e2e
 def _sleeping_build(
     cloud: Cloud, tmp_path: Path, **env: str
 ) -> tuple[subprocess.Popen[bytes], set[Path]]:
@@ -296,6 +295,7 @@ def _sleeping_build(
     return build, before
 
 
+@pytest.mark.e2e
 def test_sigkill_mid_build_then_gc_leaves_nothing(
     cloud: Cloud, local_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
