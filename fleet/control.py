@@ -60,18 +60,30 @@ def _identity(detail: dict[str, Any]) -> tuple[Any, Any, Any]:
     return detail.get("pid"), detail.get("pid_started"), detail.get("host")
 
 
-def _standing(events: list[tuple[float, str, dict[str, Any]]]) -> list[int]:
-    """The indexes of the starts still standing: those whose process lives on this machine and
-    has not released the run since (a resume that stopped before its controller started: a
-    price missing, a build failed, the cost not approved; its process may live on)."""
+Events = list[tuple[float, str, dict[str, Any]]]
+
+
+def _unreleased(events: Events, counts: Callable[[float, dict[str, Any]], bool]) -> list[int]:
+    """The indexes of the starts that `counts` (given the event's time and detail) and whose
+    process has not released the run since (a resume that stopped before its controller
+    started: a price missing, a build failed, the cost not approved; its process may live on)."""
     released = [(i, _identity(d)) for i, (_, k, d) in enumerate(events) if k == "released"]
     return [
         i
-        for i, (_, kind, detail) in enumerate(events)
+        for i, (at, kind, detail) in enumerate(events)
         if kind in STARTED
-        and _live(detail)
+        and counts(at, detail)
         and not any(j > i and who == _identity(detail) for j, who in released)
     ]
+
+
+def _standing(events: Events) -> list[int]:
+    """The starts still standing: those whose process lives on this machine, unreleased."""
+    return _unreleased(events, lambda at, detail: _live(detail))
+
+
+def _last_end(events: Events) -> int:
+    return max((i for i, (_, kind, _) in enumerate(events) if kind in ENDED), default=-1)
 
 
 def controller(results: Results, run_id: str) -> dict[str, Any] | None:
@@ -79,8 +91,7 @@ def controller(results: Results, run_id: str) -> dict[str, Any] | None:
     the run last ended, the first still standing. Two resumes that claim the run at once (each
     found none) both read the same one back: the first to claim runs, the other refuses."""
     events = results.events(run_id)
-    since = max((i for i, (_, kind, _) in enumerate(events) if kind in ENDED), default=-1)
-    standing = [i for i in _standing(events) if i > since]
+    standing = [i for i in _standing(events) if i > _last_end(events)]
     return events[standing[0]][2] if standing else None
 
 
@@ -89,19 +100,13 @@ def elsewhere(results: Results, run_id: str) -> dict[str, Any] | None:
     machines) since the run last ended, within the time its resources' amibake:expires gives
     it, and not released: whether it lives cannot be told from here. None when there is none."""
     events = results.events(run_id)
-    since = max((i for i, (_, kind, _) in enumerate(events) if kind in ENDED), default=-1)
-    released = [(i, _identity(d)) for i, (_, k, d) in enumerate(events) if k == "released"]
     here = socket.gethostname()
-    for i, (at, kind, detail) in enumerate(events):
-        if (
-            i > since
-            and kind in STARTED
-            and detail.get("host") not in (None, here)
-            and time.time() - at < ELSEWHERE_S
-            and not any(j > i and who == _identity(detail) for j, who in released)
-        ):
-            return {**detail, "at": at}
-    return None
+
+    def away(at: float, detail: dict[str, Any]) -> bool:
+        return detail.get("host") not in (None, here) and time.time() - at < ELSEWHERE_S
+
+    found = [i for i in _unreleased(events, away) if i > _last_end(events)]
+    return {**events[found[0]][2], "at": events[found[0]][0]} if found else None
 
 
 def _refuse_elsewhere(results: Results, run_id: str, doing: str) -> None:
@@ -115,7 +120,7 @@ def _refuse_elsewhere(results: Results, run_id: str, doing: str) -> None:
         )
 
 
-def _lifecycle(events: list[tuple[float, str, dict[str, Any]]]) -> list[tuple[float, str]]:
+def _lifecycle(events: Events) -> list[tuple[float, str]]:
     """The run's starts and ends, but a claim no longer standing: it ran nothing, and made a
     finished run read "stopped" and `fleet kill` record it killed."""
     standing = set(_standing(events))

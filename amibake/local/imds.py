@@ -123,18 +123,14 @@ class _Handler(BaseHTTPRequestHandler):
         """The guest's `shutdown`: at=EPOCH schedules its power-off, cancel forgets it."""
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode(errors="replace")
-        metadata = self.server.metadata
-        if body == "cancel":
-            metadata.shutdown_at = None
-        elif body.startswith("at="):
-            try:
-                metadata.shutdown_at = float(body[3:])
-            except ValueError:
-                self._send(400, "at=EPOCH or cancel")
-                return
-        else:
+        try:
+            if body != "cancel" and not body.startswith("at="):
+                raise ValueError(body)
+            at = None if body == "cancel" else float(body.removeprefix("at="))
+        except ValueError:
             self._send(400, "at=EPOCH or cancel")
             return
+        self.server.metadata.shutdown_at = at
         self._send(200)
 
     def do_GET(self) -> None:

@@ -202,7 +202,8 @@ def _fleet_network() -> None:
         made = [(i["instance"], i.get("launch_spec")) for i in self.on_demand_instances]
         made += [(r.instance, r.launch_spec) for r in self.spot_requests]
         for instance, spec in made:
-            wanted, group_ids = _template_network(self.ec2_backend, spec)
+            data = _template_data(self.ec2_backend, spec)
+            wanted, group_ids = _template_network(data)
             if wanted is None and instance.subnet_id:  # the template says nothing: the subnet
                 wanted = bool(
                     self.ec2_backend.get_subnet(instance.subnet_id).map_public_ip_on_launch
@@ -215,9 +216,7 @@ def _fleet_network() -> None:
                 groups = [self.ec2_backend.get_security_group_from_id(g) for g in group_ids]
                 instance.security_groups = [g for g in groups if g is not None]
                 instance.nics[0]._group_set = list(instance.security_groups)
-            behaviour = _template_data(self.ec2_backend, spec).get(
-                "InstanceInitiatedShutdownBehavior"
-            )
+            behaviour = data.get("InstanceInitiatedShutdownBehavior")
             if behaviour:  # what a power-off from inside does to it: stop (default) or terminate
                 instance.instance_initiated_shutdown_behavior = behaviour
 
@@ -332,12 +331,9 @@ def _template_data(backend: Any, spec: Any) -> dict[str, Any]:
     return dict(found.get_version(template.get("Version", found.latest_version_number)).data)
 
 
-def _template_network(backend: Any, spec: Any) -> tuple[bool | None, list[str]]:
-    """What the launch template behind a fleet's launch spec says of the primary interface's
-    public address (True, False, or None: the subnet decides) and of security groups."""
-    data = _template_data(backend, spec)
-    if not data:
-        return None, []
+def _template_network(data: dict[str, Any]) -> tuple[bool | None, list[str]]:
+    """What a fleet's launch template data says of the primary interface's public address
+    (True, False, or None: the subnet decides) and of security groups."""
     public, groups = None, [str(g) for g in data.get("SecurityGroupIds") or []]
     for interface in data.get("NetworkInterfaces") or []:
         if int(interface.get("DeviceIndex", 0)) != 0:

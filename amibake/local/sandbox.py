@@ -241,15 +241,16 @@ class Sandbox:
     def _install_power(self) -> None:
         """`shutdown` in the instance's own layer, telling its IMDS server (amibake.local.power):
         the host's would ask this machine's systemd to power it off."""
-        text = POWER.read_text().replace(
-            'ENDPOINT = "http://instance-data:80"',
-            f'ENDPOINT = "http://{self.spec.address}:{self.spec.imds_port}"',
+        placeholder = 'ENDPOINT = "http://instance-data:80"'
+        source = POWER.read_text()
+        assert placeholder in source, "power.py's ENDPOINT line is what the install replaces"
+        text = source.replace(
+            placeholder, f'ENDPOINT = "http://{self.spec.address}:{self.spec.imds_port}"'
         )
-        for place in ("usr/sbin/shutdown",):
-            target = self.upper / place
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-            target.chmod(0o755)
+        target = self.upper / "usr/sbin/shutdown"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        target.chmod(0o755)
 
     def _start_isolated(self, spawn: SpawnFn, command: list[str], wait_s: float) -> None:
         """A plain user's sandbox: in its network namespace, sshd run per connection by a loop
