@@ -343,7 +343,8 @@ def test_a_sigkilled_build_s_instance_ends_itself_at_its_deadline(
             r.split()[1] for r in tagged_alive(cloud, run_id) if r.startswith("instance ")
         ]
         first = deadline_of(instance_id)
-        assert first is not None and first - time.time() <= 60, first
+        # A minute away at most (its shutdown rounds the time to the second).
+        assert first is not None and first - time.time() <= 61, first
         capsys.readouterr()
         assert main(["local", "status"]) == 0
         shown = [line for line in capsys.readouterr().out.splitlines() if instance_id in line]
@@ -353,9 +354,13 @@ def test_a_sigkilled_build_s_instance_ends_itself_at_its_deadline(
         while (deadline_of(instance_id) or 0) <= first + 5:
             assert time.monotonic() < deadline, "the controller never renewed the deadline"
             time.sleep(1)
-    finally:
+    except BaseException:
         build.kill()
         build.wait()
+        main(["gc"])  # failed here: its instance must not be left beside the next tests
+        raise
+    build.kill()
+    build.wait()
     described = {}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

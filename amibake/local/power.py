@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"Failed to parse time specification: {words[0]}", file=sys.stderr)
         return 1
-    tell(f"at={at:.0f}")
+    tell(f"at={at:.3f}")
     stamp = time.strftime("%a %Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
     print(f"Shutdown scheduled for {stamp}, use 'shutdown -c' to cancel.", file=sys.stderr)
     return 0
