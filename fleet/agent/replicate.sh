@@ -43,22 +43,26 @@ fi
   }
   fresh_token
   deadline=$(( $(date +%s) + ${timeout_s%.*} ))
-  while kill -0 "$pid" 2>/dev/null; do
+  # Alive while /proc has it (a zombie too, until the wrapper's wait takes it), not only while
+  # kill -0 works: sudo, the leader of every image replicate (`sudo -n docker run`), sets its
+  # real uid to root for moments as it starts, and the user's kill -0 is refused then. The
+  # watcher took that for the workload's end and never timed it out (CI failed so, 2026-12-01).
+  # A refused signal is sent again the next turn, for the same reason.
+  while kill -0 "$pid" 2>/dev/null || [ -e "/proc/$pid" ]; do
     [ -n "$token" ] || fresh_token
     if [ -n "$token" ]; then
       code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' -H "X-aws-ec2-metadata-token: $token" \
         "$imds/latest/meta-data/spot/instance-action" 2>/dev/null) || code=000
-      if [ "$code" = 200 ]; then
-        touch "$tag.interrupted"
-        kill -TERM -- "-$pid" 2>/dev/null
-        exit 0
+      if [ "$code" = 200 ] && [ ! -e "$tag.interrupted" ]; then
+        # Once, as the notice's one warning is: a workload that cleans up on TERM is not cut
+        # short by more. Again next turn only when it was refused.
+        kill -TERM -- "-$pid" 2>/dev/null && touch "$tag.interrupted"
       fi
       [ "$code" = 401 ] && fresh_token
     fi
-    if [ "$(date +%s)" -ge "$deadline" ]; then
+    if [ ! -e "$tag.interrupted" ] && [ "$(date +%s)" -ge "$deadline" ]; then
       touch "$tag.timeout"
       kill -KILL -- "-$pid" 2>/dev/null
-      exit 0
     fi
     sleep 1
   done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -106,3 +107,33 @@ def test_what_a_workload_leaves_running_ends_with_its_replicate(tmp_path: Path) 
     marker.unlink(missing_ok=True)
     time.sleep(1)
     assert not marker.exists(), "the workload's background helper outlived its replicate"
+
+
+def test_a_workload_whose_leader_refuses_kill_0_is_still_timed_out(tmp_path: Path) -> None:
+    """sudo, the leader of every image replicate's group (`sudo -n docker run`), sets its real
+    uid to root for moments as it starts, and a plain user's `kill -0` is refused then (EPERM;
+    measured: a window about 3 ms into every sudo). The watcher took the refusal for the
+    workload's end and never timed it out: the replicate ran on until the controller's SSH
+    timeout, and the type failed with nothing recorded (CI, 2026-12-01). Here every `kill -0`
+    is refused, and so is the first KILL."""
+    refusing = tmp_path / "refusing.sh"
+    refusing.write_text(
+        "kill() {\n"
+        '  if [ "$1" = -0 ] || { [ "$1" = -KILL ] && [ ! -e "$REFUSED" ]; }; then\n'
+        '    [ "$1" = -KILL ] && touch "$REFUSED"\n'
+        '    echo "kill: Operation not permitted" >&2; return 1\n'
+        "  fi\n"
+        '  builtin kill "$@"\n'
+        "}\n"
+    )
+    env = {**os.environ, "BASH_ENV": str(refusing), "REFUSED": str(tmp_path / "refused")}
+    started = time.monotonic()
+    ran = subprocess.run(
+        ["bash", str(AGENT / "replicate.sh"), str(tmp_path), "r0", "http://127.0.0.1:9", "0",
+         "1", "sleep 30"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    result = ran.stdout.strip().splitlines()[-1]
+    assert "state=timeout" in result, ran.stdout
+    assert (tmp_path / "refused").exists()  # the first KILL was refused, and sent again
+    assert time.monotonic() - started < 15
