@@ -14,6 +14,7 @@ starting.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import re
@@ -37,6 +38,14 @@ Sink = Callable[[str], None]
 # loaded machine's sshd to drain the pipe, short enough not to wait on a background process
 # that holds the output open (such a command's output is whatever came by then).
 EOF_AFTER_EXIT_S = 5.0
+# A connection that went silent (a network that drops packets, a host gone without a reset, an
+# sshd stopped) is found by keepalives: one every KEEPALIVE_S, and the connection closed when
+# none is answered within SILENCE_S, as ssh's ServerAliveInterval/ServerAliveCountMax do
+# (OpenSSH refuses keepalive@openssh.com, and the refusal is the answer). TCP alone never
+# tells: a command's reads wait on a silent peer for ever, and the run with them, its instance
+# billed and its cleanup never reached. Closed, the waiting command fails as "connection lost".
+KEEPALIVE_S = 15.0
+SILENCE_S = 60.0
 _BLOCK = re.compile(
     r"-----BEGIN SSH HOST KEY FINGERPRINTS-----(.*?)-----END SSH HOST KEY FINGERPRINTS-----", re.S
 )
@@ -84,6 +93,13 @@ def load_private_key(pem: str) -> paramiko.PKey:
     raise RemoteError("the key pair's private key is not an ed25519, ECDSA or RSA key")
 
 
+def _ask_keepalive(transport: paramiko.Transport, answered: threading.Event) -> None:
+    """One keepalive, waited for (until the connection closes, if nobody answers)."""
+    with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
+        transport.global_request("keepalive@openssh.com", wait=True)
+    answered.set()
+
+
 @dataclass
 class Result:
     command: str
@@ -126,6 +142,8 @@ class Remote:
         # Fabric installs AutoAddPolicy; replace it before the first connect.
         self.connection.client.set_missing_host_key_policy(FingerprintPolicy(fingerprints))
         self._user = user
+        self.silent = ""  # why the keepalive closed the connection, once it has
+        self._closing = threading.Event()
 
     def open(self) -> None:
         try:
@@ -139,9 +157,35 @@ class Remote:
         transport = self.connection.transport
         if transport is not None:
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.silent = ""
+            self._closing = threading.Event()  # this connection's: a reopened one has its own
+            threading.Thread(
+                target=self._keepalive,
+                args=(transport, self._closing),
+                name=f"keepalive-{self.name}",
+                daemon=True,
+            ).start()
 
     def close(self) -> None:
+        self._closing.set()
         self.connection.close()
+
+    def _keepalive(self, transport: paramiko.Transport, closing: threading.Event) -> None:
+        """Until this connection closes: a keepalive every KEEPALIVE_S; none answered within
+        SILENCE_S closes it (see KEEPALIVE_S)."""
+        while not closing.wait(KEEPALIVE_S) and transport.is_active():
+            answered = threading.Event()
+            threading.Thread(
+                target=_ask_keepalive,
+                args=(transport, answered),
+                name=f"keepalive-ask-{self.name}",
+                daemon=True,
+            ).start()
+            if not answered.wait(SILENCE_S) and not closing.is_set():
+                self.silent = f"no answer to SSH keepalives for {SILENCE_S:.0f}s"
+                self._emit(f"{self.name}: {self.silent}; closing the connection\n")
+                transport.close()  # what waits on it fails now, as "connection lost"
+                return
 
     def quiet(self, command: str, timeout_s: float) -> int | None:
         """Run `command` on a channel of its own, beside whatever else runs (safe from another
@@ -204,10 +248,11 @@ class Remote:
             code = channel.recv_exit_status()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise RemoteError(
-                f"{self.name}: connection lost while running {command!r}: {exc}"
+                f"{self.name}: connection lost while running {command!r}: {self.silent or exc}"
             ) from exc
         if code == -1:
-            raise RemoteError(f"{self.name}: connection lost while running {command!r}")
+            why = f": {self.silent}" if self.silent else ""
+            raise RemoteError(f"{self.name}: connection lost while running {command!r}{why}")
         result = Result(command, code, out, err)
         if check and code != 0:
             raise RemoteError(f"{self.name}: {command!r} exited {code}: {result.tail}")

@@ -234,29 +234,38 @@ def _wait_for_log(results: Path, marker: str, before: set[Path], timeout_s: floa
     raise AssertionError(f"{marker!r} never appeared in the build logs")
 
 
+def _signal_ssh_sessions(local_dir: Path, signum: int) -> int:
+    """Send a signal to the per-connection sshd processes of this local cloud's sandboxes (not
+    the listeners, and not another test worker's); how many there were."""
+    marker = str(local_dir.resolve() / "sandboxes")
+    sent = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            root_dir = os.readlink(proc / "root")
+        except OSError:
+            continue
+        if root_dir.startswith(marker) and "sshd: ec2-user" in cmdline:
+            # It may be gone already, with the session's sshd killed just before it.
+            with suppress(ProcessLookupError):
+                os.kill(int(proc.name), signum)
+                sent += 1
+    return sent
+
+
 def test_ssh_dropping_mid_build_is_a_clear_error(
     cloud: Cloud, local_dir: Path, tmp_path: Path
 ) -> None:
     root = _recipe_variant(tmp_path, "echo amibake-test-sleeping; sleep 300")
-    marker = str(local_dir.resolve() / "sandboxes")
 
     before = _runs(cloud.config.results_dir)
 
     def drop_connections() -> None:
         _wait_for_log(cloud.config.results_dir, "amibake-test-sleeping", before)
-        # Kill the sandbox's per-connection sshd processes, as a network drop would end them.
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-                root_dir = os.readlink(proc / "root")
-            except OSError:
-                continue
-            if root_dir.startswith(marker) and "sshd: ec2-user" in cmdline:
-                # It may be gone already, with the session's sshd killed just before it.
-                with suppress(ProcessLookupError):
-                    os.kill(int(proc.name), signal.SIGKILL)
+        # As a network drop would end them.
+        _signal_ssh_sessions(local_dir, signal.SIGKILL)
 
     failures: list[BaseException] = []
 
@@ -276,6 +285,47 @@ def test_ssh_dropping_mid_build_is_a_clear_error(
     assert "connection lost" in outcome.error
     # it did not wait for the 300 s sleep (launch to teardown took 5-8 s here, more when loaded)
     assert time.monotonic() - started < 120
+    assert_nothing_left(cloud, _last_run(cloud), local_dir)
+
+
+def test_a_build_on_a_connection_gone_silent_fails_on_its_keepalives_leaving_nothing(
+    cloud: Cloud, local_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A network that drops packets, or a host gone without a reset, ends no connection: a
+    command's reads waited on the silent peer for ever, and the run with them, its instance
+    billed and its cleanup never reached. Here the instance's sshd for the connection is
+    stopped (SIGSTOP) mid-build: the TCP connection stands and nothing answers on it. The
+    keepalives go unanswered, the connection is closed, and the build fails and cleans up."""
+    from amibake import remote
+
+    monkeypatch.setattr(remote, "KEEPALIVE_S", 1.0)
+    monkeypatch.setattr(remote, "SILENCE_S", 3.0)
+    root = _recipe_variant(tmp_path, "echo amibake-test-sleeping; sleep 300")
+    before = _runs(cloud.config.results_dir)
+    stopped: list[int] = []
+    waited_on: list[bool] = []
+    ended = threading.Event()
+
+    def silence() -> None:
+        try:
+            _wait_for_log(cloud.config.results_dir, "amibake-test-sleeping", before)
+            stopped.append(_signal_ssh_sessions(local_dir, signal.SIGSTOP))
+        finally:
+            if not ended.wait(60):  # it waits on: the connection ended, so that the build ends
+                waited_on.append(True)
+                _signal_ssh_sessions(local_dir, signal.SIGKILL)
+
+    silencer = threading.Thread(target=silence)
+    silencer.start()
+    try:
+        outcome = pipelines.build(cloud, request(recipes_dir=root))[0]
+    finally:
+        ended.set()
+        silencer.join()
+    assert stopped and stopped[0] > 0, "no sshd session of the build was found to stop"
+    assert not waited_on, "the build was still waiting on its silent connection after 60s"
+    assert not outcome.ok
+    assert "connection lost" in outcome.error and "no answer to SSH keepalives" in outcome.error
     assert_nothing_left(cloud, _last_run(cloud), local_dir)
 
 

@@ -72,6 +72,22 @@ def test_user_data_runs_as_root_at_boot(cloud: Cloud) -> None:
     cloud.ec2.terminate_instances(InstanceIds=[instance_id])
 
 
+def test_a_quiet_command_longer_than_the_keepalive_silence_limit_is_not_cut_short(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keepalives close a connection nobody answers on; sshd answers them while a command
+    prints nothing, so a long quiet command (a build's link step) runs to its end."""
+    from amibake import remote as ssh
+
+    monkeypatch.setattr(ssh, "KEEPALIVE_S", 0.2)
+    monkeypatch.setattr(ssh, "SILENCE_S", 1.0)
+    instance_id, remote = launch_and_reach(cloud)
+    with remote:
+        result = remote.run("sleep 4; echo done", stream=False)
+        assert (result.exit_code, result.stdout, remote.silent) == (0, "done\n", "")
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+
+
 def test_terminate_leaves_no_process_mount_or_directory(cloud: Cloud, local_dir: Path) -> None:
     instance_id, remote = launch_and_reach(cloud)
     with remote:
