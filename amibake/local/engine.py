@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -239,13 +239,35 @@ class LocalCloud:
                 relay.close()
             netns.close()
 
-    def create_image(self, instance_id: str, image_id: str) -> None:
+    def create_image(self, instance_id: str, image_id: str, reboot: bool = True) -> None:
+        """The image of an instance's disk. As EC2 does unless told NoReboot, the instance is
+        shut down for it and boots again: every process ends (SSH sessions with them), /run
+        and /tmp start empty, and a shutdown it had scheduled is forgotten. Its disk is copied
+        while nothing writes to it."""
         sandbox = self.sandboxes.get(instance_id)
         if sandbox is None:
             raise LocalCloudError(f"CreateImage: {instance_id} has no running sandbox")
+        if reboot:
+            sandbox.halt()
+            metadata = self.metadata.get(instance_id)
+            if metadata is not None:
+                metadata.shutdown_at = None  # it lived in the guest's /run
         parents = [Path(p) for p in sandbox.spec.layers]
-        self.images.create(image_id, sandbox.upper, parents)
-        log.info("created image %s from %s", image_id, instance_id)
+        try:
+            self.images.create(image_id, sandbox.upper, parents)
+            log.info("created image %s from %s", image_id, instance_id)
+        finally:
+            if reboot:
+                self._boot_again(sandbox)
+
+    def _boot_again(self, sandbox: Sandbox) -> None:
+        """Boot a halted sandbox on its disk; a plain user's gets a new socket for its sshd
+        (the last one went with the processes that held it)."""
+        if sandbox.isolation is not None:
+            listener = rootless.listen(sandbox.spec.address, self.ssh_port)
+            sandbox.isolation = replace(sandbox.isolation, listener=listener)
+        sandbox.start(self._spawn)
+        log.info("rebooted %s", sandbox.spec.instance_id)
 
     def deregister_image(self, image_id: str) -> None:
         in_use = {Path(p) for s in self.sandboxes.values() for p in s.spec.layers}

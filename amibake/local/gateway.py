@@ -198,7 +198,8 @@ class Gateway:
         elif action == "CreateImage":
             image = _IMAGE_ID.search(text)
             if image:
-                self.cloud.create_image(params["InstanceId"], image.group(1))
+                reboot = params.get("NoReboot", "false").lower() != "true"
+                self.cloud.create_image(params["InstanceId"], image.group(1), reboot)
         elif action == "DeregisterImage":
             self.cloud.deregister_image(params["ImageId"])
         elif action == "GetConsoleOutput":

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from amibake.cloud import Cloud
 from amibake.cloud.reach import reach
 from amibake.errors import HostKeyMismatch
+from amibake.local import control as local_control
 from amibake.remote import Remote, load_private_key, parse_fingerprints
 from tests.helpers import launch, launch_and_reach, wait_until_clean
 
@@ -85,6 +88,45 @@ def test_a_quiet_command_longer_than_the_keepalive_silence_limit_is_not_cut_shor
     with remote:
         result = remote.run("sleep 4; echo done", stream=False)
         assert (result.exit_code, result.stdout, remote.silent) == (0, "done\n", "")
+    cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+
+
+def test_create_image_reboots_the_instance_unless_told_not_to(cloud: Cloud) -> None:
+    """EC2 shuts an instance down for CreateImage and boots it again (NoReboot false): its
+    processes and SSH sessions end, /run starts empty, and a scheduled power-off is forgotten.
+    cloud-init's record of the instance survives on its disk, so the user data does not run
+    again, and the host keys stay. The local cloud copied the disk live and rebooted nothing:
+    whatever the product left running, or counted on from /run, went on as if no image was
+    made. NoReboot true leaves it all as it was."""
+    instance_id, pem = launch(cloud, user_data="#!/bin/sh\nshutdown -P --no-wall +30\n")
+
+    def status() -> dict[str, Any]:
+        found = local_control.status(cloud.config) or {}
+        return dict(found["instances"][instance_id])
+
+    remote = reach(cloud, instance_id, pem, timeout_s=30)
+    with remote:
+        remote.run("while [ ! -e /var/lib/cloud/instance/boot-finished ]; do sleep 0.05; done")
+        remote.run("sudo -n touch /run/before-image; nohup sleep 600 >/dev/null 2>&1 &")
+        assert status()["shutdown_at"] is not None  # the user data's power-off
+        cloud.ec2.create_image(InstanceId=instance_id, Name="kept-running", NoReboot=True)
+        alive = remote.run("test -e /run/before-image && pgrep -x sleep", check=False)
+        assert alive.exit_code == 0, "NoReboot true: nothing of the instance should have ended"
+        transport = remote.connection.transport
+        assert transport is not None
+        cloud.ec2.create_image(InstanceId=instance_id, Name="rebooted")
+        deadline = time.monotonic() + 10
+        while transport.is_active():  # the reboot ended the session under it
+            assert time.monotonic() < deadline, "the connection outlived the reboot"
+            time.sleep(0.1)
+    console = cloud.ec2.get_console_output(InstanceId=instance_id)["Output"]
+    assert console.count(f"booting {instance_id}") == 2, console
+    assert console.count("cloud-init: running user data") == 1, console
+    assert len(parse_fingerprints(console)) == 1  # the same host key, booted again
+    assert status()["shutdown_at"] is None  # it lived in /run
+    with reach(cloud, instance_id, pem, timeout_s=30) as again:
+        gone = again.run("test -e /run/before-image || pgrep -x sleep", check=False)
+        assert gone.exit_code == 1, "the reboot should have ended the process and emptied /run"
     cloud.ec2.terminate_instances(InstanceIds=[instance_id])
 
 
