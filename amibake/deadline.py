@@ -9,7 +9,9 @@ InstanceInitiatedShutdownBehavior terminate, so the powered-off instance is term
 encrypted root volume deleted with it), not stopped. A dead controller's instance costs at most
 N minutes more (`instance_deadline_min`, 30 by default). An instance kept for debugging
 (--keep-on-error) keeps its deadline: `sudo shutdown -c` on it cancels it. A bake's boot-test
-instance (RunInstances, minutes long) has the same deadline from its user data, unrenewed.
+instance (RunInstances, minutes long) has the same deadline from its user data, unrenewed, and
+so has a bake's build host once CreateImage has rebooted it (cloud-init runs the user data again
+on the boot after the hygiene removed its record of the instance).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from amibake.cloud import Cloud
 from amibake.errors import UserError
 from amibake.journal import Journal
 from amibake.local import control
+from amibake.remote import parse_fingerprints
 from amibake.runner import Interrupted
 from tests.helpers import tagged_alive, tagged_images_alive, wait_until_clean
 from tests.test_build import FIXTURES
@@ -328,6 +329,46 @@ def test_bake_boot_test_and_security_invariants(
     assert tagged_alive(cloud, run_id) == []
     assert main(["gc", "--run-id", run_id]) == 0
     assert cloud.ec2.describe_images(ImageIds=[image_id])["Images"]
+    assert wait_until_clean(local_dir) == []
+
+
+def test_the_build_host_rebooted_by_create_image_has_its_deadline_again(
+    cloud: Cloud, built: None, local_dir: Path
+) -> None:
+    """CreateImage reboots the build host, and a reboot forgets its scheduled power-off (in
+    /run): a bake SIGKILLed from there on would leave it to gc. But the hygiene removed
+    cloud-init's record of the instance, so to cloud-init that boot is the instance's first: it
+    writes new host keys and runs the user data again, whose last line is the deadline. Seen
+    once the image is made: two boots on the console, the user data run twice, two host keys, and
+    a power-off scheduled from the second boot."""
+    minutes = cloud.config.instance_deadline_min
+    seen: dict[str, Any] = {}
+
+    def at(name: str) -> None:  # after each step
+        if name == "hygiene":
+            seen["before"] = time.time()
+        if name != "create-image":
+            return
+        alive = tagged_alive(cloud, _last_run(cloud))
+        instances = [r.split()[1] for r in alive if r.startswith("instance ")]
+        assert len(instances) == 1, alive
+        (instance_id,) = instances
+        seen["console"] = cloud.ec2.get_console_output(InstanceId=instance_id)["Output"]
+        seen["shutdown_at"] = (control.status(cloud.config) or {})["instances"][instance_id][
+            "shutdown_at"
+        ]
+        seen["id"] = instance_id
+
+    outcomes = pipelines.bake(cloud, pipelines.BakeRequest(), on_boundary=at)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    console = seen["console"]
+    assert console.count(f"booting {seen['id']}") == 2, console
+    assert console.count("cloud-init: running user data") == 2, console
+    assert len(parse_fingerprints(console)) == 2  # the hygiene removed the first boot's key
+    powers_off = seen["shutdown_at"]
+    assert powers_off is not None, "the rebooted build host has no deadline"
+    assert seen["before"] <= powers_off - 60 * minutes <= time.time(), (seen, minutes)
+    assert tagged_alive(cloud, _last_run(cloud)) == []  # the image is the bake's product
     assert wait_until_clean(local_dir) == []
 
 

@@ -176,9 +176,11 @@ class CreateImage:
             ],
         }
         if state.renewal is not None:
-            # CreateImage reboots the build host, which forgets its deadline (a scheduled
-            # shutdown lives in /run) and drops the connection renewing it: from here until
-            # the bake's cleanup ends it, a SIGKILLed bake leaves it to gc.
+            # CreateImage reboots the build host: the connection renewing its deadline drops,
+            # and the schedule (in /run) is forgotten. The hygiene removed cloud-init's record
+            # of the instance, so the boot is its first to cloud-init, which runs the user data
+            # again: the deadline is back, from the reboot, unrenewed (the host is not used
+            # again; the bake's cleanup terminates it).
             state.renewal.stop()
             state.renewal = None
         with creating("the image"):
