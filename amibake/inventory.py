@@ -286,50 +286,61 @@ def scan(cloud: Cloud) -> dict[tuple[str, str], Resource]:
 
 
 def still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0.0) -> bool:
-    """Describe one journal entry: is it really alive? (gone is confirmed, never assumed: an
-    instance NotFound within `unseen_for` of its creation may be running)"""
-    ec2 = cloud.ec2
+    """Describe one journal entry: is it really alive? Gone is confirmed, never assumed: what
+    is NotFound within `unseen_for` of its creation may exist (EC2's eventual consistency), and
+    taking it for gone journaled a live run's new security group or launch template deleted
+    (`ls` beside a build, a second after it made them)."""
     try:
-        if kind == "instance":
-            found = ec2.describe_instances(InstanceIds=[resource_id])["Reservations"]
-            states = [i["State"]["Name"] for r in found for i in r["Instances"]]
-            if not states:
-                return unseen_for > 0
-            return any(s not in ("terminated",) for s in states)
-        if kind == "fleet":
-            fleets = ec2.describe_fleets(FleetIds=[resource_id])["Fleets"]
-            return any(not f.get("FleetState", "").startswith("deleted") for f in fleets)
-        if kind == "launch-template":
-            return bool(
-                ec2.describe_launch_templates(LaunchTemplateIds=[resource_id])["LaunchTemplates"]
-            )
-        if kind == "security-group":
-            return bool(ec2.describe_security_groups(GroupIds=[resource_id])["SecurityGroups"])
-        if kind == "key-pair":
-            return bool(ec2.describe_key_pairs(KeyNames=[resource_id])["KeyPairs"])
-        if kind == "image":
-            return bool(ec2.describe_images(ImageIds=[resource_id])["Images"])
-        if kind == "snapshot":
-            return bool(ec2.describe_snapshots(SnapshotIds=[resource_id])["Snapshots"])
-        if kind == "volume":
-            return bool(ec2.describe_volumes(VolumeIds=[resource_id])["Volumes"])
-        if kind == "job-queue":
-            return bool(batch.queues(cloud.client("batch"), resource_id))
-        if kind == "job-definition":
-            definitions = cloud.client("batch").describe_job_definitions(
-                jobDefinitions=[resource_id]
-            )
-            return any(d.get("status") == "ACTIVE" for d in definitions["jobDefinitions"])
-        if kind == "compute-environment":
-            return bool(batch.environments(cloud.client("batch"), resource_id))
+        found = _described(cloud, kind, resource_id)
     except botocore.exceptions.ClientError as exc:
         code = error_code(exc)
-        if kind == "instance" and code == "InvalidInstanceID.NotFound":
-            return unseen_for > 0
         if "NotFound" in code or code.startswith("InvalidKeyPair") or "Malformed" in code:
-            return False
-        raise
-    return False
+            found = None
+        else:
+            raise
+    return unseen_for > 0 if found is None else found
+
+
+def _described(cloud: Cloud, kind: str, resource_id: str) -> bool | None:
+    """Whether a describe of the resource finds it alive; None when the answer does not have
+    it (some kinds answer an empty list, others raise NotFound)."""
+    ec2 = cloud.ec2
+    listed: list[Any]
+    if kind == "instance":
+        found = ec2.describe_instances(InstanceIds=[resource_id])["Reservations"]
+        states = [i["State"]["Name"] for r in found for i in r["Instances"]]
+        return any(s != "terminated" for s in states) if states else None
+    if kind == "fleet":
+        fleets = ec2.describe_fleets(FleetIds=[resource_id])["Fleets"]
+        if not fleets:
+            return None
+        return any(not f.get("FleetState", "").startswith("deleted") for f in fleets)
+    if kind == "job-definition":
+        definitions = cloud.client("batch").describe_job_definitions(jobDefinitions=[resource_id])[
+            "jobDefinitions"
+        ]
+        if not definitions:
+            return None
+        return any(d.get("status") == "ACTIVE" for d in definitions)
+    if kind == "launch-template":
+        listed = ec2.describe_launch_templates(LaunchTemplateIds=[resource_id])["LaunchTemplates"]
+    elif kind == "security-group":
+        listed = ec2.describe_security_groups(GroupIds=[resource_id])["SecurityGroups"]
+    elif kind == "key-pair":
+        listed = ec2.describe_key_pairs(KeyNames=[resource_id])["KeyPairs"]
+    elif kind == "image":
+        listed = ec2.describe_images(ImageIds=[resource_id])["Images"]
+    elif kind == "snapshot":
+        listed = ec2.describe_snapshots(SnapshotIds=[resource_id])["Snapshots"]
+    elif kind == "volume":
+        listed = ec2.describe_volumes(VolumeIds=[resource_id])["Volumes"]
+    elif kind == "job-queue":
+        listed = list(batch.queues(cloud.client("batch"), resource_id))
+    elif kind == "compute-environment":
+        listed = list(batch.environments(cloud.client("batch"), resource_id))
+    else:
+        return False
+    return True if listed else None
 
 
 def _bucket_objects(cloud: Cloud) -> tuple[str, list[dict[str, Any]]] | None:

@@ -117,6 +117,14 @@ def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_i
     assert len([x for x in left if x.startswith("snapshot")]) == 1
 
 
+def _first_unseen(f: faults.Faults, kind: str) -> bool:
+    """Whether the cloud's first resource of the kind is unknown to EC2 for 2 s at least."""
+    from amibake.local.faults import new_resources
+
+    window = f.between(*new_resources.UNSEEN_S, f"new-{kind}", 1)
+    return new_resources.unseen(f, kind, 1) and window > 2.0
+
+
 @pytest.mark.parametrize("kind", ["security-group", "launch-template"])
 def test_a_group_or_template_its_delete_does_not_find_yet_is_deleted_all_the_same(
     faulty: Callable[[str, int], Cloud], kind: str
@@ -127,14 +135,10 @@ def test_a_group_or_template_its_delete_does_not_find_yet_is_deleted_all_the_sam
     from amibake.journal import Journal
     from amibake.local.faults import new_resources
 
-    def unseen(f: faults.Faults, kind: str) -> bool:
-        window = f.between(*new_resources.UNSEEN_S, f"new-{kind}", 1)
-        return new_resources.unseen(f, kind, 1) and window > 2.0
-
     other = "launch-template" if kind == "security-group" else "security-group"
     cloud = faulty(
         "new-resources",
-        seed_where(lambda f: unseen(f, kind) and not new_resources.unseen(f, other, 1)),
+        seed_where(lambda f: _first_unseen(f, kind) and not new_resources.unseen(f, other, 1)),
     )
     from tests.test_build_faults import failing
 
@@ -147,6 +151,42 @@ def test_a_group_or_template_its_delete_does_not_find_yet_is_deleted_all_the_sam
     assert list(counts) == [f"new {kind} not found by its delete"], counts
     run_id = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
     assert run_id is not None and tagged_alive(cloud, run_id) == []
+
+
+def test_a_new_group_a_describe_does_not_find_yet_is_not_taken_for_gone(
+    faulty: Callable[[str, int], Cloud], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A describe of a security group EC2 made a second ago may answer NotFound. `ls` (and gc)
+    beside a live build took that for gone and journaled the group deleted: the run's record of
+    it lost, and after a SIGKILL only the tag scan could still find it. The journal's check of
+    an entry (inventory.still_there, asked with how long EC2 may not know it yet) says there."""
+    import time
+
+    from amibake import inventory
+    from amibake.cli import main
+    from amibake.cloud.ec2 import NEW_INSTANCE_VISIBLE_S
+    from amibake.journal import Journal
+
+    cloud = faulty("new-resources", seed_where(lambda f: _first_unseen(f, "security-group")))
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    run_id = "ab-beside00ls"
+    group = cloud.ec2.create_security_group(GroupName="beside-ls", Description="a live run's")
+    group_id = group["GroupId"]
+    try:
+        assert inventory.still_there(cloud, "security-group", group_id, NEW_INSTANCE_VISIBLE_S)
+        assert met(cloud).get("new-resources") == {
+            "new security-group not found by a describe": 1
+        }, "the describe came after the group's window: nothing was tested"
+        assert not inventory.still_there(cloud, "security-group", "sg-0000000000000000d", 0.0)
+        # ls then lists it, and its journal entry stays.
+        journal.start_run(run_id, "build", cloud.config.cloud, cloud.config.region)
+        journal.created(run_id, "security-group", group_id, cloud.config.region, "local")
+        assert main(["ls"]) == 0
+        assert group_id in capsys.readouterr().out
+        assert [r.resource_id for r in journal.alive(run_id)] == [group_id]
+    finally:
+        time.sleep(2.5)  # until EC2 knows it: the delete would not find it either
+        cloud.ec2.delete_security_group(GroupId=group_id)
 
 
 def test_a_boot_test_refused_for_capacity_in_its_zone_launches_in_another(
