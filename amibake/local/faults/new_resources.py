@@ -1,14 +1,16 @@
-"""A security group or launch template EC2 has just made is not yet known to every call: its
-delete seconds later answers InvalidGroup.NotFound / InvalidLaunchTemplateId.NotFound, and the
-resource stays; a describe naming it answers the same, though it exists.
+"""A security group, launch template or key pair EC2 has just made is not yet known to every
+call: a group's or template's delete seconds later answers InvalidGroup.NotFound /
+InvalidLaunchTemplateId.NotFound, and the resource stays; a key pair's delete by name answers
+success and deletes nothing (by name it succeeds for a key EC2 does not know); a describe naming
+any of them answers NotFound, though it exists.
 
 Sources: the EC2 API reference, "Eventual consistency in the Amazon EC2 API" (a resource just
 created may not be found by the next call that names it); terraform-provider-aws waits for a new
 security group to be found (waitSecurityGroupCreated) before it acts on it.
 
-Locally: a share of new groups and templates (UNSEEN) are NotFound to their delete, and to a
-describe by id, for a window drawn per resource from UNSEEN_S after their creation; the delete
-then does nothing.
+Locally: a share of new groups, templates and key pairs (UNSEEN) are unknown to their delete,
+and to a describe naming them, for a window drawn per resource from UNSEEN_S after their
+creation; the delete then does nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import re
 
 from amibake.local.faults import Behaviour, Faults, Reply, Request, query_error
 
-UNSEEN = 0.3  # share of new groups and templates whose delete does not find them at first
+UNSEEN = 0.3  # share of new groups, templates, key pairs their delete does not find at first
 UNSEEN_S = (0.5, 2.5)  # for this long after their creation (AWS: seconds)
 # kind -> (the create, the create reply's id, the delete, the delete's id parameter, its code,
 # the describe, the prefix of its id parameters)
@@ -40,7 +42,24 @@ KINDS = {
         "DescribeLaunchTemplates",
         "LaunchTemplateId.",
     ),
+    # By name, DeleteKeyPair answers success whether or not EC2 knows the key (boto/boto3#865):
+    # of a key it does not know yet, it deletes nothing, and says so no more than that.
+    "key-pair": (
+        "CreateKeyPair",
+        re.compile(r"<keyName>([^<]+)</keyName>"),
+        "DeleteKeyPair",
+        "KeyName",
+        "InvalidKeyPair.NotFound",  # a describe's; the delete answers DELETED_NOTHING
+        "DescribeKeyPairs",
+        "KeyName.",
+    ),
 }
+DELETED_NOTHING = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteKeyPairResponse '
+    b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>'
+    b"00000000-0000-0000-0000-000000000000</requestId><return>true</return>"
+    b"</DeleteKeyPairResponse>"
+)
 
 
 def unseen(faults: Faults, kind: str, n: int) -> bool:
@@ -65,6 +84,8 @@ def _before(faults: Faults, request: Request) -> Reply | None:
             fresh = faults.fresh(f"new-{kind}", resource, UNSEEN_S)
             if fresh and unseen(faults, kind, faults.ordinal(kind, resource)):
                 faults.count(BEHAVIOUR.name, f"new {kind} not found by {by}")
+                if kind == "key-pair" and request.action == delete:
+                    return Reply(200, [("Content-Type", "text/xml")], DELETED_NOTHING)
                 return query_error(code, f"The {kind} ID '{resource}' does not exist")
     return None
 
