@@ -21,6 +21,7 @@ from amibake.cloud.ec2 import (
     SNAPSHOT_RELEASED_S,
     delete_fleet,
     delete_image,
+    delete_key_pair,
     delete_security_group,
     terminate_instances,
 )
@@ -116,7 +117,7 @@ def delete(
         ),
         "volume": lambda i: ec2.delete_volume(VolumeId=i),
         "security-group": lambda i: delete_security_group(ec2, i),
-        "key-pair": lambda i: ec2.delete_key_pair(KeyName=i),
+        "key-pair": lambda i: delete_key_pair(ec2, i, unseen[i]),
         "job-definition": lambda i: batch_client.deregister_job_definition(jobDefinition=i),
         "run-files": lambda i: batch.delete_prefix(cloud, *i.removeprefix("s3://").split("/", 1)),
     }

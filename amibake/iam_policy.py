@@ -51,6 +51,9 @@ _LAUNCH = [
     "ec2:DescribeInstanceTypeOfferings",
     "ec2:DescribeInstanceTypes",
     "ec2:DescribeInstances",
+    # A key pair's cleanup within a minute of its creation: found first, as a delete by name
+    # of a key EC2 does not know yet succeeds and deletes nothing.
+    "ec2:DescribeKeyPairs",
     "ec2:DescribeSubnets",
     "ec2:DescribeVpcs",
     "ec2:GetConsoleOutput",

@@ -28,7 +28,7 @@ from amibake import batch
 from amibake.catalog import prices
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, every
-from amibake.cloud.ec2 import NEW_INSTANCE_VISIBLE_S, snapshots_of
+from amibake.cloud.ec2 import NEW_INSTANCE_VISIBLE_S, NEW_RESOURCE_VISIBLE_S, snapshots_of
 from amibake.cloud.tags import EXPIRES, KEPT, RUN_ID, parse_expires
 from amibake.errors import UserError
 from amibake.journal import Journal
@@ -87,7 +87,8 @@ class Resource:
         if self.created is None:
             return 0.0
         age = (datetime.now(UTC) - self.created).total_seconds()
-        return max(0.0, NEW_INSTANCE_VISIBLE_S - age)
+        launched = self.kind in ("instance", "fleet")
+        return max(0.0, (NEW_INSTANCE_VISIBLE_S if launched else NEW_RESOURCE_VISIBLE_S) - age)
 
     def age_s(self) -> float | None:
         if self.created is None:

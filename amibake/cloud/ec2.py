@@ -224,6 +224,16 @@ def delete_security_group(ec2: Any, group_id: str, unseen_for: float = 0.0) -> b
     )
 
 
+def delete_key_pair(ec2: Any, name: str, unseen_for: float = 0.0) -> None:
+    """Delete a key pair by name. By name, DeleteKeyPair answers success whether or not EC2
+    knows the key, and of one it does not know yet (made a second ago, its run stopped at once)
+    it deletes nothing: the key stayed, journaled deleted. Within `unseen_for` of its creation a
+    describe must find it first; one never found in that time was never there."""
+    if unseen_for > 0:
+        ignore_missing(lambda: ec2.describe_key_pairs(KeyNames=[name]), unseen_for=unseen_for)
+    ec2.delete_key_pair(KeyName=name)
+
+
 def fleet_deleted(ec2: Any, fleet_id: str) -> bool:
     """Whether EC2 describes the fleet as deleted (an instant fleet is found only by its id)."""
     fleets = ec2.describe_fleets(FleetIds=[fleet_id])["Fleets"]

@@ -9,8 +9,8 @@ import socket
 import urllib.request
 
 from amibake.cloud import tags
-from amibake.cloud.calls import creating, ignore_missing, retry_on
-from amibake.cloud.ec2 import delete_security_group
+from amibake.cloud.calls import creating, retry_on
+from amibake.cloud.ec2 import delete_key_pair, delete_security_group
 from amibake.cloud.network import Network
 from amibake.errors import CloudError
 from amibake.runner import RunContext
@@ -40,9 +40,8 @@ class KeyPair:
     def cleanup(self, state: InstanceState) -> None:
         if not state.key_name:
             return
-        ec2 = self.context.cloud.ec2
-        # By name, DeleteKeyPair succeeds whether or not EC2 knows the key yet: nothing to wait
-        ignore_missing(lambda: ec2.delete_key_pair(KeyName=state.key_name))
+        unseen = self.context.unseen_for("key-pair", state.key_name)
+        delete_key_pair(self.context.cloud.ec2, state.key_name, unseen)
         self.context.deleted("key-pair", state.key_name)
         state.private_key = ""
 
