@@ -140,8 +140,10 @@ def test_a_resource_its_delete_does_not_find_yet_is_deleted_all_the_same(
     cloud = faulty(
         "new-resources",
         seed_where(
-            lambda f: _first_unseen(f, kind)
-            and not any(new_resources.unseen(f, other, 1) for other in others)
+            lambda f: (
+                _first_unseen(f, kind)
+                and not any(new_resources.unseen(f, other, 1) for other in others)
+            )
         ),
     )
     from tests.test_build_faults import failing
