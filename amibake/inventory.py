@@ -17,6 +17,7 @@ amibake makes no log group: Batch jobs log to /aws/batch/job, which AWS makes an
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -153,13 +154,15 @@ def scan(cloud: Cloud) -> dict[tuple[str, str], Resource]:
         *,
         kept: str = "",
         batch_kept: str = BATCH_DOWN,
+        orphaned: bool = False,
         **extra: Any,
     ) -> None:
-        """`kept`: why gc leaves it; `batch_kept`: why, when `batch up` made it (no run did)."""
+        """`kept`: why gc leaves it; `batch_kept`: why, when `batch up` made it (no run did);
+        `orphaned`: what it was kept for is gone, and its amibake:kept tag with it."""
         item_tags = _tags(item)
         if RUN_ID not in item_tags and batch.TAG not in item_tags:
             return
-        if KEPT in item_tags:
+        if KEPT in item_tags and not orphaned:
             kept = kept or "marked amibake:kept"
         if RUN_ID not in item_tags:
             kept = kept or batch_kept
@@ -237,16 +240,22 @@ def scan(cloud: Cloud) -> dict[tuple[str, str], Resource]:
         stored = snapshot.get("FullSnapshotSizeInBytes")
         size = stored / prices.GIB if stored else float(snapshot.get("VolumeSize", 0))
         image = image_of.get(snapshot_id, "")
+        gone = "" if image or KEPT not in _tags(snapshot) else _deregistered_image(ec2, snapshot)
         add(
             "snapshot",
             snapshot_id,
             snapshot,
             "StartTime",
-            kept=f"the snapshot of baked image {image}" if KEPT in _tags(snapshot) else "",
+            kept=f"the snapshot of baked image {image}"
+            if image and KEPT in _tags(snapshot)
+            else "",
+            orphaned=bool(gone),
             size_gib=size,
             usd_per_month=_monthly("ebs-snapshot", size, region),
             detail=", ".join(
-                ([f"of {image}"] if image else []) + ([] if stored else ["at most this size"])
+                ([f"of {image}"] if image else [])
+                + ([f"of {gone}, deregistered"] if gone else [])
+                + ([] if stored else ["at most this size"])
             ),
         )
     for volume in every(ec2, "describe_volumes", "Volumes", Filters=tagged):
@@ -284,6 +293,33 @@ def scan(cloud: Cloud) -> dict[tuple[str, str], Resource]:
         revision = f"{definition['jobDefinitionName']}:{definition['revision']}"
         add("job-definition", revision, {"Tags": tags}, usd_per_month=0.0)
     return found
+
+
+# A kept snapshot whose image is gone this long after the snapshot began is no one's product: the
+# image was deregistered by hand (EC2 leaves its snapshots, billed), and gc kept the snapshot
+# for ever. Younger, the image's absence may be EC2 not listing a new image yet.
+ORPHANED_AFTER_S = 3600.0
+# EC2's description of an image's snapshot: "Created by CreateImage(i-...) for ami-...".
+_IMAGE_OF_SNAPSHOT = re.compile(r"\bfor (ami-[0-9a-f]+)")
+
+
+def _deregistered_image(ec2: Any, snapshot: dict[str, Any]) -> str:
+    """The image a kept snapshot was made for when that image is gone; '' otherwise, or when
+    the snapshot is too young to be sure (see ORPHANED_AFTER_S)."""
+    named = _IMAGE_OF_SNAPSHOT.search(str(snapshot.get("Description", "")))
+    started = _created(snapshot, "StartTime")
+    if named is None or started is None:
+        return ""
+    if (datetime.now(UTC) - started).total_seconds() < ORPHANED_AFTER_S:
+        return ""
+    image_id = named.group(1)
+    try:
+        images = ec2.describe_images(ImageIds=[image_id])["Images"]
+    except botocore.exceptions.ClientError as exc:
+        if "NotFound" in error_code(exc) or "Unavailable" in error_code(exc):
+            return image_id
+        raise
+    return image_id if all(i.get("State") == "deregistered" for i in images) else ""
 
 
 def still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0.0) -> bool:

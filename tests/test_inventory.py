@@ -281,6 +281,42 @@ def test_bake_keep_1_retires_the_older_images_and_their_snapshots(
     assert len(ec2.describe_images(Owners=["self"])["Images"]) == 2
 
 
+def test_the_snapshot_of_an_image_deregistered_by_hand_is_a_leftover_once_it_is_old(
+    account: Cloud, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deregistering an image leaves its snapshots, billed. A baked image's snapshot is kept
+    (amibake:kept), and gc kept it for ever once someone deregistered its image by hand. An hour
+    after it began (here at once), a kept snapshot whose image is gone is gc's to delete; a
+    younger one is kept, as a new image may not be listed yet."""
+    from amibake import inventory
+
+    ec2 = account.ec2
+    image_id = _bake(account)
+    other = _bake(account)  # the newest, which the module's later tests take
+    (snapshot_id,) = [
+        m["Ebs"]["SnapshotId"]
+        for m in ec2.describe_images(ImageIds=[image_id])["Images"][0]["BlockDeviceMappings"]
+        if "Ebs" in m
+    ]
+    ec2.deregister_image(ImageId=image_id)
+
+    def listed() -> dict[str, Any]:
+        (found,) = [r for r in _json(capsys, "ls")["resources"] if r["id"] == snapshot_id]
+        return dict(found)
+
+    assert listed()["gc"] == "keep"  # too young to be sure its image is gone
+    monkeypatch.setattr(inventory, "ORPHANED_AFTER_S", 0.0)
+    orphan = listed()
+    assert orphan["gc"] == "delete" and f"of {image_id}, deregistered" in orphan["detail"], orphan
+    assert main(["gc"]) == 0
+    gone = ec2.describe_snapshots(
+        OwnerIds=["self"], Filters=[{"Name": "snapshot-id", "Values": [snapshot_id]}]
+    )["Snapshots"]
+    assert gone == []
+    kept = [i["ImageId"] for i in ec2.describe_images(Owners=["self"])["Images"]]
+    assert other in kept, "gc should have left the other baked image alone"
+
+
 def _record(image_id: str, architecture: str, family: str) -> dict[str, Any]:
     manifest = {"app": "trivial", "family": family, "architecture": architecture}
     return {
