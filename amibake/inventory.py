@@ -338,6 +338,17 @@ def still_there(cloud: Cloud, kind: str, resource_id: str, unseen_for: float = 0
     return unseen_for > 0 if found is None else found
 
 
+# kind -> the EC2 describe that names one by id, its parameter, the answer's list.
+_EC2_BY_ID = {
+    "launch-template": ("describe_launch_templates", "LaunchTemplateIds", "LaunchTemplates"),
+    "security-group": ("describe_security_groups", "GroupIds", "SecurityGroups"),
+    "key-pair": ("describe_key_pairs", "KeyNames", "KeyPairs"),
+    "image": ("describe_images", "ImageIds", "Images"),
+    "snapshot": ("describe_snapshots", "SnapshotIds", "Snapshots"),
+    "volume": ("describe_volumes", "VolumeIds", "Volumes"),
+}
+
+
 def _described(cloud: Cloud, kind: str, resource_id: str) -> bool | None:
     """Whether a describe of the resource finds it alive; None when the answer does not have
     it (some kinds answer an empty list, others raise NotFound)."""
@@ -359,22 +370,13 @@ def _described(cloud: Cloud, kind: str, resource_id: str) -> bool | None:
         if not definitions:
             return None
         return any(d.get("status") == "ACTIVE" for d in definitions)
-    if kind == "launch-template":
-        listed = ec2.describe_launch_templates(LaunchTemplateIds=[resource_id])["LaunchTemplates"]
-    elif kind == "security-group":
-        listed = ec2.describe_security_groups(GroupIds=[resource_id])["SecurityGroups"]
-    elif kind == "key-pair":
-        listed = ec2.describe_key_pairs(KeyNames=[resource_id])["KeyPairs"]
-    elif kind == "image":
-        listed = ec2.describe_images(ImageIds=[resource_id])["Images"]
-    elif kind == "snapshot":
-        listed = ec2.describe_snapshots(SnapshotIds=[resource_id])["Snapshots"]
-    elif kind == "volume":
-        listed = ec2.describe_volumes(VolumeIds=[resource_id])["Volumes"]
+    if kind in _EC2_BY_ID:
+        operation, parameter, key = _EC2_BY_ID[kind]
+        listed = getattr(ec2, operation)(**{parameter: [resource_id]})[key]
     elif kind == "job-queue":
-        listed = list(batch.queues(cloud.client("batch"), resource_id))
+        listed = batch.queues(cloud.client("batch"), resource_id)
     elif kind == "compute-environment":
-        listed = list(batch.environments(cloud.client("batch"), resource_id))
+        listed = batch.environments(cloud.client("batch"), resource_id)
     else:
         return False
     return True if listed else None
