@@ -257,7 +257,9 @@ class LocalCloud:
             self.images.create(image_id, sandbox.upper, parents)
             log.info("created image %s from %s", image_id, instance_id)
         finally:
-            if reboot:
+            with self._lock:  # terminated meanwhile (a cleanup's TerminateInstances): not booted
+                still = self.sandboxes.get(instance_id) is sandbox
+            if reboot and still:
                 self._boot_again(sandbox)
 
     def _boot_again(self, sandbox: Sandbox) -> None:

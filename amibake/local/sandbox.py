@@ -493,8 +493,7 @@ H="$M"{q(str(self.hidden))}
 if [ -d "$H" ]; then mount -t tmpfs -o mode=700,size=1m tmpfs "$H"; fi
 # cloud-init runs user data once per instance: on its first boot, and on a boot that finds its
 # record of the instance gone (a bake's hygiene removes it before CreateImage reboots the host).
-FIRST=1
-if [ -e "$M/var/lib/cloud/instance/boot-finished" ]; then FIRST=0; fi
+FIRST={0 if self._booted_before() else 1}
 mkdir -p "$M/run/sshd" "$M/run/amibake" "$M/var/lib/cloud/instance"
 rm -f "$M/var/lib/cloud/instance/boot-finished"
 cp {" ".join(q(str(f)) for f in self._boot_files())} "$M/run/amibake/"
@@ -508,6 +507,12 @@ date -u +%s > "$M/var/lib/cloud/instance/boot-finished"
 echo "cloud-init: boot finished"
 wait
 """
+
+    def _booted_before(self) -> bool:
+        """Whether this instance's own layer records a finished boot: its image's layers, or the
+        host's "/" (a machine running cloud-init), would show one of their own through the
+        merged view, and a new instance's user data would not run."""
+        return (self.upper / "var/lib/cloud/instance/boot-finished").is_file()
 
     def _boot_files(self) -> list[Path]:
         names = ["sshd_config", "firstboot.sh"]

@@ -128,6 +128,18 @@ def test_create_image_reboots_the_instance_unless_told_not_to(cloud: Cloud) -> N
         gone = again.run("test -e /run/before-image || pgrep -x sleep", check=False)
         assert gone.exit_code == 1, "the reboot should have ended the process and emptied /run"
     cloud.ec2.terminate_instances(InstanceIds=[instance_id])
+    # An instance of that image is a new one: its user data runs, though the image carries the
+    # finished boot of the instance it was made of.
+    made = cloud.ec2.describe_images(Filters=[{"Name": "name", "Values": ["rebooted"]}])
+    child, _ = launch(cloud, image_id=made["Images"][0]["ImageId"], user_data="#!/bin/sh\n")
+    deadline = time.monotonic() + 30
+    while "cloud-init: boot finished" not in (
+        output := cloud.ec2.get_console_output(InstanceId=child).get("Output", "")
+    ):
+        assert time.monotonic() < deadline, output
+        time.sleep(0.2)
+    assert output.count("cloud-init: running user data") == 1, output
+    cloud.ec2.terminate_instances(InstanceIds=[child])
 
 
 def test_terminate_leaves_no_process_mount_or_directory(cloud: Cloud, local_dir: Path) -> None:
