@@ -53,7 +53,7 @@ fi
     if [ -n "$token" ]; then
       code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' -H "X-aws-ec2-metadata-token: $token" \
         "$imds/latest/meta-data/spot/instance-action" 2>/dev/null) || code=000
-      if [ "$code" = 200 ] && [ ! -e "$tag.interrupted" ]; then
+      if [ "$code" = 200 ] && [ ! -e "$tag.interrupted" ] && [ ! -e "$tag.timeout" ]; then
         # Once, as the notice's one warning is: a workload that cleans up on TERM is not cut
         # short by more. Again next turn only when it was refused.
         kill -TERM -- "-$pid" 2>/dev/null && touch "$tag.interrupted"
