@@ -106,7 +106,9 @@ def delete(
         ).delete,
         "compute-environment": lambda i: batch.delete_environment(batch_client, i),
         "fleet": lambda i: delete_fleet(ec2, i, unseen_for_s=unseen[i]),
-        "launch-template": lambda i: ec2.delete_launch_template(LaunchTemplateId=i),
+        "launch-template": lambda i: ignore_missing(
+            lambda: ec2.delete_launch_template(LaunchTemplateId=i), unseen_for=unseen[i]
+        ),
         # With its snapshots (DeleteAssociatedSnapshots): a snapshot deleted right after its
         # image may still be in use (InvalidSnapshot.InUse), and was left, billed.
         "image": lambda i: delete_image(ec2, i, []),
@@ -116,7 +118,7 @@ def delete(
             within_s=SNAPSHOT_RELEASED_S,
         ),
         "volume": lambda i: ec2.delete_volume(VolumeId=i),
-        "security-group": lambda i: delete_security_group(ec2, i),
+        "security-group": lambda i: delete_security_group(ec2, i, unseen[i]),
         "key-pair": lambda i: delete_key_pair(ec2, i, unseen[i]),
         "job-definition": lambda i: batch_client.deregister_job_definition(jobDefinition=i),
         "run-files": lambda i: batch.delete_prefix(cloud, *i.removeprefix("s3://").split("/", 1)),

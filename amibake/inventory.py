@@ -314,10 +314,14 @@ def _deregistered_image(ec2: Any, snapshot: dict[str, Any]) -> str:
         return ""
     image_id = named.group(1)
     try:
-        images = ec2.describe_images(ImageIds=[image_id])["Images"]
+        # A disabled image is left out unless asked for, and is not gone.
+        images = ec2.describe_images(ImageIds=[image_id], IncludeDisabled=True)["Images"]
     except botocore.exceptions.ClientError as exc:
-        if "NotFound" in error_code(exc) or "Unavailable" in error_code(exc):
+        code = error_code(exc)
+        if "NotFound" in code or "Unavailable" in code:
             return image_id
+        if "Malformed" in code:
+            return ""
         raise
     return image_id if all(i.get("State") == "deregistered" for i in images) else ""
 
