@@ -82,11 +82,12 @@ def test_a_quiet_command_longer_than_the_keepalive_silence_limit_is_not_cut_shor
     prints nothing, so a long quiet command (a build's link step) runs to its end."""
     from amibake import remote as ssh
 
-    monkeypatch.setattr(ssh, "KEEPALIVE_S", 0.2)
-    monkeypatch.setattr(ssh, "SILENCE_S", 1.0)
+    # A margin for a loaded 2-core CI host: an answer takes milliseconds, the limit is 2.5 s.
+    monkeypatch.setattr(ssh, "KEEPALIVE_S", 0.5)
+    monkeypatch.setattr(ssh, "SILENCE_S", 2.5)
     instance_id, remote = launch_and_reach(cloud)
     with remote:
-        result = remote.run("sleep 4; echo done", stream=False)
+        result = remote.run("sleep 6; echo done", stream=False)
         assert (result.exit_code, result.stdout, remote.silent) == (0, "done\n", "")
     cloud.ec2.terminate_instances(InstanceIds=[instance_id])
 
