@@ -55,8 +55,10 @@ fi
         "$imds/latest/meta-data/spot/instance-action" 2>/dev/null) || code=000
       if [ "$code" = 200 ] && [ ! -e "$tag.interrupted" ] && [ ! -e "$tag.timeout" ]; then
         # Once, as the notice's one warning is: a workload that cleans up on TERM is not cut
-        # short by more. Again next turn only when it was refused.
-        kill -TERM -- "-$pid" 2>/dev/null && touch "$tag.interrupted"
+        # short by more. Again next turn only when it was refused. The mark goes first: the
+        # wrapper, its workload ended, kills this watcher at once, and the mark would be lost.
+        touch "$tag.interrupted"
+        kill -TERM -- "-$pid" 2>/dev/null || rm -f "$tag.interrupted"
       fi
       [ "$code" = 401 ] && fresh_token
     fi

@@ -137,3 +137,22 @@ def test_a_workload_whose_leader_refuses_kill_0_is_still_timed_out(tmp_path: Pat
     assert "state=timeout" in result, ran.stdout
     assert (tmp_path / "refused").exists()  # the first KILL was refused, and sent again
     assert time.monotonic() - started < 15
+
+
+def test_a_notice_is_marked_before_the_workload_it_stops_ends(imds: Any, tmp_path: Path) -> None:
+    """The wrapper kills its watcher as soon as the workload has ended, and a workload ends at
+    once on the notice's TERM: a watcher that marked the notice after sending TERM could be
+    killed between the two (CI, 2026-12-02), and the replicate was scored as a failure instead
+    of rerun elsewhere. Here the watcher is slow after each TERM it sends."""
+    slow = tmp_path / "slow.sh"
+    slow.write_text('kill() { builtin kill "$@"; r=$?; [ "$1" = -TERM ] && sleep 2; return $r; }\n')
+    endpoint = f"http://127.0.0.1:{imds.server_address[1]}"
+    ran = subprocess.run(
+        ["bash", str(AGENT / "replicate.sh"), str(tmp_path), "r0", endpoint, "0", "60", "sleep 30"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BASH_ENV": str(slow)},
+    )
+    result = ran.stdout.strip().splitlines()[-1]
+    assert "state=interrupted" in result, ran.stdout
