@@ -491,7 +491,7 @@ def test_gc_says_each_deletion_once_and_a_failed_one_only_as_failed(
     )["GroupId"]
     journal.created(run_id, "security-group", group, cloud.config.region, "local")
 
-    def in_use(ec2: Any, group_id: str) -> None:
+    def in_use(ec2: Any, group_id: str, unseen_for: float = 0.0) -> None:
         raise CloudError(f"{group_id} is still in use (DependencyViolation)")
 
     with monkeypatch.context() as patch:
