@@ -283,6 +283,59 @@ def test_a_refusal_for_expired_credentials_says_how_to_renew_them() -> None:
     assert other["Error"]["Message"] == "no"
 
 
+@pytest.mark.parametrize(
+    ("code", "attempts"), [("InsufficientInstanceCapacity", 1), ("InternalError", 3)]
+)
+def test_no_capacity_is_raised_at_once_and_other_server_errors_are_retried(
+    code: str, attempts: int
+) -> None:
+    """EC2 answers "no capacity in this AZ" with HTTP 500, which botocore retried as transient
+    (about 13 s) before the caller could try the next AZ: asked once, it raises the same error.
+    An InternalError, also 500, is still retried up to max_attempts."""
+    import http.server
+
+    import boto3
+    import botocore.exceptions
+
+    from amibake.config import Config
+
+    asked: list[str] = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            asked.append(self.path)
+            body = (
+                f"<Response><Errors><Error><Code>{code}</Code><Message>no</Message></Error>"
+                "</Errors><RequestID>r</RequestID></Response>"
+            ).encode()
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+        )
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        cloud = Cloud(Config(max_attempts=3), session, endpoint)
+        with pytest.raises(botocore.exceptions.ClientError) as raised:
+            cloud.ec2.run_instances(
+                ImageId="ami-1", InstanceType="c7i.large", MinCount=1, MaxCount=1
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert raised.value.response["Error"]["Code"] == code
+    assert len(asked) == attempts, asked
+
+
 def test_no_aws_credentials_is_one_line_before_anything_is_recorded(
     tmp_path: Path, no_aws_credentials: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

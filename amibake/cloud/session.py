@@ -56,6 +56,30 @@ def name_expired_credentials(parsed: dict[str, Any], **_: Any) -> None:
         error["Message"] = f"{error.get('Message') or 'expired'} (AWS credentials: {RENEW})"
 
 
+# Refusals botocore's standard and adaptive modes retry as transient (HTTP 500) that its quick
+# retries cannot fix: an AZ without on-demand capacity for a type stays so for minutes (the EC2
+# user guide: wait, or try another AZ), and the retries spent about 13 s before the caller could
+# try the next AZ (scylla-cluster-tests#5119, skyplane#299). Raised at once instead.
+NOT_TRANSIENT = {"InsufficientInstanceCapacity"}
+
+
+def raise_not_transient(client: Any) -> Any:
+    """A needs-retry handler, run before botocore's own: the error of a refusal in
+    NOT_TRANSIENT is raised as botocore would raise it after its last attempt. (Returning False
+    stops the retry only in botocore releases from 2026: older ones slept 0 s and retried for
+    ever.)"""
+
+    def handler(response: Any = None, operation: Any = None, **_: Any) -> None:
+        if response is None or operation is None:
+            return  # an exception before any answer (a timeout): botocore's to judge
+        http, parsed = response
+        code = (parsed.get("Error") or {}).get("Code")
+        if http.status_code >= 300 and code in NOT_TRANSIENT:
+            raise client.exceptions.from_code(code)(parsed, operation.name)
+
+    return handler
+
+
 def check_lifetime(credentials: Any) -> None:
     """Temporary credentials botocore cannot renew (a session token from the environment or a
     credentials file) end mid-run, and the run then cannot clean up: refused when already
@@ -127,6 +151,9 @@ class Cloud:
             )
             made.meta.events.register("after-call.*.*", name_denied_action)
             made.meta.events.register("after-call.*.*", name_expired_credentials)
+            # on the node botocore's retry handler is on, so that this one is asked first
+            retried = f"needs-retry.{made.meta.service_model.service_id.hyphenize()}"
+            made.meta.events.register_first(retried, raise_not_transient(made))
             if service == "s3":
                 # Every S3 call names the account that must own the bucket: a bucket of the
                 # same name held by someone else is refused (403), never written to or read.

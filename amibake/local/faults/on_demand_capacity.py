@@ -7,7 +7,8 @@ not specifying an Availability Zone in your request or choosing us-east-1b, us-e
 Sources: the EC2 user guide, "Insufficient instance capacity" (on-demand capacity is per AZ: try
 another AZ, or wait); scylladb/scylla-cluster-tests#5119, skyplane-project/skyplane#299 and
 red-hat-storage/ocs-ci#9263 (RunInstances refused so in one AZ while others had the type, HTTP
-500, which the SDKs retry in vain before it is raised).
+500, which the SDKs retry in vain before it is raised: amibake.cloud.session raises it at
+once).
 
 Locally: a seeded share of (type, AZ) pairs has no capacity for as long as the cloud lives, never
 in the last AZ that offers the type (as DescribeInstanceTypeOfferings says), so the region still
