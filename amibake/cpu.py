@@ -42,7 +42,14 @@ def normalized(flags: set[str] | frozenset[str]) -> frozenset[str]:
 # GCC's manual puts AVX-VNNI and AVX512-FP16 under -march=sapphirerapids, and an m7i's
 # /proc/cpuinfo shows both (ggml-org/llama.cpp#2555). Without them a correct c7i build (gcc 12
 # turns int8 dot products into vpdpbusd) was refused as beyond its target.
-ARCHSPEC_OMITS = {"sapphirerapids": frozenset({"avx_vnni", "avx512_fp16"})}
+# Likewise every Zen has SHA and ADX and every Zen 2 on RDPID (GCC's manual under -march=znver1
+# and znver2; an EPYC 7R32's /proc/cpuinfo shows sha_ni, adx and rdpid): a c5a build that used
+# SHA-NI intrinsics was refused as beyond zen2. Zen 3 and Zen 4 inherit them as descendants.
+ARCHSPEC_OMITS = {
+    "sapphirerapids": frozenset({"avx_vnni", "avx512_fp16"}),
+    "zen": frozenset({"sha_ni", "adx"}),
+    "zen2": frozenset({"rdpid"}),
+}
 
 
 def target_features(target: archspec.cpu.Microarchitecture) -> frozenset[str]:
@@ -90,14 +97,14 @@ class Cpu:
     @property
     def microarchitecture(self) -> str:
         """The newest archspec target of its vendor (or a generic level) whose features this
-        CPU has: what it really is, though a VM hiding kernel-only flags may read as a generic
-        level such as x86_64_v4."""
+        CPU has, but for those hypervisors hide (HIDDEN_BY_HYPERVISORS): what it really is. By
+        archspec's own reading a Genoa guest was x86_64_v4, and its runs were recorded so."""
         family = ARCHSPEC_FAMILY.get(self.architecture, self.architecture)
         runnable = [
             t
             for t in archspec.cpu.TARGETS.values()
             if t.family.name == family
-            and not set(t.features) - self.features
+            and not set(t.features) - self.features - HIDDEN_BY_HYPERVISORS
             and t.vendor in ("generic", self.vendor)
         ]
         # A vendor's own model before a generic level (x86_64_v4 is an ancestor of Icelake's).
@@ -266,9 +273,14 @@ class Choice:
 # Flags of archspec's targets that say what the kernel or the hardware's security state is, not
 # an instruction a compiler emits, and that hypervisors hide from their guests: a Genoa VM
 # shows no pku or flush_l1d, and was ranked as if older than zen2 (its zen4 family fell behind
-# c5a and Intel's). The generation key below ignores them; what runs is decided by the
-# instructions (verdict), never by these.
-HIDDEN_BY_HYPERVISORS = frozenset({"pku", "flush_l1d"})
+# c5a and Intel's). So are instructions a hypervisor may keep from its guests and no compiler
+# emits from plain C: RDSEED (a Zen 2 guest without it was given c6a), WAITPKG, CLDEMOTE and AMX
+# (a Sapphire Rapids guest without them was given c6i, and its runs labelled icelake). The
+# generation key below ignores them; what runs is decided by the instructions (verdict), never
+# by these.
+HIDDEN_BY_HYPERVISORS = frozenset(
+    {"pku", "flush_l1d", "rdseed", "waitpkg", "cldemote", "amx_tile", "amx_int8", "amx_bf16"}
+)
 
 
 def families_for(cpu: Cpu, built: dict[str, set[str]] | None = None) -> list[Choice]:

@@ -172,6 +172,28 @@ def test_a_build_for_a_target_may_use_what_its_march_enables(tmp_path: Path) -> 
     assert "avx_vnni" not in cpu.target_features(archspec.cpu.TARGETS["icelake"])
 
 
+def test_a_zen_build_may_use_sha_and_adx_its_march_enables(tmp_path: Path) -> None:
+    """Every Zen has SHA-NI and ADX (gcc's -march=znver1 enables both), which archspec's zen
+    lists leave out: a c5a build hashing with SHA intrinsics was refused as beyond zen2."""
+    family = catalog.family("c5a")
+    tuned = flags.for_family(family, gcc_version(family.architecture))
+    hashing = (
+        "#include <immintrin.h>\n"
+        "int main(int argc, char **argv) { (void)argv; __m128i s = _mm_set1_epi32(argc);\n"
+        "  s = _mm_sha256rnds2_epu32(s, s, s); unsigned long long c = (unsigned long long)argc;\n"
+        '  __asm__ volatile("adcx %1, %0" : "+r"(c) : "r"(c));\n'  # gcc's own is adc
+        "  return _mm_cvtsi128_si32(s) + (int)c; }\n"
+    )
+    program = compile_c(tmp_path, "x86_64", hashing, "-O2", *tuned.cflags.split())
+    needs = set(isa.scan(program.parent, [program.name]).features)
+    assert {"sha_ni", "adx"} <= needs, needs
+    zen2 = archspec.cpu.TARGETS[tuned.used]
+    assert needs & isa.known_features("x86_64") <= cpu.target_features(zen2), needs
+    for name in ("zen3", "zen4"):  # the later generations inherit them, and RDPID from zen2
+        assert {"sha_ni", "adx", "rdpid"} <= cpu.target_features(archspec.cpu.TARGETS[name])
+    assert "rdpid" not in cpu.target_features(archspec.cpu.TARGETS["zen"])
+
+
 def test_the_scan_reads_arm64_and_skips_what_runs_as_a_no_op(tmp_path: Path) -> None:
     sve = compile_c(tmp_path, "arm64", VECTOR_LOOP, "-O3", "-march=armv8.2-a+sve")
     scan = isa.scan(sve.parent, [sve.name])
@@ -236,17 +258,23 @@ def test_each_kind_of_machine_picks_a_family_whose_kernels_build_runs_there(
     assert cpu.verdict(family.architecture, needs, machine).how == how
 
 
-@pytest.mark.parametrize(("name", "family"), [("zen3", "c6a"), ("zen4", "c7a")])
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [("zen2", "c5a"), ("zen3", "c6a"), ("zen4", "c7a"), ("sapphirerapids", "c7i")],
+)
 def test_a_virtual_machine_hiding_kernel_flags_still_takes_its_own_generation(
     name: str, family: str
 ) -> None:
     """A Genoa guest shows no pku or flush_l1d (archspec then names it x86_64_v4 or zen2): it
-    was given c5a (zen2), as if older. Its own generation's family runs and comes first."""
+    was given c5a (zen2), as if older. A Rome guest without RDSEED was given c6a, a Sapphire
+    Rapids guest without WAITPKG, CLDEMOTE or AMX c6i. Its own generation's family runs and
+    comes first."""
     real = cpu.Cpu.of_target(name, emulators=BOTH)
     guest = replace(real, features=real.features - cpu.HIDDEN_BY_HYPERVISORS)
     assert guest.features != real.features  # the target has them: the case is real
     assert cpu.best_family(guest) == family
     assert cpu.families_for(guest)[0].verdict.how == "native"
+    assert guest.microarchitecture == name  # as its runs are recorded, not x86_64_v4
 
 
 def test_the_examples_family_runs_natively_on_any_x86_64_machine_with_avx2(tmp_path: Path) -> None:
