@@ -209,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     families.add_argument(
         "--first", action="store_true", help="with --host: print only the best family's name"
     )
+    families.add_argument(
+        "--architecture",
+        choices=("x86_64", "arm64"),
+        help="with --host: only families of this architecture (the other one's run under QEMU)",
+    )
     common_options(families)
 
     policy = commands.add_parser("iam-policy", help="print the least-privilege IAM policy")
@@ -683,8 +688,9 @@ def _families(args: argparse.Namespace) -> int:
     compiler = flags.Compiler.parse(args.compiler)
     if args.host:
         return _host_families(args)
-    if args.first:
-        raise UserError("--first goes with --host: amibake families --host --first")
+    if args.first or args.architecture:
+        given = "--first" if args.first else "--architecture"
+        raise UserError(f"{given} goes with --host: amibake families --host {given} ...")
     rows = []
     for family in catalog.families().values():
         result = flags.for_family(family, compiler)
@@ -721,11 +727,16 @@ def _host_families(args: argparse.Namespace) -> int:
         if manifest.get("format") == MANIFEST_FORMAT and not manifest.get("variant"):
             built[str(manifest.get("family"))] = set(manifest.get("isa_features", []))
     choices = cpu.families_for(machine, built)
+    if args.architecture:
+        choices = [c for c in choices if c.family.architecture == args.architecture]
     runs = [c for c in choices if c.verdict.runs]
     if args.first:
-        best = cpu.best_family(machine, built)
+        best = cpu.best_family(machine, built, args.architecture)
         if best is None:
-            raise UserError(f"this machine runs no family's {args.recipe} build: {_why(choices)}")
+            of = f"{args.architecture} " if args.architecture else ""
+            raise UserError(
+                f"this machine runs no {of}family's {args.recipe} build: {_why(choices)}"
+            )
         print(best)
         return 0
     rows = [

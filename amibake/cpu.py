@@ -312,8 +312,18 @@ def families_for(cpu: Cpu, built: dict[str, set[str]] | None = None) -> list[Cho
     return sorted(choices, key=rank)
 
 
-def best_family(machine: Cpu, built: dict[str, set[str]] | None = None) -> str | None:
-    """The family whose tuned build `machine` runs best (families_for's first that runs), or
-    None when it runs none: what `amibake families --host --first`, the demo, the benchmarks
-    and the test suite take for this machine."""
-    return next((c.family.name for c in families_for(machine, built) if c.verdict.runs), None)
+def best_family(
+    machine: Cpu, built: dict[str, set[str]] | None = None, architecture: str | None = None
+) -> str | None:
+    """The family whose tuned build `machine` runs best (families_for's first that runs), of
+    `architecture` where given, or None when it runs none: what `amibake families --host
+    --first`, the demo, the benchmarks and the test suite take for this machine (and, of the
+    other architecture, for their cross builds run under QEMU)."""
+    return next(
+        (
+            c.family.name
+            for c in families_for(machine, built)
+            if c.verdict.runs and architecture in (None, c.family.architecture)
+        ),
+        None,
+    )

@@ -330,3 +330,13 @@ def test_families_host_lists_what_this_machine_runs_best_first(
     assert "the local cloud smoke-tests" in text and "it benchmarks natively:" in text
     assert main(["families", "--first"]) == 2
     assert "--first goes with --host" in capsys.readouterr().err
+    # The other architecture's best, for cross builds: one QEMU runs (c7i's AVX-512 it does not).
+    other = "arm64" if host.architecture == "x86_64" else "x86_64"
+    assert main(["families", "--host", "--first", "--architecture", other]) == 0
+    cross = capsys.readouterr().out.strip()
+    assert cross == cpu.best_family(host, architecture=other)
+    assert catalog.family(cross).architecture == other
+    how = {c.family.name: c.verdict.how for c in cpu.families_for(host)}
+    assert how[cross] == "emulated"
+    assert main(["families", "--architecture", other]) == 2
+    assert "--architecture goes with --host" in capsys.readouterr().err
