@@ -82,8 +82,14 @@ def family_target(family: Family) -> archspec.cpu.Microarchitecture:
 # Flags archspec's spelling of a target for an older compiler leaves out, though the target's
 # CPUs have them (its own feature list names them) and that compiler takes them: for gcc before
 # 12.3, zen4 is -march=znver3 plus AVX-512 flags without VPOPCNTDQ, BF16 and GFNI, so a c7a
-# build (AL2023's gcc is 11) never used vpopcntq on a Genoa.
-ARCHSPEC_OMITS = {("zen4", "-march=znver3"): "-mavx512vpopcntdq -mavx512bf16 -mgfni"}
+# build (AL2023's gcc is 11) never used vpopcntq on a Genoa. And one a compiler's spelling
+# enables though the target's CPUs lack it: gcc before 12.3 turned on AVX512-VP2INTERSECT under
+# -march=sapphirerapids (gcc commit d644dfe3 took it out: no Sapphire Rapids has it), so a c7i
+# build could use an instruction no c7i runs.
+ARCHSPEC_OMITS = {
+    ("zen4", "-march=znver3"): "-mavx512vpopcntdq -mavx512bf16 -mgfni",
+    ("sapphirerapids", "-march=sapphirerapids"): "-mno-avx512vp2intersect",
+}
 
 
 def for_family(family: Family, compiler: Compiler) -> Flags:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from amibake import catalog, flags
@@ -50,6 +52,27 @@ def test_a_family_that_lands_on_two_generations_targets_what_both_run() -> None:
     assert flags.family_target(catalog.family("c5")).name == "skylake_avx512"
 
 
+@pytest.mark.parametrize(
+    ("family", "like"),
+    [("m5a", None), ("r5a", "m5a"), ("m6a", "c6a"), ("r6a", "c6a"), ("m6g", "c6g"), ("r6g", "c6g")],
+)
+def test_the_general_and_memory_families_of_a_processor_build_as_its_compute_family(
+    family: str, like: str | None
+) -> None:
+    """m and r families of a processor the catalog knew only as a c family (or not at all)
+    were refused by name: each is that processor's, with its target and flags, and priced."""
+    from fleet.prices import lookup
+
+    compiler = flags.Compiler.parse("gcc@12.2.0")
+    made = flags.for_family(catalog.family(family), compiler)
+    if like is None:
+        assert made.cflags.split() == ["-march=znver1", "-mtune=znver1"]  # Naples: Zen
+    else:
+        assert made.cflags == flags.for_family(catalog.family(like), compiler).cflags
+    for size in catalog.family(family).sizes:
+        assert lookup(f"{family}.{size}").vcpus > 0
+
+
 def test_the_issue_families_are_all_there_and_valid() -> None:
     known = catalog.families()
     for name in ("c5", "c6i", "c6a", "c6g", "c7i", "c7a", "c7g", "c8g", "m7i", "m7g", "r7i"):
@@ -80,3 +103,24 @@ def test_the_flags_added_back_are_only_for_the_older_spelling() -> None:
     assert new.cflags.split() == ["-march=znver4", "-mtune=znver4"]  # znver4 has them all
     old = flags.for_family(catalog.family("c6a"), flags.Compiler.parse("gcc@11.4.1"))
     assert "-mavx512bf16" not in old.cflags.split()  # zen3: not Genoa's
+
+
+def test_a_c7i_build_cannot_use_vp2intersect_which_no_sapphire_rapids_has(tmp_path: Path) -> None:
+    """gcc before 12.3 enabled AVX512-VP2INTERSECT under -march=sapphirerapids (Debian 12's
+    12.2 and AL2023's 11 among them): the c7i flags turn it off, whatever the compiler."""
+    import shutil
+    import subprocess
+
+    tuned = flags.for_family(catalog.family("c7i"), flags.Compiler.parse("gcc@12.2.0"))
+    assert "-mno-avx512vp2intersect" in tuned.cflags.split()
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc: make install installs it"
+    macros = subprocess.run(
+        [gcc, *tuned.cflags.split(), "-dM", "-E", "-"],
+        input="",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "__AVX512VP2INTERSECT__" not in macros
+    assert "__AVX512FP16__" in macros and "__AMX_TILE__" in macros  # the rest of the target
