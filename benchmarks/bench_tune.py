@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import archspec.cpu
 import numpy as np
 import pandas as pd
 
 from amibake import recipes
 from amibake.cloud import Cloud
+from amibake.cpu import this_machine
 from fleet import tune
 from fleet.agent import job
 from fleet.replay import Comparison, ReplayEvaluator, blind_chance, compare, space_from_table
@@ -132,7 +132,8 @@ def _summarise(provenance: dict[str, Any]) -> None:
     provenance.update(
         {
             "cpu": job.cpu()["cpu_model"],
-            "archspec_host": str(archspec.cpu.host()),
+            # as amibake reads it (archspec.cpu.host() named a Genoa guest x86_64_v4)
+            "microarchitecture": this_machine().microarchitecture,
             "cpus": os.cpu_count(),
             "compiler": subprocess.run(
                 ["gcc", "--version"], capture_output=True, text=True
