@@ -361,8 +361,10 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
         line = line_of(text, f"params.{name}")
         return UserError(f"{where}{f':{line}' if line else ''}: params.{name}: {message}")
 
-    if isinstance(raw, dict) and isinstance(raw.get(TYPE), dict):
-        types = [str(t) for t in raw[TYPE].get("values", [])]
+    given = raw.get(TYPE) if isinstance(raw, dict) else None
+    # values that are no list (5, or one type's name, read letter by letter) are refused below
+    if isinstance(given, dict) and isinstance(given.get("values"), list):
+        types = [str(t) for t in given["values"]]
         for instance_type in types:
             check_type(instance_type, lambda _key, message: fail(TYPE, message), build=build)
     architectures = {arch_of(t) for t in types}

@@ -387,6 +387,8 @@ def _build(data: dict[str, Any], fail: Any, recipes_dir: Path) -> BenchSpec:
     executor = str(data.get("executor", "ssh"))
     if executor not in EXECUTORS:
         raise fail("executor", f"{executor!r} is not one of {', '.join(EXECUTORS)}")
+    if not isinstance(data.get("name", ""), str):  # a TOML date or a number: quote it
+        raise fail("name", f"must be a string (quoted), not {data['name']!r}")
     try:
         args = _args_text(data.get("args", ""))
     except TypeError as exc:

@@ -5,6 +5,7 @@ and it imports none of them."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Collection
@@ -161,6 +162,17 @@ def from_dict(
         check_type(instance_type, fail, build=builds)  # before a run is recorded, not per trial
     if types and isinstance(data.get("params"), dict) and TYPE in data["params"]:
         raise fail("types", "the types are named twice: keep types or params.instance_type")
+    if len(types) > 1:
+        # Every trial ran on the first (the others were priced and checked, never run).
+        raise fail(
+            "types",
+            f"a tune's trials run on one type, not {len(types)}: to search over them, make the "
+            f'type a parameter: [params.instance_type] kind = "categorical", values = '
+            f"{json.dumps(types)}",
+        )
+    name = data.get("name", "")
+    if not isinstance(name, str):  # a TOML date was accepted, then failed the run's record
+        raise fail("name", f"must be a string (quoted), not {name!r}")
     space = parse(data.get("params"), where, text, types, build=builds)
     objective = data.get("objective", "runtime")
     if objective not in OBJECTIVES:

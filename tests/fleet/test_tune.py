@@ -573,6 +573,19 @@ def test_bad_tune_input_names_file_and_line(
     cases[head + '[params.instance_type]\nkind = "categorical"\nvalues = ["c5a.tiny"]\n'] = (
         ":3: params.instance_type: unknown instance type 'c5a.tiny'"
     )
+    # values that are no list: a traceback (5), or one type's name read letter by letter
+    for values in ("5", '"c5a.large"'):
+        cases[head + f'[params.instance_type]\nkind = "categorical"\nvalues = {values}\n'] = (
+            ":3: params.instance_type: a categorical parameter needs a non-empty list of values"
+        )
+    # Two types: every trial ran on the first, the second priced and never run.
+    cases['types = ["c5a.large", "c6a.large"]\nrecipe = "kernels"\n' + param] = (
+        ":1: types: a tune's trials run on one type, not 2: to search over them, make the type "
+        'a parameter: [params.instance_type] kind = "categorical", values = ["c5a.large", '
+        '"c6a.large"]'
+    )
+    # A TOML date passed the check, then failed the run's record with a traceback.
+    cases["name = 2024-01-01\n" + head + param] = ":1: name: must be a string (quoted)"
     # A constraint the table cannot check would pass every trial unchecked.
     cases[head + param + "[constraints]\nmax_rss_mb = 100\n"] = (
         ":1: the replay table has no column rss_mb (for constraints.max_rss_mb)"
