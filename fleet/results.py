@@ -8,6 +8,7 @@ killed at any moment leaves a database that says exactly what finished.
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 import uuid
@@ -90,10 +91,28 @@ class Results:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._db = open_database(path, SCHEMA)
+        self._file: sqlite3.Connection | None = None
+        self._empty: sqlite3.Connection | None = None
+        if path.exists():
+            self._file = open_database(path, SCHEMA)  # refused now if it cannot be opened
 
     def close(self) -> None:
-        self._db.close()
+        for db in (self._file, self._empty):
+            if db is not None:
+                db.close()
+
+    def _connection(self, writes: bool) -> sqlite3.Connection:
+        """The database (callers hold the lock). Made by the first write only: a command
+        refused for bad input, or a status of a run that does not exist, read an empty record
+        and left a results/fleet.sqlite behind. Until then reads see an empty one in memory."""
+        if self._file is None and (writes or self.path.exists()):
+            self._file = open_database(self.path, SCHEMA)
+        if self._file is not None:
+            return self._file
+        if self._empty is None:
+            self._empty = sqlite3.connect(":memory:", check_same_thread=False)
+            self._empty.executescript(SCHEMA)
+        return self._empty
 
     def log_path(self, run_id: str) -> Path:
         """A fleet run's log, beside its amibake runs' under results/logs/."""
@@ -101,13 +120,14 @@ class Results:
 
     def _exec(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            writes = not sql.lstrip().upper().startswith("SELECT")
+            return self._connection(writes).execute(sql, args).fetchall()
 
     def _frame(self, sql: str, args: tuple[object, ...] = ()) -> pd.DataFrame:
         # Under the lock like every statement: the connection is shared by the trials' threads,
         # and a read between another thread's BEGIN and COMMIT would see half a batch.
         with self._lock:
-            return pd.read_sql_query(sql, self._db, params=args)
+            return pd.read_sql_query(sql, self._connection(writes=False), params=args)
 
     # runs and events
     def create_run(
@@ -175,15 +195,16 @@ class Results:
             for row in rows
         ]
         with self._lock:
-            self._db.execute("BEGIN")  # autocommit connection: the transaction is explicit
+            db = self._connection(writes=True)
+            db.execute("BEGIN")  # autocommit connection: the transaction is explicit
             try:
-                self._db.executemany(
+                db.executemany(
                     f"INSERT INTO replicates (run_id, {columns}) VALUES (?, {marks})", values
                 )
             except BaseException:
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            db.execute("COMMIT")
 
     def finished(self, run_id: str) -> set[tuple[str, str, int, bool]]:
         """(type, build, replicate, warmup) of every replicate that needs no further attempt."""

@@ -545,6 +545,7 @@ BENCH_FILE_ERRORS = {
     "command=list": ':2: command: must be a string, e.g. command = "my-app {args}"',
     "args=5": ":3: args: args must be a string or a table",
     "executor": ":3: executor: 'k8s' is not one of ssh, batch",
+    "name=date": ":3: name: must be a string (quoted), not datetime.date(2024, 1, 1)",
     "args.threads=nan": ":3: args: args.threads is nan, not a finite number",
     "args.scale=-inf": ":3: args: args.scale is -inf, not a finite number",
     "args.key;": ":3: args: args: 'x; id' is not a flag name (letters, digits, - and _)",
@@ -610,6 +611,7 @@ BENCH_FILES = [
     bench_file(BENCH + "metric = 5\n", "metric=5"),
     bench_file(BENCH + "args = 5\n", "args=5"),
     bench_file(BENCH + 'executor = "k8s"\n', "executor"),
+    bench_file(BENCH + "name = 2024-01-01\n", "name=date"),
     bench_file(BENCH + "[args]\nthreads = nan\n", "args.threads=nan"),
     bench_file(BENCH + "[args]\nscale = -inf\n", "args.scale=-inf"),
     bench_file(BENCH + '[args]\n"x; id" = 1\n', "args.key;"),
@@ -991,6 +993,11 @@ RESULTS = [
          "directory", files={"results/reports": "x\n", **TABLE}, id="results:reports-file"),
     # A byte-order mark is no error: the file is read, and its real mistake said at its line.
     bench_file("\ufeff" + BENCH + "replicate = 3\n", "unknown-key"),
+    # A run that is not there, in a results directory that holds none: nothing made to say so.
+    *(case(f"fleet {command} fb-nosuch{extra}", "no fleet run 'fb-nosuch' in {tmp}/results/"
+           "fleet.sqlite", id=f"results:{command}-unknown-run")
+      for command, extra in (("status", ""), ("report", ""), ("kill", ""),
+                             ("plan", " --work 1"))),
 ]  # fmt: skip
 
 RECIPE_FILES = [
@@ -1074,11 +1081,12 @@ def runs(results: Path) -> list[str]:
 
 
 def files_under(directory: Path) -> set[str]:
-    """Every file, but the results databases (their runs are checked) and pytest's own."""
+    """Every file, but amibake's journal (its runs are checked) and pytest's own. fleet's
+    results database is one of them: a refused command used to leave an empty one."""
     return {
         str(p.relative_to(directory))
         for p in directory.rglob("*")
-        if p.is_file() and not p.name.startswith(("fleet.sqlite", "journal.sqlite"))
+        if p.is_file() and not p.name.startswith("journal.sqlite")
     }
 
 
