@@ -184,6 +184,13 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
                 f"{table}: unknown key {k!r}{did_you_mean(k, keys)}" for k in given if k not in keys
             ]
     architectures = tuple(need(data, "architectures", list, ""))
+    if isinstance(data.get("architectures"), list) and not architectures:
+        problems.append(f"architectures lists none: name {' or '.join(ARCHITECTURES)}, or both")
+    for table, given in (("smoke", smoke), ("bench", data.get("bench", {}))):
+        for key in ("command", "expect"):
+            if isinstance(given, dict) and key in given and not isinstance(given[key], str):
+                # A list ran as its Python text ("['bin/x']"), a number as "5".
+                problems.append(f'{table}.{key} must be a string, e.g. {key} = "bin/x --n 4"')
     for arch in architectures:
         if arch not in ARCHITECTURES:
             problems.append(f"architectures: {arch!r} is not one of {', '.join(ARCHITECTURES)}")
@@ -277,6 +284,22 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         for bound in ("default", "low", "high"):  # a nan default ran the workload with "nan"
             if isinstance(spec.get(bound), float) and checks.number(spec[bound]):
                 problems.append(f"bench.parameters.{key}.{bound} {spec[bound]} is not finite")
+        numbers = {
+            bound: spec[bound]
+            for bound in ("default", "low", "high")
+            if bound in spec and not (bound == "default" and spec.get("kind") == "categorical")
+        }
+        wrong = [
+            f"bench.parameters.{key}.{bound} {value!r} is not "
+            + ("an integer" if spec.get("kind", "int") == "int" else "a number")
+            for bound, value in numbers.items()
+            if isinstance(value, bool)
+            or not isinstance(value, int if spec.get("kind", "int") == "int" else int | float)
+        ]
+        problems += wrong
+        low, high = spec.get("low"), spec.get("high")
+        if not wrong and low is not None and high is not None and low > high:
+            problems.append(f"bench.parameters.{key}: low {low} is above high {high}")
     for key in dict.fromkeys(_PLACEHOLDER.findall(str(bench.get("command", "")))):
         if key != "args" and defaults.get(key) is None:
             # Run with the placeholder as is, the workload would fail on every replicate.

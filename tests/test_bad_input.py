@@ -1044,6 +1044,31 @@ RECIPE_FILES = [
     recipe_file(("[smoke]", '[bench]\ncommand = "x {n}"\n[bench.parameters]\nn = { kind = '
                  '"uniform", default = nan }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
                 "bench.parameters.n.default nan is not finite", "parameter-default=nan"),
+    # Values of the wrong type were made text: the workload ran "['bin/x']", or "bin/x abc".
+    recipe_file(("[smoke]", '[bench]\ncommand = ["bin/x"]\n[smoke]'),
+                "{tmp}/recipes/trivial/recipe.toml: bench.command must be a string",
+                "bench-command=list"),
+    recipe_file(('command = "bin/hello"', "command = 5"),
+                "{tmp}/recipes/trivial/recipe.toml: smoke.command must be a string",
+                "smoke-command=5"),
+    recipe_file(("[smoke]", '[bench]\ncommand = "x {n}"\n[bench.parameters]\nn = { kind = '
+                 '"int", default = "abc" }\n[smoke]'), "{tmp}/recipes/trivial/recipe.toml: "
+                "bench.parameters.n.default 'abc' is not an integer", "parameter-default=text"),
+    recipe_file(("[smoke]", '[bench]\ncommand = "x {n}"\n[bench.parameters]\nn = { kind = '
+                 '"int", default = 5, low = 5, high = 1 }\n[smoke]'),
+                "{tmp}/recipes/trivial/recipe.toml: bench.parameters.n: low 5 is above high 1",
+                "parameter-low-above-high"),
+    recipe_file(('architectures = ["x86_64", "arm64"]', "architectures = []"),
+                "{tmp}/recipes/trivial/recipe.toml: architectures lists none", "architectures=[]"),
+    # A tune's run parameter outside the range the workload declares for it.
+    case("fleet tune {tmp}/tune.toml", "{tmp}/tune.toml:3: params.a: 1 to 100 goes outside "
+         "the 1 to 16 that trivial's workload takes",
+         files={"recipes/trivial/recipe.toml": (RECIPES / "trivial" / "recipe.toml").read_text()
+                .replace("[smoke]", '[bench]\ncommand = "bin/hello {args}"\n[bench.parameters]'
+                         '\na = { kind = "int", default = 1, low = 1, high = 16 }\n[smoke]'),
+                "tune.toml": 'recipe = "trivial"\ntypes = ["c5a.large"]\n[params.a]\nkind = '
+                             '"int"\nlow = 1\nhigh = 100\nstage = "run"\n'},
+         env={"AMIBAKE_RECIPES_DIR": "{tmp}/recipes"}, id="recipe:tune-out-of-range"),
 ]  # fmt: skip
 
 CASES = [
