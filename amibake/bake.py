@@ -250,7 +250,8 @@ def from_tune(results_dir: Path, run: str) -> dict[str, Any]:
 
     def shape(data: Any) -> dict[str, Any]:
         for key in ("run_id", "recipe", "instance_type", "family", "cflags", "args"):
-            str(data[key])
+            if not isinstance(data[key], str):  # str() passed a 5, which failed the bake later
+                raise ValueError(f"{key}: {data[key]!r} is not text")
         # Its flags go into the bake's build script as written: words a shell reads there ran
         # as root on the bake instance, from a results file anyone who could write it wrote.
         problem = checks.shell_words(str(data["cflags"]))

@@ -257,6 +257,11 @@ def test_bake_from_tune_refuses_what_it_cannot_bake_in_one_line(
     assert (
         "ft-abcdefabcd.json is damaged (ValueError: cflags: '$(id>/tmp/x)' has a character" in err
     )
+    # A number where text goes passed str() and failed the bake with a traceback.
+    (tunes / "ft-abcdefabcd.json").write_text(json.dumps({**fields, "cflags": 5}))
+    assert amibake(["bake", "--from-tune", "ft-abcdefabcd", "--cloud", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "ft-abcdefabcd.json is damaged (ValueError: cflags: 5 is not text" in err, err
     (tunes / "ft-abcdefabcd.json").unlink()
     assert amibake(["bake", *cases[0][0], "--cloud", "local"]) == 2
     assert cases[0][1] in capsys.readouterr().err
