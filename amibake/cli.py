@@ -202,7 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     families.add_argument(
         "--recipe",
-        default="kernels",
         help="with --host: judge a family by this recipe's built artifact where one exists "
         "(default kernels), else by its target",
     )
@@ -688,8 +687,8 @@ def _families(args: argparse.Namespace) -> int:
     compiler = flags.Compiler.parse(args.compiler)
     if args.host:
         return _host_families(args)
-    if args.first or args.architecture:
-        given = "--first" if args.first else "--architecture"
+    if args.first or args.architecture or args.recipe:
+        given = "--first" if args.first else "--architecture" if args.architecture else "--recipe"
         raise UserError(f"{given} goes with --host: amibake families --host {given} ...")
     rows = []
     for family in catalog.families().values():
@@ -715,7 +714,10 @@ def _host_families(args: argparse.Namespace) -> int:
     from amibake.steps.preflight import MANIFEST_FORMAT
 
     cfg = config_from(args)
-    recipes.check_name(args.recipe, cfg.recipes_dir)  # it names files: never a path
+    if args.recipe is None:
+        args.recipe = "kernels"
+    else:  # a recipe that is not there was judged by its targets, said nowhere
+        recipes.load(args.recipe, cfg.recipes_dir)
     machine = cpu.this_machine()
     artifacts = cfg.results_dir / "artifacts"
     built: dict[str, set[str]] = {}

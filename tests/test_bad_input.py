@@ -147,6 +147,10 @@ AMIBAKE = [
     case("amibake families --first", "--first goes with --host"),
     case("amibake families --host --recipe ../x", "recipe '../x' is not a plain name"),
     case("amibake families --host --recipe /tmp", "recipe '/tmp' is not a plain name"),
+    # judged by the targets, exit 0, as if the recipe had no build yet
+    case("amibake families --host --recipe nosuch", "unknown recipe 'nosuch'; known: kernels"),
+    case("amibake families --recipe kernels", "--recipe goes with --host"),
+    case("amibake families --architecture arm64", "--architecture goes with --host"),
     case("amibake iam-policy --for nope", "iam-policy: unknown command 'nope'"),
     case("amibake iam-policy --for ,", "--for needs at least one command"),
     case("amibake iam-policy --for ''", "--for needs at least one command"),
