@@ -420,6 +420,8 @@ def _build(args: argparse.Namespace) -> int:
     from amibake.connect import connect
 
     cfg = config_from(args, recipe=args.recipe, size=args.size, spot=args.spot)
+    if args.on_demand_fallback and not cfg.spot:  # it falls back from spot, which is not asked
+        raise UserError("--on-demand-fallback is for spot builds: drop it, or --on-demand")
     request = pipelines.BuildRequest(
         families=cliutil.names(args.family),
         recipe=cfg.recipe,

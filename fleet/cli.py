@@ -109,7 +109,7 @@ def _prices(args: argparse.Namespace) -> int:
     from fleet import prices
 
     cfg = config_from(args)
-    families = cliutil.names(args.family) if args.family else []  # C7I is c7i
+    families = _names(args.family, "--family") or []  # C7I is c7i; "" is refused
     if args.refresh:
         from amibake.connect import connect
 
@@ -129,8 +129,10 @@ def _prices(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from None
     else:
         chosen = [prices.lookup(t, snapshot) for t in snapshot["prices"]]
-    if args.family:
+    if families:
         chosen = [p for p in chosen if p.instance_type.split(".")[0] in families]
+        if not chosen and args.type:
+            raise UserError(f"none of --type {' '.join(args.type)} is of --family {args.family}")
         if not chosen:
             raise UserError(f"no instance type of family {args.family} in the snapshot")
     rows = prices.rows(chosen)
@@ -606,6 +608,7 @@ def _tune_compare(args: argparse.Namespace) -> int:
     if not args.replay:
         raise UserError("fleet tune compare needs --replay TABLE.csv (or --replay-runs RUNS.csv)")
     table = Path(args.replay)
+    _check_objective_column(args)
     if args.space:
         changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
         spec = tune.load(Path(args.space), changes)
@@ -640,12 +643,19 @@ def _tune_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_objective_column(args: argparse.Namespace) -> None:
+    if args.objective_column is not None and not args.objective_column.strip():
+        # it fell back to metric, as if not given
+        raise UserError("--objective-column is empty: name the table's column to minimise")
+
+
 def _tune_compare_runs(args: argparse.Namespace) -> int:
     """`compare` on a table of runs: every evaluation draws one recorded run (noisy replay), and
     each search is scored by what it recommends."""
     from fleet import noisy_replay, replay, tune
 
     table = Path(args.replay_runs)
+    _check_objective_column(args)
     if args.space:  # its objective, column and constraints, as `compare --replay` reads them
         changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
         spec = tune.load(Path(args.space), changes)

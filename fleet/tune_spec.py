@@ -216,6 +216,13 @@ def from_dict(
     for column in ("replay_column", "price_column"):
         if not isinstance(data.get(column, ""), str):
             raise fail(column, "must be the name of a column of the replay table")
+        if column in data and replay is None:  # read nowhere without a table
+            raise fail(column, "names a column of a replay table: give replay = TABLE.csv too")
+    if replay is not None and data.get("replay_column") in space.params:
+        raise fail(
+            "replay_column",
+            f"{data['replay_column']!r} is a parameter the search sets, not what it minimises",
+        )
     recipe = data.get("recipe")
     if not image:
         for key in ("command", "metric", "gpus"):

@@ -99,6 +99,8 @@ AMIBAKE = [
     case("amibake build", "the following arguments are required: --family"),
     case("amibake build --family c7i --tmpfs-gb 1", "unrecognized arguments: --tmpfs-gb 1"),
     case("amibake build --family ''", "--family needs at least one family"),
+    case("amibake build --family c7i --on-demand --on-demand-fallback", "--on-demand-fallback is "
+         "for spot builds"),
     case("amibake build --family ,,", "--family needs at least one family"),
     case("amibake build --family c7ii", "unknown family 'c7ii'; did you mean c7i"),
     case("amibake build --family c5a --size huge", "size 'huge' is not offered for c5a"),
@@ -405,6 +407,9 @@ PLAN = [
     case("fleet report last --prefer speed", "--prefer 'speed' is not one of time, cost"),
     case("fleet prices --type c5x.large", "no price for c5x.large"),
     case("fleet prices --family nope", "no instance type of family nope"),
+    case("fleet prices --family ''", "--family lists nothing"),  # it listed every type
+    case("fleet prices --type c7i.large --family c7g", "none of --type c7i.large is of --family "
+         "c7g"),  # c7g is in the snapshot: the filters have nothing in common
     case("fleet prices --region mars", "--region: region must be an AWS region code"),
     case("fleet bnech", "argument command: invalid choice: 'bnech'; did you mean bench?"),
     case("fleet plan last --wrok 1", "unrecognized argument --wrok; did you mean --work? (see "
@@ -969,6 +974,15 @@ COMPARE = [
          "'bogus' is not one of", files=TABLE),
     case("fleet tune compare --replay {tmp}/t.csv --objective-column speed", "{tmp}/t.csv:1: the"
          " replay table has no column speed", files=TABLE),
+    case("fleet tune compare --replay {tmp}/t.csv --objective-column ''", "--objective-column is"
+         " empty", files=TABLE),  # it fell back to metric
+    case("fleet tune compare --replay {tmp}/t.csv --space {tmp}/space.toml --objective-column a",
+         "--objective-column: 'a' is a parameter the search sets, not what it minimises",
+         files={**TABLE, "space.toml": PARAM_A}, id="compare:objective-is-a-parameter"),
+    case("fleet tune {tmp}/tune.toml", "{tmp}/tune.toml:3: replay_column: names a column of a "
+         "replay table", files={"tune.toml": KERNELS + 'replay_column = "x"\n' + PARAM_A
+                                .replace("high = 3\n", 'high = 3\nstage = "run"\n')},
+         id="tune:replay-column-without-replay"),
     case("fleet tune compare --replay {tmp}/t.csv --space {tmp}/missing.toml", "{tmp}/missing"
          ".toml: cannot read the tune file", files=TABLE),
     case("fleet tune compare --replay {tmp}/t.csv --space {tmp}/space.toml", "{tmp}/space.toml:"
