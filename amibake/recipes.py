@@ -138,6 +138,17 @@ def check_name(name: str, root: Path = RECIPES_DIR) -> None:
         raise UserError(f"recipe {problem}: a recipe is the name of a folder in {root}")
 
 
+def _with_nul(value: Any, where: str = "") -> list[str]:
+    """The keys (dotted) of every text in a recipe's data that holds a NUL."""
+    if isinstance(value, str):
+        return [where] if "\x00" in value else []
+    if isinstance(value, dict):
+        return [f for k, v in value.items() for f in _with_nul(v, f"{where}.{k}".lstrip("."))]
+    if isinstance(value, list):
+        return [f for i, v in enumerate(value) for f in _with_nul(v, f"{where}[{i}]")]
+    return []
+
+
 def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
     check_name(name, root)
     directory = root / name
@@ -171,6 +182,11 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
         "bench",
     }
     problems += [f"unknown key {k!r}{did_you_mean(k, known)}" for k in data if k not in known]
+    # A path or a command with a NUL in it (TOML's \u0000) failed deep inside with "embedded
+    # null byte": no file name, argument or shell word holds one.
+    nul = [f"{where} has a NUL character (\\u0000)" for where in _with_nul(data)]
+    if nul:
+        raise UserError(f"{path}: " + "; ".join(nul))
     source = need(data, "source", dict, "")
     build = need(data, "build", dict, "")
     smoke = data.get("smoke", {})

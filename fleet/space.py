@@ -489,6 +489,16 @@ def parse(raw: Any, where: str, text: str, types: list[str], build: bool = True)
                 raise fail(
                     name, "when must be a table: { arch = ... } or { param = ..., in = [...] }"
                 )
+            keys = sorted(when)
+            if keys not in (["arch"], ["in", "param"]):
+                # arch beside param dropped the param; a misspelt key was read as absent
+                raise fail(
+                    name,
+                    f"when has {', '.join(keys)}: give {{ arch = ... }} or {{ param = ..., "
+                    "in = [...] }}",
+                )
+            if "in" in when and not isinstance(when["in"], list):  # "16" was read as 1 and 6
+                raise fail(name, f"when.in must be a list of values, not {when['in']!r}")
             if "arch" in when:
                 arch = when["arch"]
                 if arch not in ("x86_64", "arm64"):

@@ -872,6 +872,12 @@ PARAMS = [
     param('kind = "int"\nlow = 1\nhigh = 3\nwhen = { param = "b", in = [1] }\n[params.b]\nkind ='
           ' "int"\nlow = 1\nhigh = 2\n', "{tmp}/tune.toml:3: params.a: when needs b to be an "
           "unconditional categorical", "when-parent-int"),
+    param('kind = "int"\nlow = 1\nhigh = 3\nwhen = { param = "b", in = "12" }\n[params.b]\nkind ='
+          ' "categorical"\nvalues = [12, 2]\n', "{tmp}/tune.toml:3: params.a: when.in must be a "
+          "list of values, not '12'", "when.in=string"),  # it said "when.in has ['1', '2']"
+    param('kind = "int"\nlow = 1\nhigh = 3\nwhen = { arch = "x86_64", param = "b", in = [1] }\n',
+          "{tmp}/tune.toml:3: params.a: when has arch, in, param: give { arch = ... } or",
+          "when-arch-and-param"),  # the param was dropped without a word
     tune_file(TUNE + '[params.instance_type]\nkind = "categorical"\nvalues = ["c5a.large"]\n'
               'stage = "run"\n', "{tmp}/tune.toml:7: params.instance_type: the instance type is "
               "categorical, with values and no stage", "params:instance_type-stage"),
@@ -1076,6 +1082,9 @@ RECIPE_FILES = [
                  '"int", default = 5, low = 5, high = 1 }\n[smoke]'),
                 "{tmp}/recipes/trivial/recipe.toml: bench.parameters.n: low 5 is above high 1",
                 "parameter-low-above-high"),
+    recipe_file(('template = "build.sh.j2"', 'template = "build\\u0000.sh.j2"'),
+                "{tmp}/recipes/trivial/recipe.toml: build.template has a NUL character",
+                "template-nul"),  # ValueError: embedded null byte, from a path
     recipe_file(('architectures = ["x86_64", "arm64"]', "architectures = []"),
                 "{tmp}/recipes/trivial/recipe.toml: architectures lists none", "architectures=[]"),
     # A tune's run parameter outside the range the workload declares for it.
