@@ -458,6 +458,11 @@ def make(
 ) -> Report:
     record = results.run(run_id)
     if record is not None and record["kind"] == "tune":
+        if current is not None:  # it was ignored: a tune's report weighs its trials, not types
+            raise UserError(
+                f"--current is for bench runs; {run_id} is a tune run, whose report compares its "
+                "recommendation with the generic build: drop --current"
+            )
         return make_tune(results, record, reports_dir, html_page, prefer)
     record, spec, rows = load_bench(results, run_id)
     if current is not None and current not in spec.types:

@@ -709,6 +709,9 @@ def test_the_tune_report_names_the_search_that_ran(
     assert main(["report", "last"]) == 0
     second = capsys.readouterr().out.splitlines()[1]
     assert second.endswith(f"algorithm {DEFAULT}, objective metric") and DEFAULT != "tpe", second
+    # --current names a bench run's type to compare with: on a tune run it was ignored, exit 0
+    assert main(["report", "last", "--current", "c7i.large"]) == 2
+    assert "--current is for bench runs" in capsys.readouterr().err
 
 
 def test_the_best_is_told_in_the_objectives_own_terms() -> None:
