@@ -154,6 +154,7 @@ def from_dict(
     types = data.get("types", [])
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
         raise fail("types", 'must be a list of instance types, e.g. ["c5a.large"]')
+    types = [t.strip().lower() for t in types]  # as a bench file reads them: C5a.Large is c5a.large
     # A replay table builds nothing, nor does an image: any type EC2 names is in; a recipe needs
     # a catalog family.
     image = data.get("image")

@@ -1309,3 +1309,23 @@ def test_compare_on_runs_reads_the_space_file_s_objective_column_and_constraints
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{runs}: no configuration of the runs table meets the constraints" in err, err
+
+
+def test_a_tune_reads_its_types_as_a_bench_file_does() -> None:
+    """C5a.Large is c5a.large in a bench file; a tune file refused it as no EC2 type."""
+    spec = tune.from_dict(
+        {
+            "recipe": "kernels",
+            "types": [" C5a.Large "],
+            "params": {
+                "opt": {
+                    "kind": "categorical",
+                    "values": ["-O2", "-O3"],
+                    "stage": "compile",
+                    "flag": "{}",
+                }
+            },
+        },
+        "t.toml",
+    )
+    assert spec.types == ["c5a.large"] and spec.instance_type({}) == "c5a.large"
