@@ -164,6 +164,9 @@ def _bench(args: argparse.Namespace) -> int:
     from fleet import plan as planning
 
     cfg = config_from(args)
+    if args.command_line is not None and not args.command_line.strip():
+        # it was read as no command, and refused as neither a recipe nor a command
+        raise UserError("--command is empty: give the workload's command line, or --recipe")
     results = bench.results_db(cfg.results_dir)
     overrides: dict[str, Any] = {
         "types": _names(args.types, "--types"),
