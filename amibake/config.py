@@ -280,7 +280,33 @@ def _unwritable(path: Path) -> str:
         return f"cannot be made: {existing} is a file"
     if not os.access(existing, os.W_OK | os.X_OK):
         return "is not writable" if existing == path else f"cannot be made in {existing}"
+    kernel = _kernel_filesystem(existing)
+    if kernel:  # writable to root by os.access, yet no directory can be made there
+        return f"is in {kernel}, the kernel's view of itself, where no file can be made"
     return ""
+
+
+# Filesystems the kernel shows itself through: root passes os.access there, and mkdir fails.
+KERNEL_FILESYSTEMS = {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
+                      "configfs", "bpf", "pstore", "devpts", "mqueue", "fusectl"}  # fmt: skip
+
+
+def _kernel_filesystem(path: Path) -> str:
+    """The mount point of the kernel filesystem `path` is on (/proc), or ''."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    best = ("", "")
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = path == Path(point) or Path(point) in path.parents
+        if inside and len(point) > len(best[0]):
+            best = (point, fields[2])
+    return best[0] if best[1] in KERNEL_FILESYSTEMS else ""
 
 
 def load(

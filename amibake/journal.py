@@ -48,7 +48,13 @@ BUSY_S = 30.0  # how long a statement waits for another connection's lock
 def open_database(path: Path, schema: str) -> sqlite3.Connection:
     """An SQLite file in WAL mode, shared by threads (callers hold a lock), autocommitting: a
     reader never waits on a writer, and a row is on disk once its statement returns."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # /proc/x as root: os.access said writable (config._unwritable)
+        raise UserError(
+            f"{path.parent} cannot be made ({exc.strerror}): it holds the record of what runs "
+            "made; set AMIBAKE_RESULTS_DIR (or results_dir) to a directory of your own"
+        ) from None
     try:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_S)
     except sqlite3.OperationalError as exc:  # a directory there, or a file this user cannot open

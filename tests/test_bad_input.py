@@ -284,6 +284,9 @@ CONFIG = [
     config_env("AMIBAKE_SSH_USER", "Ec2-User", "ssh_user must be a user name"),
     config_env("AMIBAKE_RESULTS_DIR", "{tmp}/a-file", "results_dir {tmp}/a-file is a file"),
     config_env("AMIBAKE_RESULTS_DIR", "", "AMIBAKE_RESULTS_DIR: results_dir must be Path"),
+    # a pseudo-filesystem root's os.access passes: the journal's mkdir raised FileNotFoundError
+    config_env("AMIBAKE_RESULTS_DIR", "/proc/amibake-x", "AMIBAKE_RESULTS_DIR: results_dir "
+               "/proc/amibake-x is in /proc, the kernel's view of itself"),
     config_env("AMIBAKE_LOCAL_DIR", "{tmp}/a-file", "local_dir {tmp}/a-file is a file"),
     config_env("AMIBAKE_RECIPES_DIR", "{tmp}/nowhere", "recipes_dir {tmp}/nowhere does not exist"),
     config_env("AMIBAKE_RECIPES_DIR", "{tmp}/a-file", "recipes_dir {tmp}/a-file is a file"),
