@@ -23,6 +23,7 @@ def apply() -> None:
     _tags_of_one_resource()
     _create_image_snapshot_tags()
     _deregister_image_with_snapshots()
+    _register_image_as_given()
     _image_imds_support()
     _terminate_once()
     _fleet_network()
@@ -126,6 +127,37 @@ def _deregister_image_with_snapshots() -> None:
 
     deregister_image._amibake = True  # type: ignore[attr-defined]
     AmisResponse.deregister_image = deregister_image  # type: ignore[method-assign]
+
+
+def _register_image_as_given() -> None:
+    """RegisterImage keeps the architecture, root device and root snapshot it is given (EC2
+    API reference: Architecture defaults to i386; the root is the mapping at RootDeviceName).
+    moto kept the name alone: every registered image was of no architecture, rooted at
+    /dev/sda1, on a snapshot moto made of its own, which nothing deleted."""
+    from moto.core.responses import ActionResult
+    from moto.ec2.responses.amis import AmisResponse
+
+    original = AmisResponse.register_image
+    if getattr(original, "_amibake", False):
+        return
+
+    def register_image(self: Any) -> Any:
+        self.error_on_dryrun()
+        image = self.ec2_backend.register_image(
+            self._get_param("Name"), self._get_param("Description", "")
+        )
+        image.architecture = self._get_param("Architecture") or "i386"
+        image.root_device_name = self._get_param("RootDeviceName") or image.root_device_name
+        for mapping in self._get_param("BlockDeviceMappings", []):
+            given = (mapping.get("Ebs") or {}).get("SnapshotId")
+            snapshot = self.ec2_backend.snapshots.get(given) if given else None
+            if mapping.get("DeviceName") == image.root_device_name and snapshot is not None:
+                self.ec2_backend.snapshots.pop(image.ebs_snapshot.id, None)  # moto's own
+                image.ebs_snapshot, image.root_device_type = snapshot, "ebs"
+        return ActionResult({"ImageId": image.id})
+
+    register_image._amibake = True  # type: ignore[attr-defined]
+    AmisResponse.register_image = register_image  # type: ignore[method-assign]
 
 
 def _image_imds_support() -> None:

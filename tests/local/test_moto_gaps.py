@@ -233,3 +233,35 @@ def test_an_image_that_says_imds_v2_launches_with_two_hops_unless_asked_otherwis
     ) == ("optional", 1)
     ec2.terminate_instances(InstanceIds=[plain["InstanceId"], *launched])
     ec2.deregister_image(ImageId=registered)
+
+
+def test_a_registered_image_is_what_registerimage_was_given(cloud: Any) -> None:
+    """Its architecture, root device and root snapshot: moto kept none of them (no architecture,
+    /dev/sda1, and a snapshot of its own that nothing deleted)."""
+    ec2 = cloud.ec2
+    volume = ec2.create_volume(AvailabilityZone=f"{cloud.config.region}a", Size=8)["VolumeId"]
+    snapshot = ec2.create_snapshot(VolumeId=volume)["SnapshotId"]
+    before = {s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]}
+    images = [
+        ec2.register_image(
+            Name=f"gap-register-{arch}",
+            Architecture=arch,
+            RootDeviceName="/dev/xvda",
+            BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"SnapshotId": snapshot}}],
+        )["ImageId"]
+        for arch in ("arm64", "x86_64")
+    ]
+    try:
+        described = ec2.describe_images(ImageIds=images)["Images"]
+        assert sorted(i["Architecture"] for i in described) == ["arm64", "x86_64"]
+        for image in described:
+            assert image["RootDeviceName"] == "/dev/xvda" and image["RootDeviceType"] == "ebs"
+            (root,) = image["BlockDeviceMappings"]
+            assert (root["DeviceName"], root["Ebs"]["SnapshotId"]) == ("/dev/xvda", snapshot)
+        after = {s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]}
+        assert after == before  # none made beside the one given
+    finally:
+        for image in images:
+            ec2.deregister_image(ImageId=image)
+        ec2.delete_snapshot(SnapshotId=snapshot)
+        ec2.delete_volume(VolumeId=volume)
