@@ -306,8 +306,13 @@ def fallbacks(artifacts: list[Artifact]) -> dict[str, str]:
     return {app: artifact.family for app, artifact in sorted(best.items())}
 
 
-def base_image(cloud: Cloud, architecture: str, base_ami: str | None, allow_eol: bool) -> str:
-    """The ECS-optimized Amazon Linux 2023 image for the architecture, or the one asked for."""
+def base_image(
+    cloud: Cloud, architecture: str, base_ami: str | None, allow_eol: bool
+) -> tuple[str, str]:
+    """The ECS-optimized Amazon Linux 2023 image for the architecture, or the one asked for,
+    and its root device: the launch template encrypts the volume mapped there (another base
+    image's root may be /dev/sda1, and a mapping of Amazon Linux's /dev/xvda then added an empty
+    encrypted volume and booted the root as the image had it, unencrypted into the bake)."""
     ec2 = cloud.ec2
     if base_ami is None:
         parameter = BASE_AMI_PARAMETER[architecture]
@@ -326,7 +331,7 @@ def base_image(cloud: Cloud, architecture: str, base_ami: str | None, allow_eol:
             f"base image {base_ami} is Amazon Linux 2, which reached end of support on 2026-06-30; "
             "use the Amazon Linux 2023 ECS image (the default), or --allow-eol"
         )
-    return base_ami
+    return base_ami, str(image.get("RootDeviceName") or "/dev/xvda")
 
 
 def check_shapes(cloud: Cloud, families: list[str], reserve: int) -> None:

@@ -487,7 +487,9 @@ def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
             files = bake_module.render_files(
                 mine, architecture, request.reserve_mb_per_vcpu, cloud.imds_endpoint, checks
             )
-            base = bake_module.base_image(cloud, architecture, request.base_ami, request.allow_eol)
+            base, root = bake_module.base_image(
+                cloud, architecture, request.base_ami, request.allow_eol
+            )
             families = sorted({a.family for a in mine})
             bake_module.check_shapes(cloud, families, request.reserve_mb_per_vcpu)
             # Bake (and boot-test) on the most generic family: every artifact's fallback runs
@@ -498,6 +500,7 @@ def prepare_bake(cloud: Cloud, request: BakeRequest) -> list[BakeState]:
                     family=catalog.family(generic),
                     size="large",
                     base_ami=base,
+                    root_device=root,
                     architecture=architecture,
                     name=request.name,
                     artifacts=mine,

@@ -570,6 +570,31 @@ def test_bake_bad_input(cloud: Cloud, built: None, capsys: pytest.CaptureFixture
     assert Journal(cloud.config.results_dir / "journal.sqlite").last_run_id() == before
 
 
+def test_a_bake_on_a_base_image_rooted_elsewhere_encrypts_that_root(
+    cloud: Cloud, built: None
+) -> None:
+    """The bake's launch template encrypts the volume mapped at the state's root device, which
+    stayed Amazon Linux's /dev/xvda for any --base-ami: on an image rooted at /dev/sda1 the
+    template added an empty encrypted volume, and the root went unencrypted into the image."""
+    (default,) = pipelines.prepare_bake(cloud, pipelines.BakeRequest())
+    assert default.root_device == "/dev/xvda"
+    volume = cloud.ec2.create_volume(AvailabilityZone=f"{cloud.config.region}a", Size=8)
+    snapshot = cloud.ec2.create_snapshot(VolumeId=volume["VolumeId"])["SnapshotId"]
+    other = cloud.ec2.register_image(
+        Name=f"sda1-{time.time_ns()}",
+        Architecture=default.architecture,  # the built artifacts', whatever this machine is
+        RootDeviceName="/dev/sda1",
+        BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"SnapshotId": snapshot}}],
+    )["ImageId"]
+    try:
+        (state,) = pipelines.prepare_bake(cloud, pipelines.BakeRequest(base_ami=other))
+        assert (state.base_ami, state.root_device) == (other, "/dev/sda1")
+    finally:
+        cloud.ec2.deregister_image(ImageId=other)
+        cloud.ec2.delete_snapshot(SnapshotId=snapshot)
+        cloud.ec2.delete_volume(VolumeId=volume["VolumeId"])
+
+
 def test_bake_dry_run_renders_and_creates_nothing(
     cloud: Cloud, built: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
