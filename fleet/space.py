@@ -308,19 +308,6 @@ class Space:
                     f"params.{param.name}: {whose} a number ({where}); its values "
                     f"{list(param.values)} are not all numbers"
                 )
-            low, high = wanted.get("low"), wanted.get("high")
-            if kind != "categorical" and _numeric(low) and _numeric(high):
-                numbers = [v for v in param.values if _numeric(v)]
-                if param.kind == "categorical":
-                    span = (min(numbers), max(numbers)) if numbers else None
-                else:
-                    span = (param.low, param.high)
-                if span is not None and (span[0] < low or span[1] > high):
-                    raise UserError(
-                        f"params.{param.name}: {span[0]:g} to {span[1]:g} goes outside the "
-                        f"{low:g} to {high:g} that {recipe.name}'s workload takes ({where}): "
-                        "search within it"
-                    )
             known = wanted.get("values")
             if kind == "categorical" and isinstance(known, list):
                 if param.kind != "categorical":

@@ -1091,15 +1091,6 @@ RECIPE_FILES = [
                 "template-nul"),  # ValueError: embedded null byte, from a path
     recipe_file(('architectures = ["x86_64", "arm64"]', "architectures = []"),
                 "{tmp}/recipes/trivial/recipe.toml: architectures lists none", "architectures=[]"),
-    # A tune's run parameter outside the range the workload declares for it.
-    case("fleet tune {tmp}/tune.toml", "{tmp}/tune.toml:3: params.a: 1 to 100 goes outside "
-         "the 1 to 16 that trivial's workload takes",
-         files={"recipes/trivial/recipe.toml": (RECIPES / "trivial" / "recipe.toml").read_text()
-                .replace("[smoke]", '[bench]\ncommand = "bin/hello {args}"\n[bench.parameters]'
-                         '\na = { kind = "int", default = 1, low = 1, high = 16 }\n[smoke]'),
-                "tune.toml": 'recipe = "trivial"\ntypes = ["c5a.large"]\n[params.a]\nkind = '
-                             '"int"\nlow = 1\nhigh = 100\nstage = "run"\n'},
-         env={"AMIBAKE_RECIPES_DIR": "{tmp}/recipes"}, id="recipe:tune-out-of-range"),
 ]  # fmt: skip
 
 CASES = [
