@@ -176,7 +176,13 @@ def amis_changed(amis_file: Path) -> Iterator[list[dict[str, Any]]]:
 def _manifest(manifest: Any) -> dict[str, Any]:
     """An artifact's manifest, with the fields a bake reads."""
     for key in ("app", "family", "architecture", "target", "artifact_sha256"):
-        str(manifest[key])
+        if not isinstance(manifest[key], str):
+            raise ValueError(f"{key}: {manifest[key]!r} is not text")
+    # The app names paths in the bake's commands and in the staging script every instance of
+    # the image runs as root at boot: a recipe's name (checks.plain_name), never shell words.
+    problem = checks.plain_name(manifest["app"])
+    if problem:
+        raise ValueError(f"app {problem}")
     return manifest  # type: ignore[no-any-return]
 
 

@@ -116,7 +116,7 @@ class Login:
 
     host: str  # host[:port] of the proxyEndpoint
     username: str
-    password: str
+    password: str = field(repr=False)  # ECR's 12-hour token: never in a log or a traceback
     insecure: bool  # plain http: the local cloud's loopback registry
 
     def pull_name(self, ref: ImageRef, digest: str) -> str:

