@@ -313,7 +313,21 @@ def _network(cloud: Cloud) -> tuple[list[str], list[str]]:
     ]
     groups = list(every(ec2, "describe_security_groups", "SecurityGroups", Filters=mine))
     if groups:
-        return subnets, [str(groups[0]["GroupId"]), *network.groups]
+        group = groups[0]
+        # Taken by its name alone, a group someone else made under it (open to 0.0.0.0/0, say)
+        # went onto every Batch host.
+        if TAG not in {t["Key"] for t in group.get("Tags", [])}:
+            raise UserError(
+                f"security group {group['GroupId']} in {vpc} is named {SECURITY_GROUP} but was "
+                f"not made by amibake (no {TAG} tag): rename or delete it, and batch up makes "
+                "its own"
+            )
+        if group.get("IpPermissions"):
+            raise UserError(
+                f"amibake's Batch security group {group['GroupId']} has inbound rules, which its "
+                "hosts need none of: remove them (aws ec2 revoke-security-group-ingress)"
+            )
+        return subnets, [str(group["GroupId"]), *network.groups]
     created = ec2.create_security_group(
         GroupName=SECURITY_GROUP,
         Description="amibake Batch instances: no inbound",

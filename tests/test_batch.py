@@ -335,3 +335,59 @@ def test_batch_bad_input(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["batch", "up"]) == 2
     assert "one of the arguments --ami --from-bake is required" in capsys.readouterr().err
     assert main(["batch", "down"]) == 0  # nothing up: nothing to do, no error
+
+
+def test_up_refuses_a_group_of_its_name_it_did_not_make_or_that_lets_anything_in(
+    cloud: Cloud,
+) -> None:
+    """batch up took any group named amibake-batch in the VPC: one made by someone else, open
+    to 0.0.0.0/0, would have gone onto every Batch host."""
+    from amibake import batch
+    from amibake.cloud.calls import default_vpc
+    from amibake.errors import UserError
+
+    ec2 = cloud.ec2
+    vpc = default_vpc(ec2)
+    found = ec2.describe_security_groups(
+        Filters=[
+            {"Name": "group-name", "Values": [batch.SECURITY_GROUP]},
+            {"Name": "vpc-id", "Values": [vpc]},
+        ]
+    )["SecurityGroups"]
+    made = not found
+    group = (
+        ec2.create_security_group(
+            GroupName=batch.SECURITY_GROUP, Description="not amibake's", VpcId=vpc
+        )["GroupId"]
+        if made
+        else found[0]["GroupId"]
+    )
+    try:
+        # an earlier test's group, if there was one: not amibake's now
+        ec2.delete_tags(Resources=[group], Tags=[{"Key": batch.TAG}])
+        with pytest.raises(UserError) as refused:
+            batch._network(cloud)  # batch up's first step, before anything is made
+        err = str(refused.value) + "\n"
+        assert (
+            f"security group {group} in {vpc} is named amibake-batch but was not made by amibake"
+            in err
+        )
+        assert err.count("\n") == 1, err
+        ec2.create_tags(Resources=[group], Tags=[{"Key": batch.TAG, "Value": "true"}])
+        rule = [
+            {
+                "IpProtocol": "tcp",
+                "FromPort": 22,
+                "ToPort": 22,
+                "IpRanges": [{"CidrIp": "0.0.0.0/0"}],
+            }
+        ]
+        ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=rule)
+        with pytest.raises(UserError, match=f"amibake's Batch security group {group} has inbound"):
+            batch._network(cloud)
+        ec2.revoke_security_group_ingress(GroupId=group, IpPermissions=rule)
+    finally:
+        if made:
+            ec2.delete_security_group(GroupId=group)
+        else:
+            ec2.create_tags(Resources=[group], Tags=[{"Key": batch.TAG, "Value": "true"}])
