@@ -421,7 +421,9 @@ def _build(args: argparse.Namespace) -> int:
 
     cfg = config_from(args, recipe=args.recipe, size=args.size, spot=args.spot)
     if args.on_demand_fallback and not cfg.spot:  # it falls back from spot, which is not asked
-        raise UserError("--on-demand-fallback is for spot builds: drop it, or --on-demand")
+        said = "--on-demand" if args.spot is False else "spot = false in the settings"
+        raise UserError(f"--on-demand-fallback is for spot builds, and {said} asks on-demand: "
+                        "drop one of them")  # fmt: skip
     request = pipelines.BuildRequest(
         families=cliutil.names(args.family),
         recipe=cfg.recipe,

@@ -357,6 +357,8 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.prefer not in PREFERENCES:  # said for a bench run too, which has no use for it
         raise UserError(f"--prefer {args.prefer!r} is not one of {', '.join(PREFERENCES)}")
+    if args.current is not None and not args.current.strip():
+        raise UserError("--current is empty: name the instance type you run today")
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
     run_id = _run_id(results, args.run)

@@ -411,7 +411,8 @@ PLAN = [
     case("fleet prices --type c5x.large", "no price for c5x.large"),
     case("fleet prices --family nope", "no instance type of family nope"),
     case("fleet prices --family ''", "--family lists nothing"),
-    case("fleet bench --types c5a.large --command ''", "--command is empty"),  # it listed every type
+    case("fleet bench --types c5a.large --command ''", "--command is empty"),
+    case("fleet report last --current ''", "--current is empty"),  # it listed every type
     case("fleet prices --type c7i.large --family c7g", "none of --type c7i.large is of --family "
          "c7g"),  # c7g is in the snapshot: the filters have nothing in common
     case("fleet prices --region mars", "--region: region must be an AWS region code"),
