@@ -63,7 +63,8 @@ def _forget_private_keys(cloud: Cloud, journal: Journal, run_id: str) -> None:
     once its last key pair is gone they open nothing, and are removed with it."""
     if any(r.kind == "key-pair" for r in journal.alive(run_id)):
         return
-    for key_file in (cloud.config.results_dir / "logs" / run_id).glob("*.pem"):
+    folder = cloud.config.results_dir / "logs" / run_id
+    for key_file in [*folder.glob("*.pem"), *folder.glob("*.known_hosts")]:
         key_file.unlink(missing_ok=True)
         log.info("removed %s: its key pair is deleted", key_file)
 

@@ -244,15 +244,21 @@ def _how_to_debug(context: RunContext, state: InstanceState) -> None:
     """--keep-on-error: say how to reach the kept instance, and how to clean up after."""
     if not state.instance_id or not state.private_key:
         return
-    key_file = context.log_dir / f"{state.family.name}.pem"
+    # Named by slot, unique in the run: by family, two kept sizes of one wrote the same file.
+    key_file = context.log_dir / f"{state.slot}.pem"
     key_file.parent.mkdir(parents=True, exist_ok=True)
     key_file.touch(mode=0o600)
     key_file.write_text(state.private_key)
+    # The host key the run verified (from the console output), for ssh to check as the run
+    # did: the hint without it had the user accept whatever key answered.
+    known = context.log_dir / f"{state.slot}.known_hosts"
+    checked = state.remote is not None and state.remote.save_host_keys(known)
     try:
         from amibake.cloud.reach import describe
 
         host, port = context.cloud.ssh_endpoint(describe(context.cloud, state.instance_id))
-        where = f"ssh -i {key_file} -p {port} {context.cloud.config.ssh_user}@{host}"
+        verify = f" -o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes" if checked else ""
+        where = f"ssh -i {key_file}{verify} -p {port} {context.cloud.config.ssh_user}@{host}"
     except AmibakeError as exc:
         where = f"(no address yet: {exc})"
     log.warning("kept %s for debugging: %s", state.instance_id, where)

@@ -170,6 +170,15 @@ class Remote:
         self._closing.set()
         self.connection.close()
 
+    def save_host_keys(self, path: Path) -> bool:
+        """The host keys accepted (FingerprintPolicy) in OpenSSH's known_hosts form, for a
+        person's ssh to verify the host as this connection did; False when none was."""
+        keys = self.connection.client.get_host_keys()
+        if not len(keys):
+            return False
+        keys.save(str(path))
+        return True
+
     def _keepalive(self, transport: paramiko.Transport, closing: threading.Event) -> None:
         """Until this connection closes: a keepalive every KEEPALIVE_S; none answered within
         SILENCE_S closes it (see KEEPALIVE_S)."""

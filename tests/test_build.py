@@ -10,13 +10,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
+import subprocess
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from amibake import catalog, cpu, flags, pipelines, recipes, runner
@@ -278,7 +281,9 @@ def test_ctrl_c_while_a_create_call_is_in_flight_leaves_nothing(
     assert_nothing_left(cloud, run_id, local_dir)
 
 
-def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_dir: Path) -> None:
+def test_keep_on_error_keeps_the_instance_and_gc_removes_it(
+    cloud: Cloud, local_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from amibake import gc
 
     _fresh(cloud)
@@ -301,10 +306,27 @@ def test_keep_on_error_keeps_the_instance_and_gc_removes_it(cloud: Cloud, local_
     assert any(k.startswith("instance") for k in kept)
     key_file = cloud.config.results_dir / "logs" / run_id / "c5a.pem"
     assert key_file.stat().st_mode & 0o777 == 0o600
+    # The hint's ssh checks the host key the run verified: it reaches the kept instance, and
+    # refuses a known_hosts that names another key (the hint had no host key checking).
+    (hint,) = [r.getMessage() for r in caplog.records if "for debugging: ssh " in r.getMessage()]
+    command = shlex.split(hint.split("for debugging: ", 1)[1])
+    known = key_file.with_suffix(".known_hosts")
+    assert f"UserKnownHostsFile={known}" in command and "StrictHostKeyChecking=yes" in command
+    batch = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+    reached = subprocess.run([command[0], *batch, *command[1:], "echo", "reached"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert reached.stdout.strip() == "reached", reached.stderr
+    real = known.read_text()
+    forged = real.split()[0] + " ssh-rsa " + paramiko.RSAKey.generate(1024).get_base64() + "\n"
+    known.write_text(forged)
+    refused = subprocess.run([command[0], *batch, *command[1:], "echo", "reached"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode != 0 and "reached" not in refused.stdout, refused
     leftovers = gc.find(cloud, journal(cloud), run_id=run_id)
     assert {x.kind for x in leftovers} >= {"instance", "key-pair", "security-group"}
     assert gc.delete(cloud, journal(cloud), leftovers) == (leftovers, [])
     assert not key_file.exists()  # it opened nothing once its key pair was gone
+    assert not known.exists()
     assert_nothing_left(cloud, run_id, local_dir)
 
 
