@@ -56,9 +56,20 @@ def caller_cidr(context: RunContext) -> str:
         return "127.0.0.1/32"
     if config.ssh_address == "private":
         return f"{source_toward(context.network())}/32"
+    return f"{public_address()}/32"
+
+
+# Asked directly, never through HTTPS_PROXY: SSH dials instances directly, so a proxy's address
+# was the wrong source, and a rule open to everyone else behind that proxy.
+CHECKIP = "https://checkip.amazonaws.com"
+
+
+def public_address() -> str:
+    """This machine's public IPv4 address, as checkip sees its direct connections."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=10) as response:
-            address = response.read().decode().strip()
+        with direct.open(CHECKIP, timeout=10) as response:
+            address = str(response.read().decode().strip())
     except OSError as exc:
         raise CloudError(f"cannot find this machine's public address: {exc}") from exc
     # Whatever answered (a proxy's or captive portal's page) must not become a firewall rule.
@@ -66,10 +77,10 @@ def caller_cidr(context: RunContext) -> str:
         ipaddress.IPv4Address(address)
     except ValueError:
         raise CloudError(
-            f"cannot find this machine's public address: checkip.amazonaws.com answered "
+            f"cannot find this machine's public address: {CHECKIP} answered "
             f"{address[:60]!r}, not an IPv4 address"
         ) from None
-    return f"{address}/32"
+    return address
 
 
 def source_toward(network: Network) -> str:
