@@ -211,6 +211,27 @@ def test_an_interrupted_up_stops_the_daemon_it_started(
     capsys.readouterr()
 
 
+def test_an_up_given_up_on_says_what_the_daemon_was_doing_and_stops_it(
+    own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A daemon that does not come up in time: the error names its log's last line (a test's
+    log is gone once it fails, and CI said only "see daemon.log"), and the daemon is stopped."""
+    monkeypatch.setattr(control, "START_TIMEOUT_S", 0.5)  # it takes seconds to import moto
+    assert main(["local", "up"]) == 1
+    err = _one_line_error(capsys)
+    assert "the local cloud did not start within 0.5s (its log's last line: " in err, err
+    time.sleep(8)  # longer than the daemon takes to come up
+    assert control.find(config.load()) is None
+    mine = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        and str(own_cloud).encode() in _cmdline(pid)
+        and b"amibake.local.daemon" in _cmdline(pid)
+    ]
+    assert mine == [], mine
+
+
 def _cmdline(pid: str) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
