@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import botocore.exceptions
 
+from amibake import flags
+from amibake.catalog import Family
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, every, no_default_vpc, wait_until
 from amibake.cloud.ec2 import describe_instance_types
@@ -237,18 +239,35 @@ def preflight(cloud: Cloud, state: BuildState, lookups: Lookups | None = None) -
 MANIFEST_FORMAT = 2
 
 
+# The compilers whose flags for a family stand in the cache key: the build host's compiler is
+# known only once it runs, but amibake's own spelling of a target's flags (flags.for_family:
+# archspec's, and what it adds or takes away) is known now, and a change to it (AVX512-VP2INTERSECT
+# taken out of c7i's) left the artifacts built with the old flags as cache hits.
+KEYED_COMPILERS = ("gcc@10.2.1", "gcc@11.4.1", "gcc@12.2.0", "gcc@13.2.0", "gcc@14.2.0")
+
+
 def cache_key(state: BuildState) -> str:
-    # The base AMI fixes the compiler (and so the flags) the build will get.
+    # The base AMI fixes the compiler the build will get; amibake's tables, its flags for it.
     inputs: dict[str, object] = {
         "manifest": MANIFEST_FORMAT,
         "recipe": state.recipe.digest(),
         "source": state.source.sha256,
         "target": family_target(state.family).name,
+        "flags": [_flags_for(state.family, c) for c in KEYED_COMPILERS],
         "base_ami": state.base_ami,
     }
     if state.variant != Variant():
         inputs["variant"] = {"generic": state.variant.generic, "cflags": state.variant.cflags}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def _flags_for(family: Kind, compiler: str) -> str:
+    if not isinstance(family, Family):  # a type outside the build catalog: its target alone
+        return ""
+    try:
+        return flags.for_family(family, flags.Compiler.parse(compiler)).cflags
+    except UserError:  # no target of the family that compiler knows
+        return ""
 
 
 class ArtifactCache:
