@@ -199,14 +199,7 @@ def test_an_interrupted_up_stops_the_daemon_it_started(
         assert main(["local", "up"]) == 130
     time.sleep(8)  # longer than the daemon takes to come up
     assert control.find(config.load()) is None
-    mine = [
-        pid
-        for pid in os.listdir("/proc")
-        if pid.isdigit()
-        and str(own_cloud).encode() in _cmdline(pid)
-        and b"amibake.local.daemon" in _cmdline(pid)
-    ]
-    assert mine == [], mine
+    assert _daemons_of(own_cloud) == []
     assert main(["local", "up"]) == 0  # and the next up starts one
     capsys.readouterr()
 
@@ -222,14 +215,18 @@ def test_an_up_given_up_on_says_what_the_daemon_was_doing_and_stops_it(
     assert "the local cloud did not start within 0.5s (its log's last line: " in err, err
     time.sleep(8)  # longer than the daemon takes to come up
     assert control.find(config.load()) is None
-    mine = [
+    assert _daemons_of(own_cloud) == []
+
+
+def _daemons_of(local_dir: Path) -> list[str]:
+    """The pids of local-cloud daemons serving `local_dir`."""
+    return [
         pid
         for pid in os.listdir("/proc")
         if pid.isdigit()
-        and str(own_cloud).encode() in _cmdline(pid)
+        and str(local_dir).encode() in _cmdline(pid)
         and b"amibake.local.daemon" in _cmdline(pid)
     ]
-    assert mine == [], mine
 
 
 def _cmdline(pid: str) -> bytes:
