@@ -173,11 +173,17 @@ def amis_changed(amis_file: Path) -> Iterator[list[dict[str, Any]]]:
         saved.write_whole(amis_file, json.dumps(records, indent=2))
 
 
+def _texts(record: Any, keys: tuple[str, ...]) -> None:
+    """A saved record's fields that must be text (str() of a 5 passed, and failed the bake
+    later): ValueError naming the first that is not, KeyError for one missing."""
+    for key in keys:
+        if not isinstance(record[key], str):
+            raise ValueError(f"{key}: {record[key]!r} is not text")
+
+
 def _manifest(manifest: Any) -> dict[str, Any]:
     """An artifact's manifest, with the fields a bake reads."""
-    for key in ("app", "family", "architecture", "target", "artifact_sha256"):
-        if not isinstance(manifest[key], str):
-            raise ValueError(f"{key}: {manifest[key]!r} is not text")
+    _texts(manifest, ("app", "family", "architecture", "target", "artifact_sha256"))
     # The app names paths in the bake's commands and in the staging script every instance of
     # the image runs as root at boot: a recipe's name (checks.plain_name), never shell words.
     problem = checks.plain_name(manifest["app"])
@@ -255,9 +261,7 @@ def from_tune(results_dir: Path, run: str) -> dict[str, Any]:
         )
 
     def shape(data: Any) -> dict[str, Any]:
-        for key in ("run_id", "recipe", "instance_type", "family", "cflags", "args"):
-            if not isinstance(data[key], str):  # str() passed a 5, which failed the bake later
-                raise ValueError(f"{key}: {data[key]!r} is not text")
+        _texts(data, ("run_id", "recipe", "instance_type", "family", "cflags", "args"))
         # Its flags go into the bake's build script as written: words a shell reads there ran
         # as root on the bake instance, from a results file anyone who could write it wrote.
         problem = checks.shell_words(str(data["cflags"]))

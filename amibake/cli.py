@@ -718,14 +718,13 @@ def _host_families(args: argparse.Namespace) -> int:
     from amibake.steps.preflight import MANIFEST_FORMAT
 
     cfg = config_from(args)
-    if args.recipe is None:
-        args.recipe = "kernels"
-    else:  # a recipe that is not there was judged by its targets, said nowhere
-        recipes.load(args.recipe, cfg.recipes_dir)
+    recipe = args.recipe or "kernels"
+    if args.recipe is not None:  # a recipe that is not there was judged by its targets, unsaid
+        recipes.load(recipe, cfg.recipes_dir)
     machine = cpu.this_machine()
     artifacts = cfg.results_dir / "artifacts"
     built: dict[str, set[str]] = {}
-    for sidecar in artifacts.glob(f"{args.recipe}_*.manifest.json"):
+    for sidecar in artifacts.glob(f"{recipe}_*.manifest.json"):
         try:
             manifest = json.loads(sidecar.read_text())
         except (OSError, ValueError):
@@ -740,9 +739,7 @@ def _host_families(args: argparse.Namespace) -> int:
         best = cpu.best_family(machine, built, args.architecture)
         if best is None:
             of = f"{args.architecture} " if args.architecture else ""
-            raise UserError(
-                f"this machine runs no {of}family's {args.recipe} build: {_why(choices)}"
-            )
+            raise UserError(f"this machine runs no {of}family's {recipe} build: {_why(choices)}")
         print(best)
         return 0
     rows = [

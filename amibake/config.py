@@ -293,20 +293,15 @@ KERNEL_FILESYSTEMS = {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs"
 
 def _kernel_filesystem(path: Path) -> str:
     """The mount point of the kernel filesystem `path` is on (/proc), or ''."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return ""
-    best = ("", "")
-    for line in mounts:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = path == Path(point) or Path(point) in path.parents
-        if inside and len(point) > len(best[0]):
-            best = (point, fields[2])
-    return best[0] if best[1] in KERNEL_FILESYSTEMS else ""
+    import psutil
+
+    mounts = [
+        (Path(m.mountpoint), m.fstype)
+        for m in psutil.disk_partitions(all=True)
+        if path == Path(m.mountpoint) or Path(m.mountpoint) in path.parents
+    ]
+    point, kind = max(mounts, key=lambda m: len(m[0].parts), default=(Path(), ""))
+    return str(point) if kind in KERNEL_FILESYSTEMS else ""
 
 
 def load(

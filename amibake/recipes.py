@@ -30,6 +30,7 @@ _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 # tune file's parameter of that name must match (fleet.space has the same four).
 PARAMETER_KINDS = ("int", "uniform", "loguniform", "categorical")
 PARAMETER_KEYS = ("kind", "default", "low", "high", "values")
+PARAMETER_BOUNDS = ("default", "low", "high")  # numbers, but a categorical's default
 # [bench] metric: fleet reads its values (fleet.spec.metric_from); a misspelt key was read as
 # absent (aggregate = "last", the default unit) without a word.
 METRIC_KEYS = ("kind", "pattern", "meaning", "aggregate", "unit")
@@ -297,20 +298,20 @@ def load(name: str, root: Path = RECIPES_DIR) -> Recipe:
                 f"bench.parameters.{key}.kind {spec.get('kind')!r} is not one of "
                 f"{', '.join(PARAMETER_KINDS)}"
             )
-        for bound in ("default", "low", "high"):  # a nan default ran the workload with "nan"
+        for bound in PARAMETER_BOUNDS:  # a nan default ran the workload with "nan"
             if isinstance(spec.get(bound), float) and checks.number(spec[bound]):
                 problems.append(f"bench.parameters.{key}.{bound} {spec[bound]} is not finite")
-        numbers = {
-            bound: spec[bound]
-            for bound in ("default", "low", "high")
-            if bound in spec and not (bound == "default" and spec.get("kind") == "categorical")
-        }
+        integer = spec.get("kind", "int") == "int"
+        numeric = ("low", "high") if spec.get("kind") == "categorical" else PARAMETER_BOUNDS
         wrong = [
-            f"bench.parameters.{key}.{bound} {value!r} is not "
-            + ("an integer" if spec.get("kind", "int") == "int" else "a number")
-            for bound, value in numbers.items()
-            if isinstance(value, bool)
-            or not isinstance(value, int if spec.get("kind", "int") == "int" else int | float)
+            f"bench.parameters.{key}.{bound} {spec[bound]!r} is not "
+            + ("an integer" if integer else "a number")
+            for bound in numeric
+            if bound in spec
+            and (
+                isinstance(spec[bound], bool)
+                or not isinstance(spec[bound], int if integer else int | float)
+            )
         ]
         problems += wrong
         low, high = spec.get("low"), spec.get("high")

@@ -99,6 +99,12 @@ def _list(text: str | None, flag: str) -> list[str] | None:
     return items
 
 
+def _refuse_empty(text: str | None, flag: str, fix: str) -> None:
+    """A flag given as "": it was read as not given (its default), or as nothing at all."""
+    if text is not None and not text.strip():
+        raise UserError(f"{flag} is empty: {fix}")
+
+
 def _names(text: str | None, flag: str) -> list[str] | None:
     """Families, sizes or instance types, in EC2's lowercase (`C7i.Large` is c7i.large)."""
     listed = _list(text, flag)
@@ -164,9 +170,7 @@ def _bench(args: argparse.Namespace) -> int:
     from fleet import plan as planning
 
     cfg = config_from(args)
-    if args.command_line is not None and not args.command_line.strip():
-        # it was read as no command, and refused as neither a recipe nor a command
-        raise UserError("--command is empty: give the workload's command line, or --recipe")
+    _refuse_empty(args.command_line, "--command", "give the workload's command line, or --recipe")
     results = bench.results_db(cfg.results_dir)
     overrides: dict[str, Any] = {
         "types": _names(args.types, "--types"),
@@ -357,8 +361,7 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.prefer not in PREFERENCES:  # said for a bench run too, which has no use for it
         raise UserError(f"--prefer {args.prefer!r} is not one of {', '.join(PREFERENCES)}")
-    if args.current is not None and not args.current.strip():
-        raise UserError("--current is empty: name the instance type you run today")
+    _refuse_empty(args.current, "--current", "name the instance type you run today")
     cfg = config_from(args)
     results = bench.results_db(cfg.results_dir)
     run_id = _run_id(results, args.run)
@@ -613,7 +616,7 @@ def _tune_compare(args: argparse.Namespace) -> int:
     if not args.replay:
         raise UserError("fleet tune compare needs --replay TABLE.csv (or --replay-runs RUNS.csv)")
     table = Path(args.replay)
-    _check_objective_column(args)
+    _refuse_empty(args.objective_column, "--objective-column", "name the column to minimise")
     if args.space:
         changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
         spec = tune.load(Path(args.space), changes)
@@ -648,19 +651,13 @@ def _tune_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_objective_column(args: argparse.Namespace) -> None:
-    if args.objective_column is not None and not args.objective_column.strip():
-        # it fell back to metric, as if not given
-        raise UserError("--objective-column is empty: name the table's column to minimise")
-
-
 def _tune_compare_runs(args: argparse.Namespace) -> int:
     """`compare` on a table of runs: every evaluation draws one recorded run (noisy replay), and
     each search is scored by what it recommends."""
     from fleet import noisy_replay, replay, tune
 
     table = Path(args.replay_runs)
-    _check_objective_column(args)
+    _refuse_empty(args.objective_column, "--objective-column", "name the column to minimise")
     if args.space:  # its objective, column and constraints, as `compare --replay` reads them
         changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
         spec = tune.load(Path(args.space), changes)
