@@ -153,12 +153,26 @@ def retire_older(
             }
         )
     if retired:
-        stamps = {r["image_id"]: r["retired"] for r in same if r.get("retired")}
-        with amis_changed(amis_file) as now:  # as it is now: another bake may have added
-            for record in now:
-                if record["image_id"] in stamps:
-                    record["retired"] = stamps[record["image_id"]]
+        mark_retired(amis_file, {r["image_id"]: r["retired"] for r in same if r.get("retired")})
     return retired
+
+
+def mark_retired(amis_file: Path, stamps: dict[str, str]) -> None:
+    """Mark the images of `stamps` (image -> when) retired in amis.json, as it is now (another
+    bake may have added to it): `bake --keep`'s, and a recorded image its bake's cleanup or gc
+    deleted (its record was written before it was marked kept)."""
+    if not stamps or not amis_file.exists():
+        return
+    with amis_changed(amis_file) as now:
+        for record in now:
+            if record["image_id"] in stamps and not record.get("retired"):
+                record["retired"] = stamps[record["image_id"]]
+
+
+def retired_now(image_ids: list[str]) -> dict[str, str]:
+    """`mark_retired`'s stamps for images deleted now."""
+    when = datetime.now(UTC).isoformat(timespec="seconds")
+    return dict.fromkeys(image_ids, when)
 
 
 @contextmanager

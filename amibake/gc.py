@@ -14,7 +14,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from amibake import batch, inventory
+from amibake import bake, batch, inventory
 from amibake.cloud import Cloud
 from amibake.cloud.calls import ignore_missing, retry_on
 from amibake.cloud.ec2 import (
@@ -98,6 +98,7 @@ def delete(
     command to finish). Each deletion is logged at debug only: the caller says what was deleted
     (said twice on a terminal, and a failed one was said "deleted" besides its failure)."""
     ec2 = cloud.ec2
+    amis_file = cloud.config.results_dir / "amis.json"
     deleted: list[Resource] = []
     failures = []
     batch_client = cloud.client("batch")
@@ -112,7 +113,9 @@ def delete(
         ),
         # With its snapshots (DeleteAssociatedSnapshots): a snapshot deleted right after its
         # image may still be in use (InvalidSnapshot.InUse), and was left, billed.
-        "image": lambda i: delete_image(ec2, i, []),
+        # Within its unseen_for, a NotFound is EC2 not knowing the image yet (a bake killed as
+        # it was made): taken for gone, it was journaled deleted and became available, billed.
+        "image": lambda i: delete_image(ec2, i, [], unseen_for=unseen[i]),
         "snapshot": lambda i: retry_on(
             {"InvalidSnapshot.InUse"},
             lambda: ec2.delete_snapshot(SnapshotId=i),
@@ -144,6 +147,8 @@ def delete(
                 ignore_missing(lambda item=item: actions[item.kind](item.resource_id))  # type: ignore[misc]
             journal.deleted(item.kind, item.resource_id)
             deleted.append(item)
+            if item.kind == "image":  # a bake killed as it kept it had recorded it first
+                bake.mark_retired(amis_file, bake.retired_now([item.resource_id]))
             log.debug("deleted %s", item.describe())
             if item.kind == "key-pair" and item.run_id:
                 _forget_private_keys(cloud, journal, item.run_id)

@@ -29,7 +29,12 @@ from amibake import batch
 from amibake.catalog import prices
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, every
-from amibake.cloud.ec2 import NEW_INSTANCE_VISIBLE_S, NEW_RESOURCE_VISIBLE_S, snapshots_of
+from amibake.cloud.ec2 import (
+    NEW_IMAGE_VISIBLE_S,
+    NEW_INSTANCE_VISIBLE_S,
+    NEW_RESOURCE_VISIBLE_S,
+    snapshots_of,
+)
 from amibake.cloud.tags import EXPIRES, KEPT, RUN_ID, parse_expires
 from amibake.errors import UserError
 from amibake.journal import Journal
@@ -88,8 +93,12 @@ class Resource:
         if self.created is None:
             return 0.0
         age = (datetime.now(UTC) - self.created).total_seconds()
-        launched = self.kind in ("instance", "fleet")
-        return max(0.0, (NEW_INSTANCE_VISIBLE_S if launched else NEW_RESOURCE_VISIBLE_S) - age)
+        window = {
+            "instance": NEW_INSTANCE_VISIBLE_S,
+            "fleet": NEW_INSTANCE_VISIBLE_S,
+            "image": NEW_IMAGE_VISIBLE_S,
+        }.get(self.kind, NEW_RESOURCE_VISIBLE_S)
+        return max(0.0, window - age)
 
     def age_s(self) -> float | None:
         if self.created is None:

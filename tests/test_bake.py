@@ -421,13 +421,22 @@ HELD_BAKE = """
 import sys, time
 import botocore.client
 made, images = botocore.client.BaseClient._make_api_call, []
+def hold():
+    print("amibake-test-held", flush=True)
+    time.sleep(300)
 def call(self, name, params):
+    # "CreateTags:kept" / "CreateTags:kept-before": as the image is marked kept (after, before)
+    operation, _, which = sys.argv[1].partition(":")
+    kept = name == "CreateTags" and any(t["Key"] == "amibake:kept" for t in params["Tags"])
+    if which == "kept-before" and kept:
+        hold()
     answer = made(self, name, params)
     if name == "CreateImage":
         images.append(answer["ImageId"])
-    if name == sys.argv[1] and (name != "RunInstances" or params.get("ImageId") in images):
-        print("amibake-test-held", flush=True)
-        time.sleep(300)
+    if which == "kept" and kept:
+        hold()
+    if not which and name == operation and (name != "RunInstances" or params.get("ImageId") in images):
+        hold()
     return answer
 botocore.client.BaseClient._make_api_call = call
 from amibake.cli import main
@@ -468,6 +477,54 @@ def test_sigkill_mid_bake_then_gc_leaves_nothing(
     assert main(["gc"]) == 0
     assert "deleted image ami-" in capsys.readouterr().out
     _assert_bake_left_nothing(cloud, local_dir)
+
+
+@pytest.mark.parametrize("held_at", ["CreateTags:kept-before", "CreateTags:kept"])
+def test_sigkill_as_the_image_is_kept_leaves_it_recorded_or_gone(
+    cloud: Cloud,
+    built: None,
+    local_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    held_at: str,
+) -> None:
+    """SIGKILL as the image that passed is kept. It was marked kept before amis.json recorded
+    it: killed between the two, it was a product no record named, never deleted by gc nor
+    retired by bake --keep, its snapshot billed. Now recorded first: killed before its mark, gc
+    deletes it and retires its record; after, it is the product, recorded."""
+    amis_file = cloud.config.results_dir / "amis.json"
+    before = [r["image_id"] for r in bake.baked(amis_file)] if amis_file.exists() else []
+    bake_process = subprocess.Popen(
+        [sys.executable, "-c", HELD_BAKE, held_at],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert bake_process.stdout is not None
+        for line in bake_process.stdout:
+            if line.strip() == "amibake-test-held":
+                break
+        else:
+            raise AssertionError(f"the bake ended (rc {bake_process.wait()}) before {held_at}")
+    finally:
+        bake_process.kill()
+        bake_process.wait()
+    run_id = _last_run(cloud)
+    capsys.readouterr()
+    assert main(["gc"]) == 0
+    records = {r["image_id"]: r for r in bake.baked(amis_file) if r["image_id"] not in before}
+    left = [x.split()[1] for x in tagged_images_alive(cloud, run_id) if x.startswith("image")]
+    try:
+        # Whatever is left is recorded and live in amis.json; whatever amis.json names live is
+        # left.
+        live = sorted(i for i, r in records.items() if not r.get("retired"))
+        assert sorted(left) == live, (left, records)
+        assert left if held_at.endswith(":kept") else not left, left
+        assert len(records) == 1, records  # recorded before it was marked, either way
+    finally:
+        for image_id in left:
+            cloud.ec2.deregister_image(ImageId=image_id, DeleteAssociatedSnapshots=True)
+        bake.mark_retired(amis_file, bake.retired_now(left))
 
 
 def test_an_error_during_the_boot_test_leaves_nothing(

@@ -25,12 +25,14 @@ SNAPSHOT_RELEASED_S = 120.0
 IMAGE_NOT_FOUND = {"InvalidAMIID.NotFound", "InvalidAMIID.Unavailable"}
 
 
-def describe_new_image(ec2: Any, image_id: str) -> dict[str, Any]:
-    """An image amibake just created: NotFound is retried until it shows."""
+def describe_new_image(
+    ec2: Any, image_id: str, unseen_for: float = NEW_IMAGE_VISIBLE_S
+) -> dict[str, Any]:
+    """An image amibake just created: NotFound is retried until it shows (for `unseen_for`)."""
     images: list[dict[str, Any]] = retry_on(
         IMAGE_NOT_FOUND,
         lambda: ec2.describe_images(ImageIds=[image_id])["Images"],
-        within_s=NEW_IMAGE_VISIBLE_S,
+        within_s=unseen_for,
     )
     if not images:  # an empty answer is NotFound too, eventually consistent the same way
         raise botocore.exceptions.ClientError(
@@ -50,17 +52,18 @@ def snapshots_of(image: dict[str, Any]) -> list[str]:
 
 
 def delete_image(
-    ec2: Any, image_id: str, snapshots: list[str], *, just_created: bool = False
+    ec2: Any, image_id: str, snapshots: list[str], *, unseen_for: float = 0.0
 ) -> list[str]:
     """Deregister the image and delete its snapshots; the snapshots deleted.
 
     DeregisterImage deletes the snapshots with it (DeleteAssociatedSnapshots), which cannot race;
-    a snapshot still there after it is deleted, retrying InvalidSnapshot.InUse. A just-created
-    image's NotFound is retried (it may not be visible yet); otherwise NotFound means gone."""
-    missing = IMAGE_NOT_FOUND if just_created else set()
-    if just_created and not snapshots:
+    a snapshot still there after it is deleted, retrying InvalidSnapshot.InUse. Within
+    `unseen_for` of the image's creation its NotFound is asked again (EC2 may not know it yet:
+    NEW_IMAGE_VISIBLE_S); after, NotFound means gone."""
+    missing = IMAGE_NOT_FOUND if unseen_for > 0 else set()
+    if unseen_for > 0 and not snapshots:
         try:
-            snapshots = snapshots_of(describe_new_image(ec2, image_id))
+            snapshots = snapshots_of(describe_new_image(ec2, image_id, unseen_for))
         except botocore.exceptions.ClientError as exc:
             if error_code(exc) not in IMAGE_NOT_FOUND:
                 raise
@@ -68,7 +71,7 @@ def delete_image(
         retry_on(
             missing,
             lambda: ec2.deregister_image(ImageId=image_id, DeleteAssociatedSnapshots=True),
-            within_s=NEW_IMAGE_VISIBLE_S,
+            within_s=unseen_for,
         )
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) not in IMAGE_NOT_FOUND:

@@ -227,10 +227,14 @@ class CreateImage:
 
     def _delete(self, state: BakeState) -> None:
         ec2 = self.context.cloud.ec2
-        for snapshot_id in delete_image(ec2, state.image_id, state.snapshot_ids, just_created=True):
+        for snapshot_id in delete_image(
+            ec2, state.image_id, state.snapshot_ids, unseen_for=NEW_IMAGE_VISIBLE_S
+        ):
             self.context.deleted("snapshot", snapshot_id)
         self.context.deleted("image", state.image_id)
         state.snapshot_ids = []
+        # Recorded, then its mark failed: its record is retired with it.
+        bake.mark_retired(state.amis_file, bake.retired_now([state.image_id]))
 
     def cleanup(self, state: BakeState) -> None:
         if not state.image_id or state.keep_image:
@@ -416,13 +420,11 @@ class Record:
         self.context = context
 
     def run(self, state: BakeState) -> None:
-        # A kept image is the product, not a leftover: marked so gc leaves it, recorded, and no
-        # longer tracked by the journal. Kept only once marked and recorded: one whose tag or
-        # record failed was left unrecorded, to gc at best.
-        self.context.cloud.ec2.create_tags(
-            Resources=[state.image_id, *state.snapshot_ids],
-            Tags=[{"Key": tags.KEPT, "Value": "true"}],
-        )
+        # A kept image is the product, not a leftover: recorded, marked so gc leaves it, and no
+        # longer tracked by the journal. Kept only once recorded and marked: one whose record or
+        # tag failed is deleted by the cleanup. Recorded first: a SIGKILL between the two left
+        # a marked image no record named, which neither gc nor bake --keep would ever delete
+        # (billed for its snapshots); unmarked, gc deletes it and retires its record.
         record = {
             "image_id": state.image_id,
             "architecture": state.architecture,
@@ -440,6 +442,10 @@ class Record:
         }
         with bake.amis_changed(state.amis_file) as records:  # read (and checked) before too
             records.append(record)
+        self.context.cloud.ec2.create_tags(
+            Resources=[state.image_id, *state.snapshot_ids],
+            Tags=[{"Key": tags.KEPT, "Value": "true"}],
+        )
         state.keep_image = True
         self.context.deleted("image", state.image_id)
         for snapshot_id in state.snapshot_ids:

@@ -117,6 +117,41 @@ def test_a_bake_survives_a_new_image_not_found_pending_failed_and_its_snapshot_i
     assert len([x for x in left if x.startswith("snapshot")]) == 1
 
 
+def test_gc_deletes_an_image_ec2_does_not_know_yet(faulty: Callable[[str, int], Cloud]) -> None:
+    """A bake killed as its image was made, gc'd at once: DeregisterImage answers NotFound for
+    an image EC2 does not know yet. gc took that for gone, journaled it deleted and said so,
+    and the image became available, billed for its snapshot. It is now asked again within the
+    image's window (NEW_IMAGE_VISIBLE_S), as the bake's own cleanup does."""
+    from amibake import gc
+    from amibake.journal import Journal
+    from amibake.local.faults import images
+
+    seed = seed_where(lambda f: f.between(*images.UNSEEN_S, "image", 1, "unseen") > 1.5)
+    cloud = faulty("image-consistency", seed)
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    run_id = "ab-killedbake0"
+    journal.start_run(run_id, "bake", cloud.config.cloud, cloud.config.region)
+    image_id = cloud.ec2.register_image(
+        Name="killed-as-made",
+        Architecture="x86_64",
+        RootDeviceName="/dev/xvda",
+        TagSpecifications=[
+            {"ResourceType": "image", "Tags": [{"Key": "amibake:run-id", "Value": run_id}]}
+        ],
+    )["ImageId"]
+    journal.created(run_id, "image", image_id, cloud.config.region, "local")
+    journal.finish_run(run_id, "failed", "killed as its image was made")  # not live: gc'd
+    deleted, failures = gc.delete(cloud, journal, gc.find(cloud, journal, run_id=run_id))
+    assert failures == [] and [r.resource_id for r in deleted] == [image_id]
+    assert met(cloud)["image-consistency"].get("image not found yet", 0) > 0, (
+        "gc came after the image's window: nothing was tested"
+    )
+    import time
+
+    time.sleep(images.UNSEEN_S[1])  # past its window: EC2 knows the image, if it is there
+    assert cloud.ec2.describe_images(ImageIds=[image_id])["Images"] == [], "gc left it"
+
+
 def _first_unseen(f: faults.Faults, kind: str) -> bool:
     """Whether the cloud's first resource of the kind is unknown to EC2 for 2 s at least."""
     from amibake.local.faults import new_resources

@@ -88,7 +88,7 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
         return reply
     now = faults.now()
     text = reply.body.decode()
-    if request.action == "CreateImage":
+    if request.action in ("CreateImage", "RegisterImage"):  # either image is new to EC2 alike
         found = _IMAGE_ID.search(text)
         if found:
             faults.remember("images:created")[found.group(1)] = now
