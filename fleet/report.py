@@ -313,9 +313,25 @@ def headline(
         if theirs.empty:
             said.append(f"{current} was not measured in this run.")
         elif theirs.iloc[0].name != best.name:
-            saving = 1 - best.usd_per_unit / theirs.iloc[0].usd_per_unit
-            said.append(f"Against {current}, which you run today: {saving:.0%} less per {unit}.")
+            said.append(_against_current(best, theirs.iloc[0], current, unit))
     return " ".join(said)
+
+
+def _against_current(best: pd.Series, theirs: pd.Series, current: str, unit: str) -> str:
+    """What the pick saves against the type run today, said as a saving only where the intervals
+    say so: the page said "-50% less" for a type cheaper on the runs that finished (passed over
+    for its failed ones), and "2% less" for one whose interval overlapped the pick's."""
+    if theirs.usd_per_unit_low > best.usd_per_unit_high:
+        saving = 1 - best.usd_per_unit / theirs.usd_per_unit
+        return f"Against {current}, which you run today: {saving:.0%} less per {unit}."
+    if theirs.usd_per_unit < best.usd_per_unit:
+        cheaper = 1 - theirs.usd_per_unit / best.usd_per_unit
+        why = _failures(theirs) if theirs.failed else "their intervals overlap"
+        return f"{current}, which you run today, measured {cheaper:.0%} less per {unit}, but {why}."
+    return (
+        f"Against {current}, which you run today, no saving that is not noise: their intervals "
+        "overlap."
+    )
 
 
 # A bar chart's axis ends this far above its tallest bar: an interval of 3 noisy runs can reach

@@ -89,6 +89,22 @@ def test_the_page_leads_with_the_pick_its_intervals_and_what_it_saves() -> None:
     assert "was not measured" in headline(frame, RUNTIME, current="x.large")
 
 
+def test_the_saving_against_todays_type_is_said_only_where_the_intervals_say_it() -> None:
+    """The page said "-50% less" against a type run today that was cheaper on the runs that
+    finished (passed over for a failed one), and "2% less" against one it could not tell
+    apart from the pick."""
+    frame = _summary(("m.large", 1, 2e-5), ("c.large", 1, 2.04e-5))
+    said = headline(frame, RUNTIME, current="c.large")
+    assert "less per run" not in said.split("which you run today")[1], said
+    assert "no saving that is not noise" in said, said
+    cheaper = _summary(("a.large", 1, 1e-5), ("m.large", 2, 2e-5))
+    cheaper.loc[0, "failed"] = 1  # cheaper on what finished, so passed over
+    said = headline(cheaper, RUNTIME, current="a.large")
+    assert said.startswith("Recommended: m.large tuned"), said
+    assert "-" not in said.split("which you run today")[1], said
+    assert "a.large, which you run today, measured 50% less per run, but 1 of its" in said, said
+
+
 def test_the_page_says_when_the_pick_cannot_be_told_apart() -> None:
     frame = _summary(("m.large", 1, 2e-5), ("c.large", 1, 2.1e-5))
     assert "It cannot be told apart from c.large tuned on cost" in headline(frame, RUNTIME)
