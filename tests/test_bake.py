@@ -444,17 +444,8 @@ sys.exit(main(["bake", "--yes"]))
 """
 
 
-@pytest.mark.parametrize("held_at", ["CreateImage", "RunInstances"])
-def test_sigkill_mid_bake_then_gc_leaves_nothing(
-    cloud: Cloud,
-    built: None,
-    local_dir: Path,
-    capsys: pytest.CaptureFixture[str],
-    held_at: str,
-) -> None:
-    """SIGKILL as the image is made (before the journal knows it: found by its tag) and in
-    the boot test (its instance up from the image): gc deletes the image, its snapshot and the
-    instances, and nothing is left. The image is not the product until it is kept."""
+def _kill_held_bake(held_at: str) -> None:
+    """Run HELD_BAKE until it holds at `held_at`, then SIGKILL it."""
     bake_process = subprocess.Popen(
         [sys.executable, "-c", HELD_BAKE, held_at],
         stdout=subprocess.PIPE,
@@ -471,6 +462,20 @@ def test_sigkill_mid_bake_then_gc_leaves_nothing(
     finally:
         bake_process.kill()
         bake_process.wait()
+
+
+@pytest.mark.parametrize("held_at", ["CreateImage", "RunInstances"])
+def test_sigkill_mid_bake_then_gc_leaves_nothing(
+    cloud: Cloud,
+    built: None,
+    local_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    held_at: str,
+) -> None:
+    """SIGKILL as the image is made (before the journal knows it: found by its tag) and in
+    the boot test (its instance up from the image): gc deletes the image, its snapshot and the
+    instances, and nothing is left. The image is not the product until it is kept."""
+    _kill_held_bake(held_at)
     run_id = _last_run(cloud)
     assert tagged_images_alive(cloud, run_id), "the killed bake should have left its image"
     capsys.readouterr()
@@ -493,22 +498,7 @@ def test_sigkill_as_the_image_is_kept_leaves_it_recorded_or_gone(
     deletes it and retires its record; after, it is the product, recorded."""
     amis_file = cloud.config.results_dir / "amis.json"
     before = [r["image_id"] for r in bake.baked(amis_file)] if amis_file.exists() else []
-    bake_process = subprocess.Popen(
-        [sys.executable, "-c", HELD_BAKE, held_at],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert bake_process.stdout is not None
-        for line in bake_process.stdout:
-            if line.strip() == "amibake-test-held":
-                break
-        else:
-            raise AssertionError(f"the bake ended (rc {bake_process.wait()}) before {held_at}")
-    finally:
-        bake_process.kill()
-        bake_process.wait()
+    _kill_held_bake(held_at)
     run_id = _last_run(cloud)
     capsys.readouterr()
     assert main(["gc"]) == 0
