@@ -511,13 +511,26 @@ def bucket_settled(call: Callable[[], object], also: frozenset[str] = frozenset(
 
 
 def delete_prefix(cloud: Cloud, bucket: str, prefix: str) -> int:
-    """Delete every object under ``prefix`` (all of them for ""); how many there were."""
+    """Delete every object under ``prefix`` (all of them for ""); how many there were.
+
+    DeleteObjects answers 200 and lists the objects it could not delete under Errors
+    (AccessDenied without s3:DeleteObject, InternalError): CloudError naming them, never a count
+    of files said deleted that are still there."""
     s3 = cloud.client("s3")
     count = 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
         if keys:
-            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            answer = s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            refused = answer.get("Errors", [])
+            if refused:
+                first = refused[0]
+                raise CloudError(
+                    f"S3 did not delete {len(refused)} of {len(keys)} files under "
+                    f"s3://{bucket}/{prefix} ({first.get('Key')}: {first.get('Code')}, "
+                    f"{first.get('Message', '')}): delete them with aws s3 rm --recursive "
+                    f"s3://{bucket}/{prefix}"
+                )
             count += len(keys)
     return count
 

@@ -391,3 +391,33 @@ def test_up_refuses_a_group_of_its_name_it_did_not_make_or_that_lets_anything_in
             ec2.delete_security_group(GroupId=group)
         else:
             ec2.create_tags(Resources=[group], Tags=[{"Key": batch.TAG, "Value": "true"}])
+
+
+def test_run_files_s3_refuses_to_delete_are_a_failure_not_a_count(cloud: Cloud) -> None:
+    """DeleteObjects answers 200 and lists what it could not delete under Errors (AccessDenied
+    without s3:DeleteObject). That answer was thrown away: gc said "deleted run-files" and
+    `fleet kill` "N files", and the files stayed."""
+    from amibake import gc
+    from amibake.inventory import Resource
+    from amibake.journal import Journal
+
+    s3 = cloud.client("s3")
+    bucket, key = "amibake-test-refused-deletes", "fleet/ab-refused0000/payload.tar"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key=key, Body=b"payload")
+
+    def refuse(parsed: dict[str, object], **_: object) -> None:
+        parsed["Errors"] = [{"Key": key, "Code": "AccessDenied", "Message": "Access Denied"}]
+
+    s3.meta.events.register("after-call.s3.DeleteObjects", refuse)
+    try:
+        left = Resource("run-files", f"s3://{bucket}/fleet/ab-refused0000/", "ab-refused0000", None)
+        journal = Journal(cloud.config.results_dir / "journal.sqlite")
+        deleted, failures = gc.delete(cloud, journal, [left])
+    finally:
+        s3.meta.events.unregister("after-call.s3.DeleteObjects", refuse)
+        batch.delete_prefix(cloud, bucket, "")
+        s3.delete_bucket(Bucket=bucket)
+    assert deleted == [], deleted
+    assert len(failures) == 1 and "S3 did not delete 1 of 1 files" in failures[0], failures
+    assert "AccessDenied" in failures[0] and "aws s3 rm --recursive" in failures[0], failures
