@@ -66,6 +66,7 @@ def price_lookup(
     results_dir: Path,
     region: str,
     instead: str = "pass --allow-missing-price to measure without cost per unit",
+    spot: bool = False,
 ) -> PriceOf:
     """Check every type has a price in the region's table (or that the user accepted none);
     return the lookup. `instead` is the other way out of a missing price."""
@@ -75,16 +76,25 @@ def price_lookup(
         if not allow_missing:
             raise UserError(f"{exc}, or {instead}") from None
         table = {"date": "", "prices": {}}
-    missing = []
+    missing, unspotted = [], []
     for instance_type in types:
         try:
-            prices.lookup(instance_type, table)
+            if spot and not prices.lookup(instance_type, table).spot:
+                unspotted.append(instance_type)
         except prices.PriceError:
             missing.append(instance_type)
     if missing and not allow_missing:
         raise UserError(
             f"no price for {', '.join(missing)} in the {region} price table of {table['date']}; "
             f"refresh it with `fleet prices --refresh --region {region}`, or {instead}"
+        )
+    # A spot run of a type the table has no spot price for (a refresh that found no spot
+    # history for it) was accepted, then left out of the ranking without a word.
+    if unspotted and not allow_missing:
+        raise UserError(
+            f"no spot price for {', '.join(unspotted)} in the {region} price table of "
+            f"{table['date']}; refresh it with `fleet prices --refresh --region {region}`, run "
+            f"on-demand (--on-demand), or {instead}"
         )
 
     def price_of(instance_type: str, spot: bool, zone: str) -> float | None:
@@ -444,7 +454,11 @@ def _execute_taken(
 ) -> dict[str, Any]:
     # A type without a price stops the run here.
     price_of = price_lookup(
-        spec.types, spec.allow_missing_price, cloud.config.results_dir, cloud.config.region
+        spec.types,
+        spec.allow_missing_price,
+        cloud.config.results_dir,
+        cloud.config.region,
+        spot=spec.spot,
     )
     finished = results.finished(run_id)
     todo = [r for r in plan(spec) if (r.instance_type, r.build, r.index, r.warmup) not in finished]
@@ -560,7 +574,11 @@ def measure(
     """The replicates in `todo` on one instance per type, recorded as they end (under `trial`
     when a tune search runs them)."""
     price_of = price_lookup(
-        spec.types, spec.allow_missing_price, cloud.config.results_dir, cloud.config.region
+        spec.types,
+        spec.allow_missing_price,
+        cloud.config.results_dir,
+        cloud.config.region,
+        spot=spec.spot,
     )
     if spec.image:  # refused here, for every type at once, before any instance is launched
         container.preflight(cloud, spec.image, spec.types, spec.gpus)

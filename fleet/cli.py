@@ -235,7 +235,11 @@ def _bench(args: argparse.Namespace) -> int:
         todo = bench.plan(bench_spec)
         # A missing price is refused before anything is recorded.
         bench.price_lookup(
-            bench_spec.types, bench_spec.allow_missing_price, cfg.results_dir, cfg.region
+            bench_spec.types,
+            bench_spec.allow_missing_price,
+            cfg.results_dir,
+            cfg.region,
+            spot=bench_spec.spot,
         )
     logs.to_terminal()
     cloud = connect(cfg)

@@ -311,3 +311,29 @@ def test_a_geomean_of_several_metrics_is_labelled_as_one() -> None:
         "several)"
     )
     assert spec.metric_label(RATE) == "frames/s"  # one value: nothing folded
+
+
+def test_a_spot_run_of_a_type_without_a_spot_price_is_refused(tmp_path: Path) -> None:
+    """A refresh that found no spot history for a type writes it with no spot prices. A spot
+    bench of it was accepted, then left it out of the ranking without a word."""
+    import json
+
+    from amibake.catalog.prices import saved
+    from amibake.errors import UserError
+    from fleet import bench
+
+    table = prices.snapshot()
+    unspotted, priced = sorted(table["prices"])[:2]
+    table["prices"][unspotted]["spot"] = {}
+    path = saved(tmp_path, table["region"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table))
+    with pytest.raises(
+        UserError, match=rf"^no spot price for {unspotted} in the .*\(--on-demand\)"
+    ):
+        bench.price_lookup([priced, unspotted], False, tmp_path, table["region"], spot=True)
+    price_of = bench.price_lookup([unspotted], False, tmp_path, table["region"], spot=False)
+    assert price_of(unspotted, False, "") == table["prices"][unspotted]["on_demand"]
+    # With --allow-missing-price it runs, unpriced: what the user asked for.
+    allowed = bench.price_lookup([unspotted], True, tmp_path, table["region"], spot=True)
+    assert allowed(unspotted, True, "") is None
