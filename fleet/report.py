@@ -159,8 +159,8 @@ def work_unit(metric: Metric, unit: str = "") -> str:
         return unit
     if metric.meaning == "seconds":
         return "run"
-    numerator = metric.unit.removesuffix("/s").removesuffix("/sec").strip()
-    return numerator if numerator and numerator != metric.unit else "unit"
+    numerator, per, _ = metric.unit.rpartition("/")
+    return numerator.strip() if per and numerator.strip() else "unit"
 
 
 def per_units(usd_per_unit: float, unit: str) -> str:

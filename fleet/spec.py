@@ -87,6 +87,26 @@ FLAGS = {"command": "--command", "metric": "--metric-regex", "spot": "--on-deman
 MAX_COST_USD = 1e6
 
 
+# Seconds in each time a metric's unit may name: a seconds metric in ms, or a rate per minute,
+# was costed as if in seconds (1000 and 60 times off, nothing said).
+TIME_UNITS = {
+    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "second": 1.0,
+    "seconds": 1.0, "min": 60.0, "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hour": 3600.0,
+    "hours": 3600.0,
+}  # fmt: skip
+
+
+def seconds_in(unit: str, meaning: str) -> float | None:
+    """Seconds in the time a metric's unit is in; None where it names none. A seconds metric's
+    unit begins with its time ("ms", "ns/op", "seconds per run"); a rate's ends with what it is
+    per ("frames/min"; one without a "/" is per second, as "iterations")."""
+    if meaning == "seconds":
+        return TIME_UNITS.get(re.split(r"[/\s]", unit.strip())[0])
+    if "/" not in unit:
+        return 1.0
+    return TIME_UNITS.get(unit.rsplit("/", 1)[1].strip())
+
+
 @dataclass(frozen=True)
 class Metric:
     kind: str = "runtime"
@@ -102,9 +122,10 @@ class Metric:
     def seconds_per_unit(self, value: float) -> float:
         """A rate at or below 0 (a replicate that did no work, an interval's bound reaching 0)
         takes for ever per unit."""
+        seconds = seconds_in(self.unit, self.meaning) or 1.0  # metric_from refused none
         if self.meaning == "seconds":
-            return value
-        return 1.0 / value if value > 0 else math.inf
+            return value * seconds
+        return seconds / value if value > 0 else math.inf
 
     def parse(self, output: str, seconds: float, metric_file: str) -> float:
         """The replicate's value; a ValueError says why there is none."""
@@ -265,6 +286,16 @@ def metric_from(raw: dict[str, Any], recipe_metric: dict[str, Any]) -> Metric:
     if how not in AGGREGATES:
         raise ValueError(f"metric.aggregate {how!r} is not one of {', '.join(AGGREGATES)}")
     unit = str(merged.get("unit", "s" if meaning == "seconds" else "units/s"))
+    if seconds_in(unit, meaning) is None:
+        raise ValueError(
+            f"metric.unit {unit!r} names no time, so no cost per unit can be had from it: a "
+            f"{meaning} metric's unit "
+            + (
+                "begins with one of ns, us, ms, s, min, h (ms, ns/op)"
+                if meaning == "seconds"
+                else "ends with one of /ns, /us, /ms, /s, /min, /h (frames/s)"
+            )
+        )
     return Metric(kind, pattern, meaning, how, unit)
 
 

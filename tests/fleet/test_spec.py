@@ -55,3 +55,20 @@ def test_booleans_in_args_and_timeouts_under_a_second_are_refused(tmp_path: Path
         (tmp_path / "b.toml").write_text('types = ["c5a.large"]\ncommand = "app {args}"\n' + body)
         with pytest.raises(UserError, match=says):
             spec.load(tmp_path / "b.toml", {})
+
+
+def test_a_metric_in_another_time_than_seconds_is_costed_in_seconds() -> None:
+    """A metric's unit was never read: a seconds metric in ms cost 1000 times too much per
+    unit, a rate per minute 60 times too little. A unit that names no time is refused."""
+    millis = spec.metric_from({"kind": "regex", "pattern": "t=(\\d+)", "meaning": "seconds",
+                               "unit": "ms"}, {})  # fmt: skip
+    assert millis.seconds_per_unit(250.0) == pytest.approx(0.25)
+    per_op = spec.Metric(kind="file", meaning="seconds", unit="ns/op")
+    assert per_op.seconds_per_unit(2e9) == pytest.approx(2.0)
+    per_minute = spec.Metric(kind="file", meaning="rate", unit="frames/min")
+    assert per_minute.seconds_per_unit(600.0) == pytest.approx(0.1)
+    assert spec.Metric(kind="file", meaning="rate", unit="iterations").seconds_per_unit(4) == 0.25
+    assert spec.Metric().seconds_per_unit(3.0) == 3.0  # a runtime: seconds per run
+    for unit, meaning in (("cycles", "seconds"), ("frames/run", "rate")):
+        with pytest.raises(ValueError, match=rf"metric.unit '{unit}' names no time"):
+            spec.metric_from({"kind": "file", "meaning": meaning, "unit": unit}, {})
