@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
 import pytest
 
 from amibake import pipelines
@@ -296,3 +297,46 @@ def test_batch_registers_in_the_subnets_and_groups_named_without_a_default_vpc(
     assert len(resources[0]["securityGroupIds"]) == 2  # and amibake's, without inbound rules
     batch.down(cloud)
     assert batch.queues(client) == []
+
+
+def test_preflight_tries_its_launch_in_a_named_subnet_whose_zone_offers_the_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EC2 refuses a launch in an AZ without the type (Unsupported, DryRun too). Preflight's
+    dry run went to the first of subnet_ids whatever its zone, and refused a build whose launch
+    would have gone ahead in the second; with no named subnet in such a zone it now says so."""
+    cfg = own_local_cloud(tmp_path, monkeypatch, "fleet-errors", 0)
+    cloud = connect(cfg)
+    try:
+        ec2 = cloud.ec2
+        # The build's sizes: the one asked for, and the next one.
+        sizes = zones_offering(ec2, [TYPE, f"{FAMILY}.xlarge"])
+        offering = sizes[TYPE]
+        zones = [z["ZoneName"] for z in ec2.describe_availability_zones()["AvailabilityZones"]]
+        # moto's us-east-1e has no c5a at all
+        lacking = next(z for z in zones if not any(z in offered for offered in sizes.values()))
+        vpc = ec2.create_vpc(CidrBlock="10.30.0.0/16")["Vpc"]["VpcId"]
+        subnets = [
+            ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.30.{n}.0/24", AvailabilityZone=zone)[
+                "Subnet"
+            ]["SubnetId"]
+            for n, zone in enumerate([lacking, sorted(offering)[0]], 1)
+        ]
+        image = base_ami(cloud)
+        with pytest.raises(botocore.exceptions.ClientError, match="Unsupported"):
+            ec2.run_instances(
+                DryRun=True,
+                ImageId=image,
+                InstanceType=TYPE,
+                MinCount=1,
+                MaxCount=1,
+                SubnetId=subnets[0],
+            )
+        request = replace(_request(), dry_run=True)
+        outcome = pipelines.build(_with(cloud, subnet_ids=tuple(subnets)), request)[0]
+        assert outcome.ok, outcome.error
+        with pytest.raises(UserError, match=f"none of subnet_ids \\({subnets[0]}\\) is in an"):
+            pipelines.build(_with(cloud, subnet_ids=(subnets[0],)), request)
+    finally:
+        control.down(cfg)
+    assert wait_until_clean(tmp_path / "cloud") == []

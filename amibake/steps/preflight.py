@@ -16,7 +16,8 @@ from amibake import flags
 from amibake.catalog import Family
 from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, every, no_default_vpc, wait_until
-from amibake.cloud.ec2 import describe_instance_types
+from amibake.cloud.ec2 import describe_instance_types, zones_offering
+from amibake.cloud.network import Network
 from amibake.cloud.network import find as find_network
 from amibake.cloud.tags import RUN_ID
 from amibake.errors import CloudError, UserError
@@ -127,7 +128,9 @@ class Lookups:
     base_amis: dict[str, str]  # SSM parameter -> AMI id
     offered: set[str]  # instance types offered in the region
     memory: dict[str, int]  # instance type -> MiB
-    subnet: str = ""  # the first of subnet_ids: where a launch must go without a default VPC
+    # subnet_ids' network: where a launch must go without a default VPC (None: the default's)
+    network: Network | None = None
+    zones: dict[str, set[str]] = field(default_factory=dict)  # instance type -> AZs offering it
     # AMI id -> its root device, whose volume the launch encrypts (Amazon Linux's /dev/xvda;
     # another base image's may be /dev/sda1, where a mapping of /dev/xvda added an empty
     # encrypted volume and left the root as the image had it)
@@ -140,21 +143,13 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
     types = sorted({s.family.instance_type(z) for s in states for z in candidate_sizes(s)})
     parameters = sorted({base_ami_parameter(s.family) for s in states if not s.base_ami})
     # Named subnets are checked (they exist, in one VPC) before anything is made.
-    subnet = ""
-    if cloud.config.subnet_ids:
-        subnet = str(find_network(cloud.ec2, cloud.config).subnets[0]["SubnetId"])
+    network = find_network(cloud.ec2, cloud.config) if cloud.config.subnet_ids else None
     try:
         base_amis = {}
         if parameters:  # by parameter: a GPU type's AMI is not its architecture's plain one
             found = cloud.ssm.get_parameters(Names=parameters)["Parameters"]
             base_amis = {p["Name"]: p["Value"] for p in found}
-        offered = {
-            o["InstanceType"]
-            for page in cloud.ec2.get_paginator("describe_instance_type_offerings").paginate(
-                Filters=[{"Name": "instance-type", "Values": types}]
-            )
-            for o in page["InstanceTypeOfferings"]
-        }
+        zones = {t: z for t, z in zones_offering(cloud.ec2, types).items() if z}
         memory = {
             t["InstanceType"]: t["MemoryInfo"]["SizeInMiB"]
             for t in describe_instance_types(cloud.ec2, types)
@@ -173,10 +168,11 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
             {a: i for part in parts for a, i in part.base_amis.items()},
             {t for part in parts for t in part.offered},
             {t: m for part in parts for t, m in part.memory.items()},
-            subnet,
+            network,
+            {t: z for part in parts for t, z in part.zones.items()},
             {i: d for part in parts for i, d in part.root_devices.items()},
         )
-    return Lookups(base_amis, offered, memory, subnet, root_devices)
+    return Lookups(base_amis, set(zones), memory, network, zones, root_devices)
 
 
 def preflight_instance(
@@ -196,6 +192,22 @@ def preflight_instance(
     state.root_device = lookups.root_devices.get(state.base_ami, state.root_device)
     if not lookups.offered & set(types):
         raise UserError(f"none of {', '.join(types)} is offered in {cloud.config.region}")
+    tried = next(t for t in types if t in lookups.offered)
+    subnet = ""
+    if lookups.network is not None:
+        # A subnet in an AZ offering the type, as the launch picks (EC2 refuses a launch in an
+        # AZ without it, Unsupported): the first of subnet_ids had refused the dry run of a
+        # launch that would have gone ahead in another. The first size one of them can launch;
+        # none: a UserError naming the subnets and the zones.
+        network = lookups.network
+        zones = {z for t in types for z in lookups.zones.get(t, set())}
+        in_reach = [
+            t
+            for t in types
+            if {s["AvailabilityZone"] for s in network.subnets} & lookups.zones.get(t, set())
+        ]
+        tried = in_reach[0] if in_reach else tried
+        subnet = network.subnets_in(lookups.zones.get(tried, set()) if in_reach else zones)[0]
     try:
         # Tagged as the real launch is: a policy that requires the run's tag on what amibake
         # creates (amibake iam-policy) refuses an untagged launch, dry or not.
@@ -206,17 +218,17 @@ def preflight_instance(
         cloud.ec2.run_instances(
             DryRun=True,
             ImageId=state.base_ami,
-            InstanceType=types[0],
+            InstanceType=tried,
             MinCount=1,
             MaxCount=1,
             TagSpecifications=tagged,
-            **({"SubnetId": lookups.subnet} if lookups.subnet else {}),
+            **({"SubnetId": subnet} if subnet else {}),
         )
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) == "VPCIdNotSpecified":
             raise no_default_vpc(cloud.config.region) from exc
         if error_code(exc) != "DryRunOperation":
-            raise CloudError(f"dry-run launch of {types[0]} refused: {exc}") from exc
+            raise CloudError(f"dry-run launch of {tried} refused: {exc}") from exc
     return {t: lookups.memory[t] for t in types if t in lookups.memory}
 
 

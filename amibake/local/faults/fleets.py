@@ -16,7 +16,9 @@ that this role exists"), and kubernetes/kops#16475
 (AuthFailure.ServiceLinkedRoleCreationNotPermitted among a fleet's errors).
 
 Which AZ offers a type is moto's table (us-east-1e has no c5a, as on AWS) less a seeded few more
-gaps, never in the first AZ that offers it; DescribeInstanceTypeOfferings by AZ agrees. An account
+gaps, never in the first AZ that offers it; DescribeInstanceTypeOfferings by AZ agrees, and a
+RunInstances in such an AZ (by its subnet or placement, DryRun too) is refused Unsupported, "Your
+requested instance type ... is not supported in your requested Availability Zone". An account
 starts without the spot service-linked role, and EC2 is taken not to create it on the caller's
 behalf (the case that fails on AWS: the caller lacks iam:CreateServiceLinkedRole).
 """
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
-from amibake.local.faults import Behaviour, Faults, Reply, Request
+from amibake.local.faults import Behaviour, Faults, Reply, Request, query_error
 
 UNFULFILLABLE = 0.12  # share of requests: no spot capacity in any pool asked
 INSUFFICIENT = 0.08  # the same, as InsufficientInstanceCapacity
@@ -259,7 +261,33 @@ def instant(request: Request) -> bool:
     )
 
 
+def launch_zone(request: Request) -> str:
+    """The AZ a RunInstances names, by its placement or its subnet's ("" leaves it to EC2)."""
+    subnet = str(
+        request.params.get("SubnetId") or request.params.get("NetworkInterface.1.SubnetId") or ""
+    )
+    return str(request.params.get("Placement.AvailabilityZone") or "") or zone_of(request, subnet)
+
+
+def _unsupported(faults: Faults, request: Request) -> Reply | None:
+    """RunInstances (dry or not) in an AZ that does not offer the type: EC2's Unsupported."""
+    instance_type, zone = str(request.params.get("InstanceType", "")), launch_zone(request)
+    zones = moto_zones(request.region).get(instance_type, ())
+    if not zone or not zones or offers(faults, request.region, instance_type, zone):
+        return None  # a type moto's table lacks is not refused for it
+    faults.count(BEHAVIOUR.name, "launch in an AZ without its type")
+    offering = [z for z in zones if offers(faults, request.region, instance_type, z)]
+    return query_error(
+        "Unsupported",
+        f"Your requested instance type ({instance_type}) is not supported in your requested "
+        f"Availability Zone ({zone}). Please retry your request by not specifying an "
+        f"Availability Zone or choosing {', '.join(offering)}.",
+    )
+
+
 def _before(faults: Faults, request: Request) -> Reply | None:
+    if request.service == "ec2" and request.action == "RunInstances":
+        return _unsupported(faults, request)
     if not instant(request):
         return None
     name = BEHAVIOUR.name

@@ -41,12 +41,7 @@ def _before(faults: Faults, request: Request) -> Reply | None:
     if str(request.params.get("DryRun", "")).lower() == "true":
         return None
     instance_type = str(request.params.get("InstanceType", ""))
-    subnet = str(
-        request.params.get("SubnetId") or request.params.get("NetworkInterface.1.SubnetId") or ""
-    )
-    zone = str(request.params.get("Placement.AvailabilityZone") or "") or fleets.zone_of(
-        request, subnet
-    )
+    zone = fleets.launch_zone(request)
     if not zone or not short(faults, request.region, instance_type, zone):
         return None
     others = [
