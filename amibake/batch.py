@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import botocore.exceptions
 
@@ -26,16 +26,18 @@ from amibake.cloud.calls import (
     describe_image,
     error_code,
     every,
+    made_once,
     retry_on,
     wait_until,
 )
-from amibake.cloud.ec2 import delete_security_group
+from amibake.cloud.ec2 import NEW_RESOURCE_VISIBLE_S, delete_security_group
 from amibake.cloud.network import Network
 from amibake.cloud.network import find as find_network
 from amibake.errors import CloudError, UserError
 from amibake.progress import Progress
 
 log = logging.getLogger("amibake")
+T = TypeVar("T")
 TAG = "amibake:batch"
 # amibake's roles live under their own IAM path, so a policy can let amibake pass exactly these
 # (arn:aws:iam::ACCOUNT:role/amibake/*) and no other role in the account.
@@ -186,6 +188,18 @@ def image_by_id(cloud: Cloud, image_id: str, amis_file: Path) -> Image:
     raise UserError(f"image {image_id} was not baked by amibake (not in {amis_file})")
 
 
+# How long a role or instance profile just made may be NoSuchEntity to the IAM calls that name
+# it (IAM is eventually consistent; terraform-provider-aws retries for two minutes, #6079).
+NEW_IAM_VISIBLE_S = 120.0
+
+
+def iam_settled(name: str, call: Callable[[], T]) -> T:
+    """An IAM call naming a role or instance profile (`name`) made a moment ago: NoSuchEntity
+    for it asked again until IAM knows it. Before, the first `batch up` of an account could
+    fail there. Another entity's NoSuchEntity (a managed policy's) is raised at once."""
+    return retry_on({"NoSuchEntity"}, call, within_s=NEW_IAM_VISIBLE_S, saying=name)
+
+
 def _ensure_iam(cloud: Cloud) -> tuple[str, str]:
     """(service role ARN, instance profile ARN), created if missing."""
     iam = cloud.client("iam")
@@ -208,15 +222,26 @@ def _ensure_iam(cloud: Cloud) -> tuple[str, str]:
                 raise
             service = found[0]
     _ensure_role(iam, INSTANCE_ROLE, "ec2.amazonaws.com")
-    iam.attach_role_policy(RoleName=INSTANCE_ROLE, PolicyArn=ECS_INSTANCE_POLICY)  # idempotent
+    iam_settled(  # idempotent
+        INSTANCE_ROLE,
+        lambda: iam.attach_role_policy(RoleName=INSTANCE_ROLE, PolicyArn=ECS_INSTANCE_POLICY),
+    )
     try:
         iam.create_instance_profile(InstanceProfileName=INSTANCE_ROLE, Path=ROLE_PATH)
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) != "EntityAlreadyExists":
             raise
-    profile = iam.get_instance_profile(InstanceProfileName=INSTANCE_ROLE)["InstanceProfile"]
+    profile = iam_settled(
+        INSTANCE_ROLE,
+        lambda: iam.get_instance_profile(InstanceProfileName=INSTANCE_ROLE)["InstanceProfile"],
+    )
     if not any(r["RoleName"] == INSTANCE_ROLE for r in profile.get("Roles", [])):
-        iam.add_role_to_instance_profile(InstanceProfileName=INSTANCE_ROLE, RoleName=INSTANCE_ROLE)
+        iam_settled(
+            INSTANCE_ROLE,
+            lambda: iam.add_role_to_instance_profile(
+                InstanceProfileName=INSTANCE_ROLE, RoleName=INSTANCE_ROLE
+            ),
+        )
     return str(service["Arn"]), str(profile["Arn"])
 
 
@@ -243,7 +268,7 @@ def _ensure_role(iam: Any, name: str, service: str, condition: dict[str, Any] | 
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) != "EntityAlreadyExists":
             raise
-        role = iam.get_role(RoleName=name)["Role"]
+        role = iam_settled(name, lambda: iam.get_role(RoleName=name)["Role"])
     if role.get("Path") != ROLE_PATH:
         raise UserError(
             f"IAM role {name} exists outside amibake's path {ROLE_PATH} (made by an older "
@@ -252,7 +277,10 @@ def _ensure_role(iam: Any, name: str, service: str, condition: dict[str, Any] | 
         )
     # boto3 hands the document over decoded (botocore's json_decode_policies): data to compare.
     if role.get("AssumeRolePolicyDocument") != trust:
-        iam.update_assume_role_policy(RoleName=name, PolicyDocument=json.dumps(trust))
+        iam_settled(
+            name,
+            lambda: iam.update_assume_role_policy(RoleName=name, PolicyDocument=json.dumps(trust)),
+        )
     return str(role["Arn"])
 
 
@@ -328,13 +356,25 @@ def _network(cloud: Cloud) -> tuple[list[str], list[str]]:
                 "hosts need none of: remove them (aws ec2 revoke-security-group-ingress)"
             )
         return subnets, [str(group["GroupId"]), *network.groups]
-    created = ec2.create_security_group(
-        GroupName=SECURITY_GROUP,
-        Description="amibake Batch instances: no inbound",
-        VpcId=vpc,
-        TagSpecifications=[
-            {"ResourceType": "security-group", "Tags": [{"Key": TAG, "Value": "true"}]}
-        ],
+
+    def made() -> dict[str, Any] | None:
+        ours = [*mine, {"Name": f"tag:{TAG}", "Values": ["true"]}]
+        found = list(every(ec2, "describe_security_groups", "SecurityGroups", Filters=ours))
+        return found[0] if found else None
+
+    created = made_once(
+        lambda: ec2.create_security_group(
+            GroupName=SECURITY_GROUP,
+            Description="amibake Batch instances: no inbound",
+            VpcId=vpc,
+            TagSpecifications=[
+                {"ResourceType": "security-group", "Tags": [{"Key": TAG, "Value": "true"}]}
+            ],
+        ),
+        "InvalidGroup.Duplicate",
+        made,
+        "the Batch security group",
+        within_s=NEW_RESOURCE_VISIBLE_S,
     )
     return subnets, [str(created["GroupId"]), *network.groups]
 

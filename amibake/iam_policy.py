@@ -38,7 +38,6 @@ _FIND = [
 _LAUNCH = [
     "ec2:AuthorizeSecurityGroupIngress",
     "ec2:CreateFleet",
-    "ec2:CreateKeyPair",
     "ec2:CreateLaunchTemplate",
     "ec2:CreateSecurityGroup",
     "ec2:CreateTags",
@@ -57,6 +56,8 @@ _LAUNCH = [
     "ec2:DescribeSubnets",
     "ec2:DescribeVpcs",
     "ec2:GetConsoleOutput",
+    # The run's key pair is made here and imported: its private half never leaves this machine.
+    "ec2:ImportKeyPair",
     "ec2:RunInstances",
     "ec2:TerminateInstances",
     # Spot's service-linked role: looked up before a spot launch, made once if missing.
@@ -262,9 +263,9 @@ TAGGED_AT_CREATION = (
         (
             "CreateFleet",
             "CreateImage",
-            "CreateKeyPair",
             "CreateLaunchTemplate",
             "CreateSecurityGroup",
+            "ImportKeyPair",
             "RunInstances",
         ),
     ),
@@ -331,7 +332,7 @@ SCOPES: dict[str, tuple[Scope, ...]] = {
     "ssm:PutParameter": (Scope(("arn:aws:ssm:*:*:parameter/amibake/*",)),),
     "ssm:DeleteParameter": (Scope(("arn:aws:ssm:*:*:parameter/amibake/*",)),),
     # What a launch makes, tagged at creation; and what it launches from.
-    "ec2:CreateKeyPair": (Scope(_ec2("key-pair"), CREATED),),
+    "ec2:ImportKeyPair": (Scope(_ec2("key-pair"), CREATED),),
     "ec2:CreateLaunchTemplate": (Scope(_ec2("launch-template"), CREATED),),
     "ec2:CreateSecurityGroup": (
         Scope(_ec2("security-group"), CREATED),

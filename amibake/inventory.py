@@ -228,6 +228,8 @@ def scan(cloud: Cloud) -> dict[tuple[str, str], Resource]:
         add("key-pair", pair["KeyName"], pair, "CreateTime", usd_per_month=0.0)
     image_of: dict[str, str] = {}
     for image in every(ec2, "describe_images", "Images", Owners=["self"], Filters=tagged):
+        if image.get("State") == "deregistered":  # described for a while after: gone
+            continue
         baked = KEPT in _tags(image)
         for snapshot_id in snapshots_of(image):
             image_of[snapshot_id] = image["ImageId"]
@@ -386,6 +388,10 @@ def _described(cloud: Cloud, kind: str, resource_id: str) -> bool | None:
     if kind in _EC2_BY_ID:
         operation, parameter, key = _EC2_BY_ID[kind]
         listed = getattr(ec2, operation)(**{parameter: [resource_id]})[key]
+        # A deregistered image is described for a while after, State deregistered: gone, as
+        # EC2 has said (not "not listed", which within its window may be not known yet).
+        if listed and all(r.get("State") == "deregistered" for r in listed):
+            return False
     elif kind == "job-queue":
         listed = batch.queues(cloud.client("batch"), resource_id)
     elif kind == "compute-environment":

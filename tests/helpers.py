@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.awsrequest import AWSResponse
 
-from amibake import config, cpu
+from amibake import config, cpu, ssh_keys
 from amibake.cloud import Cloud
-from amibake.cloud.calls import every
+from amibake.cloud.calls import every, made_once
 from amibake.cloud.reach import reach
 from amibake.remote import Remote
 
@@ -53,18 +53,28 @@ def launch(
     cloud: Cloud, *, image_id: str | None = None, user_data: str | None = None
 ) -> tuple[str, str]:
     """Launch one instance with a fresh key pair; return (instance id, private key PEM)."""
-    key = cloud.ec2.create_key_pair(KeyName=f"test-{uuid.uuid4().hex[:8]}", KeyType="ed25519")
+    # Imported, as the product does: under --faults aws a create's answer may be lost and the
+    # create sent again (lost-answers); RunInstances carries botocore's own ClientToken.
+    private, public = ssh_keys.ed25519()
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    made_once(
+        lambda: cloud.ec2.import_key_pair(KeyName=name, PublicKeyMaterial=public.encode()),
+        "InvalidKeyPair.Duplicate",
+        lambda: name,
+        "the test's key pair",
+        within_s=0.0,
+    )
     extra: dict[str, Any] = {"UserData": user_data} if user_data else {}
     reservation = cloud.ec2.run_instances(
         ImageId=image_id or base_ami(cloud),
         InstanceType="c7i.large",
         MinCount=1,
         MaxCount=1,
-        KeyName=key["KeyName"],
+        KeyName=name,
         MetadataOptions={"HttpTokens": "required"},
         **extra,
     )
-    return reservation["Instances"][0]["InstanceId"], key["KeyMaterial"]
+    return reservation["Instances"][0]["InstanceId"], private
 
 
 def launch_and_reach(cloud: Cloud, **kw: Any) -> tuple[str, Remote]:
@@ -170,6 +180,7 @@ def tagged_images_alive(cloud: Cloud, run_id: str) -> list[str]:
     alive = [
         f"image {i['ImageId']}"
         for i in every(ec2, "describe_images", "Images", Owners=["self"], Filters=tag)
+        if i.get("State") != "deregistered"  # EC2 describes one for a while after
     ]
     alive += [
         f"snapshot {s['SnapshotId']}"

@@ -257,7 +257,7 @@ def test_an_error_after_any_step_leaves_nothing(cloud: Cloud, local_dir: Path, s
 
 
 @pytest.mark.parametrize(
-    "operation", ["CreateKeyPair", "CreateSecurityGroup", "CreateLaunchTemplate", "CreateFleet"]
+    "operation", ["ImportKeyPair", "CreateSecurityGroup", "CreateLaunchTemplate", "CreateFleet"]
 )
 def test_ctrl_c_while_a_create_call_is_in_flight_leaves_nothing(
     cloud: Cloud, local_dir: Path, operation: str

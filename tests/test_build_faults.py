@@ -76,7 +76,7 @@ def _last_run(cloud: Cloud) -> str:
 
 @pytest.mark.parametrize(
     "operation",
-    ["CreateKeyPair", "CreateSecurityGroup", "DescribeInstances", "DeleteSecurityGroup"],
+    ["ImportKeyPair", "CreateSecurityGroup", "DescribeInstances", "DeleteSecurityGroup"],
 )
 def test_throttling_on_create_describe_and_cleanup_is_retried(
     cloud: Cloud, local_dir: Path, operation: str

@@ -22,6 +22,7 @@ LEAVES = {
     "amibake.checks",
     "amibake.tomlfile",
     "amibake.service_models",
+    "amibake.ssh_keys",
 }
 
 

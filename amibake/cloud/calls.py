@@ -67,6 +67,41 @@ def retry_on(
             delay = min(delay * 2, WITHIN_POLL_S if deadline is not None else 5.0)
 
 
+def retried(exc: botocore.exceptions.ClientError) -> bool:
+    """Whether botocore had sent the request more than once when this answer came."""
+    return bool(exc.response.get("ResponseMetadata", {}).get("RetryAttempts"))
+
+
+def made_once(
+    create: Callable[[], T],
+    duplicate: str,
+    find: Callable[[], T | None],
+    what: str,
+    *,
+    within_s: float,
+) -> T:
+    """A create without a client token, whose first answer may have been lost after AWS acted
+    on it (a 500 or a timeout): botocore sends it again, and the retry is refused for the name
+    the first attempt took (`duplicate`). That refusal, on a retry only, is the first attempt's
+    resource: `find` it by its name and this run's tag, asked until EC2 lists it (`within_s`).
+    Taken for the run's failure, it was left known to no cleanup, for gc's tag scan to find."""
+    try:
+        return create()
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) != duplicate or not retried(exc):
+            raise
+    log.warning("%s: made, but its answer was lost; the retry found it taken: looking it up", what)
+    deadline = time.monotonic() + within_s
+    while (found := find()) is None:
+        if time.monotonic() > deadline:
+            raise CloudError(
+                f"{what}: its create was retried and refused {duplicate}, and no {what} of this "
+                f"run has that name after {within_s:.0f}s; run `amibake gc` to find what it left"
+            )
+        time.sleep(WITHIN_POLL_S)
+    return found
+
+
 def ignore_missing(call: Callable[[], object], *missing: str, unseen_for: float = 0.0) -> bool:
     """Run a delete; a NotFound means someone already deleted it. True if it was there.
 
@@ -125,14 +160,17 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 
 def describe_image(ec2: Any, image_id: str) -> dict[str, Any] | None:
     """One image, or None if EC2 has no such image (other errors, AccessDenied say, are raised:
-    they must not pass for a missing image)."""
+    they must not pass for a missing image). A recently deregistered image is described for a
+    while, State deregistered (DescribeImages' reference): it is gone too, and taken for alive
+    it was an image `batch up --ami` registered environments on."""
     try:
         images = ec2.describe_images(ImageIds=[image_id])["Images"]
     except botocore.exceptions.ClientError as exc:
         if not error_code(exc).startswith("InvalidAMIID"):
             raise
         return None
-    return images[0] if images else None
+    alive = [i for i in images if i.get("State") != "deregistered"]
+    return alive[0] if alive else None
 
 
 def no_default_vpc(region: str) -> CloudError:

@@ -32,6 +32,12 @@ def specification(resource_type: str, tags: dict[str, str]) -> dict[str, Any]:
     return {"ResourceType": resource_type, "Tags": as_list(tags)}
 
 
+def made_by(run_id: str, by: str, name: str) -> list[dict[str, Any]]:
+    """EC2 describe filters for the resource of this name (`by`: key-name, group-name, name)
+    that the run made: the name alone could be anyone's."""
+    return [{"Name": by, "Values": [name]}, {"Name": f"tag:{RUN_ID}", "Values": [run_id]}]
+
+
 def parse_expires(value: str) -> datetime | None:
     try:
         return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)

@@ -392,6 +392,7 @@ HANDLERS: dict[str, Callable[[Calls, Params], list[Check]]] = {
     "ec2:CreateImage": _create_image,
     "ec2:CreateTags": _create_tags,
     "ec2:CreateKeyPair": lambda c, p: _created_with_tags(c, "CreateKeyPair", "key-pair", p),
+    "ec2:ImportKeyPair": lambda c, p: _created_with_tags(c, "ImportKeyPair", "key-pair", p),
     "ec2:CreateLaunchTemplate": lambda c, p: _created_with_tags(
         c, "CreateLaunchTemplate", "launch-template", p
     ),

@@ -22,6 +22,7 @@ def apply() -> None:
     _authorization_by_resource()
     _tags_of_one_resource()
     _create_image_snapshot_tags()
+    _image_names_unique()
     _deregister_image_with_snapshots()
     _register_image_as_given()
     _image_imds_support()
@@ -106,6 +107,38 @@ def _create_image_snapshot_tags() -> None:
 
     create_image._amibake = True  # type: ignore[attr-defined]
     AmiBackend.create_image = create_image  # type: ignore[method-assign]
+
+
+def _image_names_unique() -> None:
+    """An account's image names are its own in a region: CreateImage or RegisterImage of a name
+    one of its images has answers InvalidAMIName.Duplicate (EC2 API reference, CreateImage's
+    errors). moto made a second image of that name: a CreateImage sent again after its answer
+    was lost made two images, where EC2 makes one and refuses the second."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.amis import AmiBackend
+
+    def refusing(original: Any, name_at: int) -> Any:
+        if getattr(original, "_amibake_names", False):
+            return original
+
+        def made(self: Any, *args: Any, **kwargs: Any) -> Any:
+            name = kwargs.get("name", args[name_at] if len(args) > name_at else None)
+            for image in self.amis.values():
+                if name and image.name == name and image.owner_id == self.account_id:
+                    raise EC2ClientError(
+                        "InvalidAMIName.Duplicate",
+                        f"AMI name {name} is already in use by AMI {image.id}",
+                    )
+            return original(self, *args, **kwargs)
+
+        made._amibake_names = True  # type: ignore[attr-defined]
+        # The wrapper it wraps may be marked too (the snapshot tags'): kept, or a second
+        # apply() took it for unwrapped and stacked both again.
+        made._amibake = getattr(original, "_amibake", False)  # type: ignore[attr-defined]
+        return made
+
+    AmiBackend.create_image = refusing(AmiBackend.create_image, 1)  # type: ignore[method-assign]
+    AmiBackend.register_image = refusing(AmiBackend.register_image, 0)  # type: ignore[method-assign]
 
 
 def _deregister_image_with_snapshots() -> None:

@@ -42,6 +42,7 @@ from typing import IO
 from amibake.errors import EnvironmentProblem, LocalCloudError
 from amibake.local import rootless
 from amibake.local.boot import BootPlan
+from amibake.ssh_keys import ed25519
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd", "/sbin/sshd")
 # An instance boots with root's PATH, whoever started the local cloud: a plain user's PATH on
@@ -120,20 +121,7 @@ def host_key(etc_ssh: Path) -> tuple[str, str]:
     """Write a fresh ed25519 host key into `etc_ssh`; return (public key line, SHA256
     fingerprint). Generated in process: ssh-keygen was a fork of the daemon and 9 ms of CPU a
     boot, eight boots at once on two cores."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    ).decode()
-    public = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        .decode()
-    )
+    private, public = ed25519()
     etc_ssh.mkdir(parents=True, exist_ok=True)
     path = etc_ssh / "ssh_host_ed25519_key"
     path.unlink(missing_ok=True)

@@ -8,9 +8,10 @@ import logging
 import socket
 import urllib.request
 
+from amibake import ssh_keys
 from amibake.cloud import tags
-from amibake.cloud.calls import creating, retry_on
-from amibake.cloud.ec2 import delete_key_pair, delete_security_group
+from amibake.cloud.calls import creating, every, made_once, retry_on
+from amibake.cloud.ec2 import NEW_RESOURCE_VISIBLE_S, delete_key_pair, delete_security_group
 from amibake.cloud.network import Network
 from amibake.errors import CloudError
 from amibake.runner import RunContext
@@ -26,15 +27,34 @@ class KeyPair:
         self.context = context
 
     def run(self, state: InstanceState) -> None:
+        ec2 = self.context.cloud.ec2
         name = f"{self.context.run_id}-{state.slot}"
+        # Made here and its public half imported: the private half never crosses the network,
+        # and an import sent again after its answer was lost is this run's key (the one made
+        # by the first attempt holds the same public half), where a CreateKeyPair whose answer
+        # was lost had taken its private half with it.
+        private, public = ssh_keys.ed25519()
+
+        def ours() -> str | None:
+            found = ec2.describe_key_pairs(
+                Filters=tags.made_by(self.context.run_id, "key-name", name)
+            )["KeyPairs"]
+            return name if found else None
+
         with creating("the key pair"):
-            created = self.context.cloud.ec2.create_key_pair(
-                KeyName=name,
-                KeyType="ed25519",
-                TagSpecifications=[tags.specification("key-pair", self.context.tags)],
+            made_once(
+                lambda: ec2.import_key_pair(
+                    KeyName=name,
+                    PublicKeyMaterial=public.encode(),
+                    TagSpecifications=[tags.specification("key-pair", self.context.tags)],
+                ),
+                "InvalidKeyPair.Duplicate",
+                ours,
+                "the key pair",
+                within_s=NEW_RESOURCE_VISIBLE_S,
             )
             state.key_name = name
-            state.private_key = created["KeyMaterial"]
+            state.private_key = private
             self.context.created("key-pair", name)
 
     def cleanup(self, state: InstanceState) -> None:
@@ -109,12 +129,28 @@ class SecurityGroup:
     def run(self, state: InstanceState) -> None:
         ec2 = self.context.cloud.ec2
         vpc = self.context.network().vpc_id
+        name = f"{self.context.run_id}-{state.slot}"
+
+        def ours() -> dict[str, str] | None:
+            filters = [
+                {"Name": "vpc-id", "Values": [vpc]},
+                *tags.made_by(self.context.run_id, "group-name", name),
+            ]
+            found = list(every(ec2, "describe_security_groups", "SecurityGroups", Filters=filters))
+            return {"GroupId": found[0]["GroupId"]} if found else None
+
         with creating("the security group"):
-            created = ec2.create_security_group(
-                GroupName=f"{self.context.run_id}-{state.slot}",
-                Description="amibake build: SSH from the caller only",
-                VpcId=vpc,
-                TagSpecifications=[tags.specification("security-group", self.context.tags)],
+            created = made_once(
+                lambda: ec2.create_security_group(
+                    GroupName=name,
+                    Description="amibake build: SSH from the caller only",
+                    VpcId=vpc,
+                    TagSpecifications=[tags.specification("security-group", self.context.tags)],
+                ),
+                "InvalidGroup.Duplicate",
+                ours,
+                "the security group",
+                within_s=NEW_RESOURCE_VISIBLE_S,
             )
             state.security_group_id = created["GroupId"]
             self.context.created("security-group", state.security_group_id)

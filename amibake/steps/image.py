@@ -22,7 +22,7 @@ import botocore.exceptions
 from amibake import bake, deadline, packages
 from amibake import cpu as cpu_module
 from amibake.cloud import tags
-from amibake.cloud.calls import creating, error_code, retry_on, wait_until
+from amibake.cloud.calls import creating, error_code, every, made_once, retry_on, wait_until
 from amibake.cloud.ec2 import (
     IMAGE_NOT_FOUND,
     NEW_IMAGE_VISIBLE_S,
@@ -168,7 +168,9 @@ class CreateImage:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         state.image_request = {
             "InstanceId": state.instance_id,
-            "Name": f"{state.name}-{state.architecture}-{stamp}",
+            # The run's id in it: an account's image names are unique in a region, and two
+            # bakes of one architecture in the same second took the same name.
+            "Name": f"{state.name}-{state.architecture}-{stamp}-{self.context.run_id}",
             "Description": f"amibake: {', '.join(a.path.name for a in state.artifacts)}",
             "TagSpecifications": [
                 tags.specification("image", self.context.tags),
@@ -183,8 +185,22 @@ class CreateImage:
             # again; the bake's cleanup terminates it).
             state.renewal.stop()
             state.renewal = None
+
+        def ours() -> dict[str, str] | None:
+            name = str(state.image_request["Name"])
+            mine = tags.made_by(self.context.run_id, "name", name)
+            found = list(every(ec2, "describe_images", "Images", Owners=["self"], Filters=mine))
+            return {"ImageId": found[0]["ImageId"]} if found else None
+
         with creating("the image"):
-            state.image_id = ec2.create_image(**state.image_request)["ImageId"]
+            made = made_once(
+                lambda: ec2.create_image(**state.image_request),
+                "InvalidAMIName.Duplicate",
+                ours,
+                "the image",
+                within_s=NEW_IMAGE_VISIBLE_S,
+            )
+            state.image_id = made["ImageId"]
             self.context.created("image", state.image_id)
         failed = self._wait(state)
         if failed:

@@ -15,6 +15,8 @@ import pytest
 
 from amibake import config, pipelines
 from amibake.cloud import Cloud
+from amibake.cloud.calls import describe_image
+from amibake.cloud.ec2 import describe_new_image
 from amibake.connect import connect
 from amibake.errors import UserError
 from amibake.local import control, faults
@@ -149,7 +151,36 @@ def test_gc_deletes_an_image_ec2_does_not_know_yet(faulty: Callable[[str, int], 
     import time
 
     time.sleep(images.UNSEEN_S[1])  # past its window: EC2 knows the image, if it is there
-    assert cloud.ec2.describe_images(ImageIds=[image_id])["Images"] == [], "gc left it"
+    assert describe_image(cloud.ec2, image_id) is None, "gc left it"
+
+
+def test_a_deregistered_image_ec2_still_describes_is_gone(
+    faulty: Callable[[str, int], Cloud],
+) -> None:
+    """EC2 describes a recently deregistered image for a while, State deregistered. Taken for
+    alive by `describe_image`, `batch up --ami` registered environments on a dead image, and
+    the journal's check (`inventory.still_there`) kept its entry for gc to delete again."""
+    from amibake import inventory
+    from amibake.local.faults import images
+
+    # An image not failed, and described for 3 s at least once deregistered.
+    seed = seed_where(
+        lambda f: (
+            f.between(*images.DEREGISTERED_S, "image", 1, "deregistered") > 3.0
+            and not f.chance(images.FAILED, "image", 1, "failed")
+        )
+    )
+    cloud = faulty("image-consistency", seed)
+    image_id = cloud.ec2.register_image(
+        Name="deregistered-soon", Architecture="x86_64", RootDeviceName="/dev/xvda"
+    )["ImageId"]
+    describe_new_image(cloud.ec2, image_id)  # seen once, as the product sees what it made
+    cloud.ec2.deregister_image(ImageId=image_id)
+    described = cloud.ec2.describe_images(ImageIds=[image_id])["Images"]
+    assert [i["State"] for i in described] == ["deregistered"], described
+    assert describe_image(cloud.ec2, image_id) is None
+    assert not inventory.still_there(cloud, "image", image_id)
+    assert met(cloud)["image-consistency"].get("deregistered image still described", 0) >= 2
 
 
 def _first_unseen(f: faults.Faults, kind: str, n: int = 1) -> bool:

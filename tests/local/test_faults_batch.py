@@ -23,7 +23,14 @@ from amibake.cloud import Cloud
 from amibake.cloud.calls import error_code, retry_on
 from amibake.errors import CloudError, UserError
 from amibake.local import faults
-from amibake.local.faults import batch_environments, batch_jobs, iam_principals, logs, s3_buckets
+from amibake.local.faults import (
+    batch_environments,
+    batch_jobs,
+    iam_consistency,
+    iam_principals,
+    logs,
+    s3_buckets,
+)
 from fleet import bench
 from tests.fleet.test_bench import ANY_TYPE, assert_nothing_left, new_run, results_of
 from tests.helpers import base_ami
@@ -305,6 +312,29 @@ def test_up_waits_until_s3_knows_the_job_role_it_just_made(faulty: Faulty) -> No
     policy = json.loads(cloud.client("s3").get_bucket_policy(Bucket=bucket)["Policy"])
     (statement,) = [s for s in policy["Statement"] if s["Effect"] == "Allow"]
     assert statement["Principal"]["AWS"].endswith(f":role/amibake/{batch.JOB_ROLE}"), statement
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
+def test_up_waits_until_iam_knows_the_role_and_profile_it_just_made(
+    faulty: Faulty,  # noqa: F811
+) -> None:
+    """IAM is eventually consistent: AttachRolePolicy naming the instance role made a moment
+    before, and GetInstanceProfile the profile, answered NoSuchEntity, and the first `batch up`
+    of an account failed there (terraform-provider-aws#6079)."""
+
+    def both_unseen(f: faults.Faults) -> bool:
+        return all(
+            iam_consistency.unseen(f, kind, 1)
+            and f.between(*iam_consistency.UNSEEN_S, f"iam-{kind}", 1) > 1.5
+            for kind in iam_consistency.KINDS
+        )
+
+    cloud = faulty("iam-consistency", seed_where(both_unseen))
+    batch.up(cloud, [_image(cloud)])
+    counts = met(cloud)["iam-consistency"]
+    assert counts.get("new role not found by AttachRolePolicy", 0) >= 1, counts
+    assert counts.get("new instance-profile not found by GetInstanceProfile", 0) >= 1, counts
     batch.down(cloud)
     _nothing_registered(cloud)
 

@@ -75,6 +75,9 @@ class Behaviour:
     before: Before | None = None
     after: After | None = None
     elsewhere: str = ""  # where it acts when not on requests (an instance's IMDS, say)
+    # Sees each request before every other behaviour and each reply after them: what the wire
+    # between the caller and AWS does to both (an answer lost after AWS acted on its request).
+    outermost: bool = False
 
 
 @dataclass
@@ -141,6 +144,20 @@ class Faults:
         n = self.ordinal(kind, resource_id)
         return bool(self.now() < born + self.between(*window, kind, n))
 
+    def attempt(self, name: str, request: Request) -> tuple[str, int]:
+        """What the request is, and which time of its sending this is: the same request sent
+        again (a retry, a poll) is its next attempt, so a draw on both is fixed by the seed
+        whatever order threads send in, and a retry is drawn afresh. An S3 GET and PUT of one
+        key are two requests. Kept as a digest: the daemon counts every distinct request it is
+        sent, for its lifetime, and a request's parameters may be a whole document."""
+        what = [request.service, request.action, request.method, request.path, request.params]
+        about = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+        about = about[:32]
+        with self.lock:
+            attempts: dict[str, int] = self.state.setdefault(f"{name}:attempts", {})
+            attempts[about] = attempts.get(about, 0) + 1
+            return about, attempts[about]
+
     def count(self, name: str, what: str) -> None:
         """Note that a behaviour did something (the local cloud's status shows it: a test can
         tell the product met the fault, not only that it passed)."""
@@ -156,8 +173,11 @@ class Faults:
                 if k.startswith("count:")
             }
 
+    def _layers(self, outermost: bool) -> list[Behaviour]:
+        return [b for b in self.enabled if b.outermost == outermost]
+
     def before(self, request: Request) -> Reply | None:
-        for behaviour in self.enabled:
+        for behaviour in self._layers(True) + self._layers(False):
             if behaviour.before is not None:
                 answer = behaviour.before(self, request)
                 if answer is not None:
@@ -165,7 +185,7 @@ class Faults:
         return None
 
     def after(self, request: Request, reply: Reply) -> Reply:
-        for behaviour in self.enabled:
+        for behaviour in self._layers(False) + self._layers(True):
             if behaviour.after is not None:
                 reply = behaviour.after(self, request, reply)
         return reply

@@ -9,7 +9,8 @@ created may not be found by the next call); ansible/ansible#4368 (InvalidAMIID.N
 after CreateImage "roughly 1 time out of 10"); hashicorp/packer#2033 and #3377 (AWS support: retry
 NotFound on a new AMI for up to 2.5 minutes); CreateImage's documented states (pending,
 available, failed with a StateReason); boto/boto#3019 (DeleteSnapshot right after DeregisterImage
-fails with InvalidSnapshot.InUse, 1 in 5).
+fails with InvalidSnapshot.InUse, 1 in 5); DescribeImages' API reference ("recently deregistered
+images appear in the returned results for a short interval"), State deregistered.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from xml.etree import ElementTree
 from amibake.local.faults import Behaviour, Faults, Reply, Request, query_error
 
 _IMAGE_ID = re.compile(r"<imageId>(ami-[0-9a-f]+)</imageId>")
-_STATE = re.compile(r"<imageState>available</imageState>")
+_STATE = re.compile(r"<imageState>[a-z]+</imageState>")
+_REASON = re.compile(r"<stateReason>.*?</stateReason>", re.S)
 _SNAPSHOT = re.compile(r"<snapshotId>snap-[0-9a-f]+</snapshotId>")
 # Local delays: AWS's seconds to minutes, shrunk (the product waits on them the same way).
 UNSEEN_S = (0.3, 2.5)  # NotFound after CreateImage
 PENDING_S = (0.5, 3.0)  # pending before available
 IN_USE_S = (0.3, 1.5)  # a deregistered image's snapshot still in use
+DEREGISTERED_S = (1.0, 4.0)  # a deregistered image still described, State deregistered
 FAILED = 0.15  # share of images that end failed
 
 
@@ -70,6 +73,10 @@ def _before(faults: Faults, request: Request) -> Reply | None:
                     f"The AMI ID '{image}' is currently pending and may not be used for this "
                     "operation",
                 )
+    if request.action == "DescribeImages":
+        described = _deregistered(faults, _images(request), now)
+        if described is not None:
+            return described
     if request.action == "DeleteSnapshot":
         snapshot = str(request.params.get("SnapshotId", ""))
         freed = faults.remember("images:deregistered").get(snapshot)
@@ -119,14 +126,17 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
         gone = faults.remember("images:deregistered")
         for snapshot in snapshots:
             gone[snapshot] = now
+        faults.remember("images:gone")[image] = now
     if request.action == "DescribeImages":
         _note_snapshots(faults, text)
     return reply
 
 
 def _note_snapshots(faults: Faults, text: str) -> None:
-    """Which snapshots each described image has (DeregisterImage names only the image)."""
+    """Which snapshots each described image has (DeregisterImage names only the image), and
+    how it was described (EC2 describes it so for a moment after it is deregistered)."""
     mine = faults.remember("images:snapshots")
+    described = faults.remember("images:described")
     try:
         root = ElementTree.fromstring(text)
     except ElementTree.ParseError:
@@ -134,6 +144,34 @@ def _note_snapshots(faults: Faults, text: str) -> None:
     for item in root.iterfind("{*}imagesSet/{*}item"):
         image = item.findtext("{*}imageId") or ""
         mine[image] = [s.text or "" for s in item.iterfind(".//{*}snapshotId")]
+        span = _item(text, image)
+        if span is not None:
+            described[image] = text[span[0] : span[1]] + "</item>"
+
+
+def _deregistered(faults: Faults, images: list[str], now: float) -> Reply | None:
+    """A describe naming only images deregistered within their window: each as it was last
+    described, State deregistered (moto forgets an image as it deregisters it)."""
+    gone, described = faults.remember("images:gone"), faults.remember("images:described")
+    items = []
+    for image in images:
+        at = gone.get(image)
+        if at is None or image not in described:
+            return None
+        n = faults.ordinal("image", image)  # only of an image made here: others take none
+        if now >= at + faults.between(*DEREGISTERED_S, "image", n, "deregistered"):
+            return None
+        items.append(_set_state(described[image], image, "deregistered"))
+    if not items:
+        return None
+    faults.count(BEHAVIOUR.name, "deregistered image still described")
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<DescribeImagesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+        "<requestId>00000000-0000-0000-0000-000000000000</requestId>"
+        f"<imagesSet>{''.join(items)}</imagesSet></DescribeImagesResponse>"
+    )
+    return Reply(200, [("Content-Type", "text/xml")], body.encode())
 
 
 def _set_state(
@@ -145,7 +183,9 @@ def _set_state(
     if span is None:
         return text
     start, end = span
-    changed = _STATE.sub(f"<imageState>{state}</imageState>", text[start:end], count=1)
+    # Whatever it was last described as (pending, failed, with its reason), it is now `state`.
+    changed = _REASON.sub("", text[start:end])
+    changed = _STATE.sub(f"<imageState>{state}</imageState>", changed, count=1)
     if not snapshots:
         changed = _SNAPSHOT.sub("", changed)
     if code:

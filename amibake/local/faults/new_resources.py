@@ -45,7 +45,7 @@ KINDS = {
     # By name, DeleteKeyPair answers success whether or not EC2 knows the key (boto/boto3#865):
     # of a key it does not know yet, it deletes nothing, and says so no more than that.
     "key-pair": (
-        "CreateKeyPair",
+        "ImportKeyPair",
         re.compile(r"<keyName>([^<]+)</keyName>"),
         "DeleteKeyPair",
         "KeyName",

@@ -18,9 +18,6 @@ of a refused request is drawn afresh, as AWS's token bucket refills.
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 from amibake.local.faults import (
     Behaviour,
     Faults,
@@ -49,15 +46,7 @@ def refusal(service: str) -> Reply:
 
 
 def _before(faults: Faults, request: Request) -> Reply | None:
-    # What the request is: the same one sent again (a retry, a poll) is counted as its next
-    # attempt, so each draw is fixed by the seed whatever order threads send in. An S3 GET and
-    # PUT of one key are two requests. Kept as a digest: the daemon counts every distinct
-    # request it is sent, for its lifetime, and a request's parameters may be a whole document.
-    what = [request.service, request.action, request.method, request.path, request.params]
-    about = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
-    with faults.lock:
-        attempts: dict[str, int] = faults.state.setdefault(f"{NAME}:attempts", {})
-        attempt = attempts[about] = attempts.get(about, 0) + 1
+    about, attempt = faults.attempt(NAME, request)
     if not faults.chance(SHARE, NAME, about, attempt):
         return None
     faults.count(NAME, f"{request.service} {request.action or 'request'} refused")

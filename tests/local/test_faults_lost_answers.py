@@ -1,0 +1,161 @@
+"""A create EC2 made whose answer was lost (`--faults lost-answers`): botocore sends it again, and
+the run must end with the resource its first attempt made known to its cleanup, and nothing
+left. Each test runs at a seed where exactly the create it is about loses its first answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import botocore.exceptions
+import pytest
+
+from amibake import pipelines
+from amibake.cloud import Cloud
+from amibake.cloud.calls import made_once
+from amibake.journal import Journal
+from amibake.local.faults import Faults, lost_answers
+from tests.helpers import tagged_alive, tagged_images_alive
+from tests.local.test_faults import faulty, met, seed_where
+from tests.test_build import FIXTURES
+
+__all__ = ["faulty"]  # the fixture, used by name
+
+
+def only_first_lost(action: str) -> Callable[[Faults], bool]:
+    """Seeds where the first answer of `action` is lost and no other create's first is."""
+    return lambda f: (
+        lost_answers.lost(f, action, 1, 1)
+        and not any(
+            lost_answers.lost(f, other, n, 1)
+            for other in lost_answers.CREATES - {action}
+            for n in (1, 2, 3)
+        )
+        and not lost_answers.lost(f, action, 2, 1)
+    )
+
+
+def _build(cloud: Cloud) -> pipelines.Outcome:
+    request = pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=FIXTURES)
+    return pipelines.build(cloud, request)[0]
+
+
+def _last_run(cloud: Cloud) -> str:
+    run_id = Journal(cloud.config.results_dir / "journal.sqlite").last_run_id()
+    assert run_id is not None
+    return run_id
+
+
+@pytest.mark.parametrize(
+    "action", ["ImportKeyPair", "CreateSecurityGroup", "CreateLaunchTemplate", "CreateFleet"]
+)
+def test_a_build_whose_create_answer_was_lost_uses_what_it_made(
+    faulty: Callable[[str, int], Cloud], action: str
+) -> None:
+    """Before: a key pair's or security group's create sent again was refused Duplicate and the
+    build failed, the first one left to gc's tag scan; a launch template or fleet sent again
+    with its ClientToken was made twice by moto (EC2 answers the first)."""
+    cloud = faulty("lost-answers", seed_where(only_first_lost(action)))
+    outcome = _build(cloud)
+    assert outcome.ok, outcome.error
+    assert tagged_alive(cloud, _last_run(cloud)) == []
+    counts = met(cloud)["lost-answers"]
+    assert counts.get(f"{action} made, its answer lost") == 1, counts
+    if action in lost_answers.IDEMPOTENT:
+        assert counts.get(f"{action} answered again for its client token") == 1, counts
+
+
+@pytest.mark.parametrize("action", ["CreateImage", "RunInstances"])
+def test_a_bake_whose_image_or_boot_test_answer_was_lost_leaves_nothing(
+    faulty: Callable[[str, int], Cloud], action: str
+) -> None:
+    """Before: CreateImage sent again made a second image (moto), where EC2 refuses it
+    InvalidAMIName.Duplicate and the bake failed with its image left. The boot test's
+    RunInstances carries botocore's own ClientToken (the model's idempotency token): sent
+    again, it is the same launch, as EC2 (and now the local cloud) answers it."""
+    cloud = faulty("lost-answers", seed_where(only_first_lost(action)))
+    assert _build(cloud).ok
+    outcome = pipelines.bake(cloud, pipelines.BakeRequest(families=["c5a"]))[0]
+    assert outcome.ok, outcome.error
+    run_id = _last_run(cloud)
+    assert tagged_alive(cloud, run_id) == []
+    # The one image it made, and its snapshot: kept, its product.
+    image_id = outcome.summary()["image_id"]
+    kept = tagged_images_alive(cloud, run_id)
+    assert len(kept) == 2 and f"image {image_id}" in kept, kept
+    counts = met(cloud)["lost-answers"]
+    assert counts.get(f"{action} made, its answer lost") == 1, counts
+    # One boot-test instance paid for, terminated or not: moto launched a second for the
+    # retry, which the step's tag-based cleanup then found, after both had run.
+    boot_tests = [
+        i["InstanceId"]
+        for r in cloud.ec2.describe_instances(
+            Filters=[
+                {"Name": "tag:amibake:run-id", "Values": [run_id]},
+                {"Name": "tag:amibake:step", "Values": ["boot-test"]},
+            ]
+        )["Reservations"]
+        for i in r["Instances"]
+    ]
+    assert len(boot_tests) == 1, boot_tests
+
+
+def test_a_client_token_answers_its_first_request_and_refuses_other_parameters(
+    faulty: Callable[[str, int], Cloud],
+) -> None:
+    """EC2's idempotency, which the retries above rely on: moto launched anew for each."""
+    cloud = faulty(
+        "lost-answers", seed_where(lambda f: not lost_answers.lost(f, "RunInstances", 1, 1))
+    )
+    image = cloud.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    asked = {"ImageId": image, "InstanceType": "t3.micro", "MinCount": 1, "MaxCount": 1}
+    first = cloud.ec2.run_instances(ClientToken="same-launch", **asked)["Instances"][0]
+    try:
+        again = cloud.ec2.run_instances(ClientToken="same-launch", **asked)["Instances"][0]
+        assert again["InstanceId"] == first["InstanceId"]
+        with pytest.raises(botocore.exceptions.ClientError, match="IdempotentParameterMismatch"):
+            cloud.ec2.run_instances(
+                ClientToken="same-launch", **{**asked, "InstanceType": "t3.small"}
+            )
+        running = cloud.ec2.describe_instances(
+            Filters=[
+                {"Name": "image-id", "Values": [image]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ]
+        )["Reservations"]
+        assert [i["InstanceId"] for r in running for i in r["Instances"]] == [first["InstanceId"]]
+    finally:
+        cloud.ec2.terminate_instances(InstanceIds=[first["InstanceId"]])
+
+
+def test_a_duplicate_on_a_first_attempt_is_someone_elses_and_is_raised(
+    faulty: Callable[[str, int], Cloud],
+) -> None:
+    """Only a retry's Duplicate is the first attempt's resource: a name taken before the run
+    sent anything is refused as it was, and nothing is looked up or adopted."""
+    cloud = faulty("none", 0)
+    vpc = cloud.ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    taken = cloud.ec2.create_security_group(GroupName="taken", Description="a user's", VpcId=vpc)
+
+    def create() -> dict[str, str]:
+        made: dict[str, str] = cloud.ec2.create_security_group(
+            GroupName="taken", Description="the run's", VpcId=vpc
+        )
+        return made
+
+    looked: list[bool] = []
+
+    def find() -> None:
+        looked.append(True)
+
+    try:
+        with pytest.raises(botocore.exceptions.ClientError, match=r"InvalidGroup\.Duplicate"):
+            made_once(
+                create,
+                "InvalidGroup.Duplicate",
+                find,
+                "the group",
+                within_s=1.0,
+            )
+        assert looked == []
+    finally:
+        cloud.ec2.delete_security_group(GroupId=taken["GroupId"])
