@@ -460,6 +460,10 @@ def _execute_taken(
         cloud.config.region,
         spot=spec.spot,
     )
+    # Which table priced it, for its report to say (a refresh between resumes changes it).
+    results.event(
+        run_id, "prices", **prices.provenance(cloud.config.results_dir, cloud.config.region)
+    )
     finished = results.finished(run_id)
     todo = [r for r in plan(spec) if (r.instance_type, r.build, r.index, r.warmup) not in finished]
     if not todo:

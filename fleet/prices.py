@@ -213,6 +213,16 @@ def in_use(results_dir: Path, region: str) -> dict[str, Any]:
     return shipped
 
 
+def provenance(results_dir: Path, region: str) -> dict[str, str]:
+    """Which table a run in `region` prices with, as its report names it: region, date and
+    source ({} when there is none: a run that accepted no prices)."""
+    try:
+        table = in_use(results_dir, region)
+    except PriceError:
+        return {}
+    return {k: str(table.get(k, "")) for k in ("region", "date", "source")}
+
+
 # The Price List's product filters of a plain Linux instance: shared tenancy, no pre-installed
 # software or licence, capacity that is used (not a reservation's unused remainder).
 LINUX = {

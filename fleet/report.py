@@ -464,6 +464,20 @@ def _html(
     return render_page(f"fleet report {report.run_id}", report.note, intro, plots, tail)
 
 
+def price_tables(results: Results, run_id: str) -> str:
+    """The price tables the run's costs come from, in the order it used them: a cost per unit
+    is only as current as its table, and spot prices move hourly."""
+    seen: list[tuple[str, str, str]] = []
+    for _, kind, detail in results.events(run_id):
+        table = (detail.get("region", ""), detail.get("date", ""), detail.get("source", ""))
+        if kind == "prices" and table[1] and table not in seen:
+            seen.append(table)
+    if not seen:
+        return ""
+    named = "; then ".join(f"{r} table of {d} ({s})" for r, d, s in seen)
+    return f"prices: {named}; each replicate costed at its market's hourly price"
+
+
 def make(
     results: Results,
     run_id: str,
@@ -503,6 +517,9 @@ def make(
         f"{len(lost)} of {len(spec.types)} types failed entirely, {interrupted} interrupted "
         "and rerun"
     )
+    priced = price_tables(results, run_id)
+    if priced:
+        lines.append(priced)
     if not frame.empty:
         lines.append(_table_text(frame, spec.metric, spec.unit))
         if metric_label(spec.metric) != spec.metric.unit:  # several metrics in one number

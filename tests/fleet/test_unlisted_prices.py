@@ -150,6 +150,11 @@ def test_a_type_outside_the_table_is_benched_at_the_refreshed_price(
     summary_row = report.summarize(results.replicates(run_id), run_spec.metric).iloc[0]
     for key in ("usd_per_unit", "usd_per_unit_low", "usd_per_unit_high"):
         assert math.isfinite(summary_row[key]) and summary_row[key] > 0, summary_row
+    # The report names the table that priced it: the refreshed one, not the shipped snapshot.
+    table = prices.in_use(mine.config.results_dir, "us-east-1")
+    made = report.make(results, run_id, mine.config.results_dir / "reports", html_page=False)
+    assert f"prices: us-east-1 table of {table['date']} ({table['source']})" in made.text
+    assert prices.snapshot()["date"] not in made.text.split("prices: ")[1].split("\n")[0]
     assert_nothing_left(mine, results, run_id, local_dir)
 
 
