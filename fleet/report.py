@@ -163,12 +163,23 @@ def work_unit(metric: Metric, unit: str = "") -> str:
     return numerator.strip() if per and numerator.strip() else "unit"
 
 
-def per_units(usd_per_unit: float, unit: str) -> str:
+SCALES = ((1.0, "1"), (1e3, "1k"), (1e6, "1M"), (1e9, "1G"))
+
+
+def scale_of(*usd_per_unit: float) -> tuple[float, str]:
+    """The one count of units that figures read together are given in (a table's column, a
+    figure and its interval): scaled by thousands until the smallest is at least a cent. Each
+    figure scaled on its own, a column read "$0.81 per 1 run" above "$9.1 per 1k runs"."""
+    finite = [v for v in usd_per_unit if math.isfinite(v) and v > 0]
+    smallest = min(finite, default=1.0)
+    return next(((c, n) for c, n in SCALES if smallest * c >= 0.01), SCALES[-1])
+
+
+def per_units(usd_per_unit: float, unit: str, scale: tuple[float, str] | None = None) -> str:
     """A cost per unit of work as people read it: "$0.12 per 1M frames", not "1.2e-07 USD per
-    unit"; scaled by thousands until the dollars are at least a cent, to three significant digits
-    (at two, $0.002849 and $0.002751 a run both read "$2.8 per 1k runs" ranked 1 and 2)."""
-    scales = ((1.0, "1"), (1e3, "1k"), (1e6, "1M"), (1e9, "1G"))
-    count, label = next(((c, n) for c, n in scales if usd_per_unit * c >= 0.01), scales[-1])
+    unit"; at `scale` (else its own, `scale_of`), to three significant digits (at two,
+    $0.002849 and $0.002751 a run both read "$2.8 per 1k runs" ranked 1 and 2)."""
+    count, label = scale or scale_of(usd_per_unit)
     plural = "s" if label != "1" and unit in ("run", "unit") else ""
     return f"${usd_per_unit * count:.3g} per {label} {unit}{plural}"
 
@@ -216,6 +227,7 @@ def readable(frame: pd.DataFrame, metric: Metric, unit: str = "") -> pd.DataFram
     digits, intervals as ranges, cost per a count of units that reads naturally; summary.csv
     keeps every raw column."""
     unit = work_unit(metric, unit)
+    column = scale_of(*frame.usd_per_unit)
     folded = FOLDS.get(metric.aggregate) if metric.kind == "regex" else None
     median = f"median {metric.unit}{f' ({folded} of matches)' if folded else ''}"
     shown = pd.DataFrame(
@@ -235,7 +247,7 @@ def readable(frame: pd.DataFrame, metric: Metric, unit: str = "") -> pd.DataFram
             ],
             "USD/h": frame.usd_per_hour.map(lambda v: "-" if math.isnan(v) else f"{v:.4f}"),
             f"cost ({unit})": frame.usd_per_unit.map(
-                lambda v: "-" if math.isnan(v) else per_units(v, unit)
+                lambda v: "-" if math.isnan(v) else per_units(v, unit, column)
             ),
             "speed rank": frame.speed_rank,
             "cost rank": frame.cost_rank.map(lambda v: "-" if v is None or pd.isna(v) else int(v)),
@@ -272,16 +284,22 @@ def headline(
     best = reliable.iloc[0] if not reliable.empty else priced.iloc[0]
     passed_over = priced.loc[: best.name].drop(index=best.name)
     seconds = [metric.seconds_per_unit(v) for v in (best.ci_low, best.ci_high)]
+    # One scale for every figure the headline gives, its interval's too.
+    scale = scale_of(*priced.usd_per_unit, best.usd_per_unit_low)
+
+    def cost(usd: float) -> str:
+        return per_units(usd, unit, scale)
+
     if best.n > 1:
         said = [
-            f"Recommended: {best.type} {best.build}, {per_units(best.usd_per_unit, unit)} "
-            f"(95%: {per_units(best.usd_per_unit_low, unit)} to "
-            f"{per_units(best.usd_per_unit_high, unit)}), {best.seconds_per_unit:.4g} s per "
+            f"Recommended: {best.type} {best.build}, {cost(best.usd_per_unit)} "
+            f"(95%: {cost(best.usd_per_unit_low)} to "
+            f"{cost(best.usd_per_unit_high)}), {best.seconds_per_unit:.4g} s per "
             f"{unit} ({min(seconds):.4g} to {max(seconds):.4g})."
         ]
     else:
         said = [
-            f"Recommended: {best.type} {best.build}, {per_units(best.usd_per_unit, unit)}, "
+            f"Recommended: {best.type} {best.build}, {cost(best.usd_per_unit)}, "
             f"{best.seconds_per_unit:.4g} s per {unit}, from one replicate: no interval, so "
             "run more replicates before trusting the ranking."
         ]
@@ -289,8 +307,7 @@ def headline(
         said.append(f"Every type's runs failed in part: {_failures(best)}.")
     for _, row in passed_over.iterrows():
         said.append(
-            f"{row.type} {row.build} measured {per_units(row.usd_per_unit, unit)}, but "
-            f"{_failures(row)}."
+            f"{row.type} {row.build} measured {cost(row.usd_per_unit)}, but {_failures(row)}."
         )
     tied = priced[(priced.cost_rank == best.cost_rank) & (priced.index != best.name)]
     tied = tied.drop(index=passed_over.index, errors="ignore")

@@ -231,3 +231,23 @@ def test_bars_stay_readable_when_an_interval_reaches_far_above_them() -> None:
     assert _bars(axes, ["a", "b"], [10.0, 8.0], [9.0, 7.0], [11.0, 9.0], "#1f77b4") == ""
     assert axes.get_ylim()[1] < BAR_HEADROOM * 10.0  # matplotlib's own scale, to the intervals
     plt.close(figure)
+
+
+def test_figures_read_together_are_given_at_one_scale() -> None:
+    """Each cost scaled on its own, a column read "$0.1 per 1 run" under "$1 per 1k runs", and
+    an interval "$0.0105 per 1 run (95%: $9.45 per 1k runs to ...)"."""
+    rows = pd.DataFrame(
+        [
+            {"instance_type": t, "build": "plain", "state": "ok", "warmup": 0, "metric": m}
+            | {"price_usd_hour": 0.1, "market": "spot"}
+            for t, m in [("a.large", v) for v in (35.0, 36.0, 37.0)]
+            + [("b.large", v) for v in (3500.0, 3600.0, 3700.0)]
+        ]
+    )
+    costs = list(readable(summarize(rows, RUNTIME), RUNTIME)["cost (run)"])
+    assert [c.split(" per ")[1] for c in costs] == ["1k runs", "1k runs"], costs
+    said = headline(_summary(("m.large", 1, 0.0105), ("c.large", 2, 0.05)), RUNTIME)
+    assert said.startswith(
+        "Recommended: m.large tuned, $10.5 per 1k runs (95%: $9.45 per 1k runs to $11.6 per 1k "
+        "runs)"
+    ), said
