@@ -136,20 +136,29 @@ def _projection(
     machine_hours = work * each_h
     if not math.isfinite(machine_hours):
         raise UserError(f"--work {work:g}: more work than any plan can count hours for")
+    # Each instance launches and stages before its first unit, and is billed for it (EC2's
+    # 60 s minimum a launch is less than that): left out, a plan of short work on many
+    # instances was hours and dollars short.
+    setup_h = SETUP_S / 3600
     # Runs are whole: the busiest instance does the ceiling's share, and no instance count
     # brings the time under one run's.
-    wall = math.ceil(work / instances) * each_h if whole_runs else machine_hours / instances
-    cost = machine_hours * row.usd_per_hour if not math.isnan(row.usd_per_hour) else None
+    busiest = math.ceil(work / instances) * each_h if whole_runs else machine_hours / instances
+    wall = setup_h + busiest
+    billed = machine_hours + instances * setup_h
+    cost = billed * row.usd_per_hour if not math.isnan(row.usd_per_hour) else None
     notes = []
     if row.failed:
         notes.append(f"{int(row.failed)} of its {int(row.n + row.failed)} replicates failed")
     needed = None
     if deadline_h is not None:
-        if whole_runs and each_h > deadline_h:
+        left_h = deadline_h - setup_h  # what an instance has for work once it is ready
+        if left_h <= 0:
+            notes.append("the deadline is shorter than an instance's setup")
+        elif whole_runs and each_h > left_h:
             notes.append("one run takes longer than the deadline")
         else:
-            share = math.floor(deadline_h / each_h) if whole_runs else None
-            needed = math.ceil(work / share) if share else math.ceil(machine_hours / deadline_h)
+            share = math.floor(left_h / each_h) if whole_runs else None
+            needed = math.ceil(work / share) if share else math.ceil(machine_hours / left_h)
             needed = max(1, needed)
             if needed > MAX_INSTANCES:
                 notes.append(f"the deadline needs more than {MAX_INSTANCES} instances")
@@ -188,7 +197,10 @@ def plan_text(rows: list[dict[str, Any]]) -> str:
     if not any(r["note"] for r in rows):
         for line in table:
             del line["note"]
-    return tabulate(table, headers="keys")
+    return (
+        tabulate(table, headers="keys")
+        + f"\nhours and USD include {_minutes(SETUP_S)} an instance to launch and stage (a guess)"
+    )
 
 
 # --- Before a run: what it will launch and spend (fleet bench, fleet tune) -------------------

@@ -62,21 +62,27 @@ def test_whole_runs_are_not_split_across_instances(tmp_path: Path) -> None:
     """A run (seconds per run: the unit of work is one run) takes its time on one instance:
     one 2-hour run on 4 instances was planned at 0.5 h, meeting a 1-hour deadline."""
     results = _run(tmp_path, [_ok("c5.large", i, 7200 + i, 0.10) for i in range(3)])
+    setup_h = plan.SETUP_S / 3600  # every instance launches and stages first, and is billed
     (long,) = plan.plan(results, "fb-0123456789", work=1, instances=4, deadline_h=1.0)
-    assert long["hours"] == pytest.approx(7201 / 3600)
+    assert long["hours"] == pytest.approx(setup_h + 7201 / 3600)
     assert long["meets_deadline"] is False and long["instances_for_deadline"] is None
     assert long["note"] == "one run takes longer than the deadline"
     with pytest.raises(UserError, match="give a whole number of runs"):
         plan.plan(results, "fb-0123456789", work=2.5)
     with pytest.raises(UserError, match="more work than any plan can count hours for"):
         plan.plan(results, "fb-0123456789", work=1e308, deadline_h=1.0)  # inf hours
-    # Nine half-hour runs on 4 instances: the busiest does 3 (1.5 h); a 1-hour deadline takes
-    # two runs an instance, so 5 instances.
+    # Nine half-hour runs on 4 instances: the busiest does 3 (1.5 h) after its setup; a 1-hour
+    # deadline leaves an instance time for one run once it is set up, so 9 instances (5 when
+    # the plan left setup out).
     results = _run(tmp_path / "b", [_ok("c5.large", i, 1800, 0.10) for i in range(3)])
     (short,) = plan.plan(results, "fb-0123456789", work=9, instances=4, deadline_h=1.0)
-    assert short["hours"] == pytest.approx(1.5) and short["meets_deadline"] is False
-    assert short["instances_for_deadline"] == 5
-    assert short["usd"] == pytest.approx(9 * 0.5 * 0.10)  # the hours of the runs, not idle ones
+    assert short["hours"] == pytest.approx(setup_h + 1.5) and short["meets_deadline"] is False
+    assert short["instances_for_deadline"] == 9
+    # the hours of the runs and of each instance's setup, not idle ones
+    assert short["usd"] == pytest.approx((9 * 0.5 + 4 * setup_h) * 0.10)
+    (tight,) = plan.plan(results, "fb-0123456789", work=9, deadline_h=setup_h / 2)
+    assert tight["note"] == "the deadline is shorter than an instance's setup"
+    assert "include 3 min an instance to launch and stage" in plan.plan_text([short])
 
 
 def test_a_type_that_did_no_work_is_said_so_and_a_deadline_past_any_quota_too(
@@ -105,7 +111,9 @@ def test_a_type_that_did_no_work_is_said_so_and_a_deadline_past_any_quota_too(
     said = report.answer(frame, RATE)
     assert "cheapest: c6i.large plain" in said and "inf" not in said, said
     assert said.endswith("measured no work done (a rate of 0): c5.large plain"), said
-    (many, _) = plan.plan(results, "fb-0123456789", work=1e12, deadline_h=0.01)
+    (many, _) = plan.plan(
+        results, "fb-0123456789", work=1e12, deadline_h=plan.SETUP_S / 3600 + 0.01
+    )
     assert many["instances_for_deadline"] is None
     assert many["note"] == f"the deadline needs more than {plan.MAX_INSTANCES} instances"
 
