@@ -49,6 +49,7 @@ from fleet.executor import (
     build_verdict,
     failed_row,
     host_setup,
+    launched_at,
     monitor_csv,
     record_host,
     result_row,
@@ -626,6 +627,17 @@ class Jobs:
         log.warning("%s: stopped reading log stream %s before its end", job["jobId"], stream)
         return "\n".join(lines)
 
+    def _launched(self, instance_id: str) -> float:
+        """The host's launch (now, where EC2 does not describe it: asked once, not waited for;
+        a job ran on it, so EC2 has long known it)."""
+        try:
+            found = self.context.cloud.ec2.describe_instances(InstanceIds=[instance_id])
+        except botocore.exceptions.ClientError as exc:
+            log.warning("%s: no launch time (%s): its spend counts from now", instance_id, exc)
+            return time.time()
+        instances = [i for r in found["Reservations"] for i in r["Instances"]]
+        return launched_at(instances[0]) if instances else time.time()
+
     def _image_host(self, state: JobsState, job: dict[str, Any]) -> dict[str, Any] | None:
         """Where a job of the user's image ran, read from outside (its image has no agent to
         say): the container instance Batch names, as EC2 describes it."""
@@ -664,7 +676,9 @@ class Jobs:
         if state.instance_id not in seen:
             seen.add(state.instance_id)
             if not state.launched_at:
-                state.launched_at = time.time()
+                # From its launch: the host ran (and was billed) from then, through its boot,
+                # its ECS registration and the first job, not from when that job reported.
+                state.launched_at = self._launched(state.instance_id)
                 state.on_event(state, "staging")
             record_host(
                 self.context.cloud, state, host, host.get("ami", ""), image_facts(self, state)

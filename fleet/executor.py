@@ -57,6 +57,14 @@ class Replicate:
         return f"{self.build}-{'w' if self.warmup else 'r'}{self.index}"
 
 
+
+def launched_at(instance: dict[str, Any]) -> float:
+    """When an instance's billing began, as EC2 describes it: its LaunchTime, not when SSH
+    first answered or a Batch job on it first reported (min: a skewed clock must not put it
+    in the future)."""
+    launched = instance.get("LaunchTime")
+    return min(launched.timestamp(), time.time()) if launched else time.time()
+
 @dataclass(frozen=True)
 class BuildArtifact:
     name: str  # tuned | generic | a tune trial's variant
@@ -154,10 +162,7 @@ class Stage:
         remote = state.remote
         assert remote is not None
         instance: Any = describe(self.context.cloud, state.instance_id)
-        # Billing runs from the launch, not from when SSH first answered (min: a skewed clock
-        # must not put it in the future).
-        launched = instance.get("LaunchTime")
-        state.launched_at = min(launched.timestamp(), time.time()) if launched else time.time()
+        state.launched_at = launched_at(instance)
         zone_name = instance.get("Placement", {}).get("AvailabilityZone", "")
         zones = self.context.cloud.ec2.describe_availability_zones(ZoneNames=[zone_name])
         state.zone = zones["AvailabilityZones"][0].get("ZoneId", zone_name)

@@ -139,6 +139,15 @@ def test_two_builds_measured_as_array_jobs(cloud: Cloud, registered: None, local
     assert set(environment["builds"]) == {"tuned", "generic"}
     assert set(rows.instance_id) == {environment["instance_id"]}
     assert (rows.price_usd_hour > 0).all()
+    # Its spend runs from the host's launch (it was billed through its boot and the first
+    # job), not from when the first job reported: at least until its last replicate ended.
+    host = cloud.ec2.describe_instances(InstanceIds=[environment["instance_id"]])
+    launched = host["Reservations"][0]["Instances"][0]["LaunchTime"].timestamp()
+    billed_s = rows.finished.max() - launched
+    assert summary["spent_usd"] >= billed_s * rows.price_usd_hour.iloc[0] / 3600, (
+        summary["spent_usd"],
+        billed_s,
+    )
     # The monitor ran (the job installed psutil) and its CSV came back through S3. (An empty
     # monitor_csv is Path(""), the current directory, which exists: hence the bool.)
     measured = rows[~rows.warmup.astype(bool)]
