@@ -57,13 +57,13 @@ class Replicate:
         return f"{self.build}-{'w' if self.warmup else 'r'}{self.index}"
 
 
-
 def launched_at(instance: dict[str, Any]) -> float:
     """When an instance's billing began, as EC2 describes it: its LaunchTime, not when SSH
     first answered or a Batch job on it first reported (min: a skewed clock must not put it
     in the future)."""
     launched = instance.get("LaunchTime")
     return min(launched.timestamp(), time.time()) if launched else time.time()
+
 
 @dataclass(frozen=True)
 class BuildArtifact:
