@@ -675,6 +675,20 @@ def queues(batch: Any, *names: str) -> list[dict[str, Any]]:
     return [q for q in found if q.get("status") != "DELETED"]
 
 
+def create_queue(batch: Any, **request: Any) -> None:
+    """CreateJobQueue, sent again by botocore after a lost answer: its "already exists" is the
+    first attempt's queue (made_once)."""
+    name = request["jobQueueName"]
+    made_once(
+        lambda: batch.create_job_queue(**request),
+        "ClientException",
+        lambda: _described(batch, "job queue", name),
+        "the job queue",
+        within_s=NEW_RESOURCE_VISIBLE_S,
+        saying="already exists",
+    )
+
+
 def _described(batch: Any, kind: str, name: str) -> dict[str, Any] | None:
     found = environments(batch, name) if kind == "compute environment" else queues(batch, name)
     return found[0] if found else None
@@ -729,7 +743,14 @@ def ensure_environment(
             if made:
                 time.sleep(wait_s * made)  # IAM propagates in seconds, at times minutes
             with creating("the compute environment"):
-                batch.create_compute_environment(**create)
+                made_once(
+                    lambda: batch.create_compute_environment(**create),
+                    "ClientException",
+                    lambda: _described(batch, "compute environment", name),
+                    "the compute environment",
+                    within_s=NEW_RESOURCE_VISIBLE_S,
+                    saying="already exists",
+                )
                 made += 1
                 if on_created is not None:
                     on_created(name)
@@ -802,7 +823,8 @@ def _swap_into_queue(batch: Any, queue: str, env_arn: str) -> list[str]:
     found = queues(batch, queue)
     order = [{"order": 1, "computeEnvironment": env_arn}]
     if not found:
-        batch.create_job_queue(
+        create_queue(
+            batch,
             jobQueueName=queue,
             state="ENABLED",
             priority=1,

@@ -231,7 +231,8 @@ class Environment:
             on_created=made,
         )
         with creating("the job queue"):
-            client.create_job_queue(
+            amibake_batch.create_queue(
+                client,
                 jobQueueName=name,
                 state="ENABLED",
                 priority=1,
@@ -333,10 +334,24 @@ class ImageDefinition:
         architecture = state.family.architecture
         name = f"amibake-image-{architecture}-{state.fleet_run}-{state.slot}"
         request = image_job_definition(self.context.cloud, state, name, self.context.tags)
+        client = self.context.cloud.client("batch")
         with creating("the job definition"):
-            made = self.context.cloud.client("batch").register_job_definition(**request)
+            made = client.register_job_definition(**request)
             state.job_definition = str(made["jobDefinitionArn"])
             self.context.created("job-definition", f"{name}:{made['revision']}")
+        # The name is this run's alone: another active revision of it is a registration whose
+        # answer was lost and that botocore sent again (each makes a revision).
+        active = amibake_batch.pages(
+            client,
+            "describe_job_definitions",
+            "jobDefinitions",
+            jobDefinitionName=name,
+            status="ACTIVE",
+        )
+        for twin in active:
+            if twin["jobDefinitionArn"] != state.job_definition:
+                log.warning("%s: registered twice (an answer lost): deregistering one", name)
+                client.deregister_job_definition(jobDefinition=twin["jobDefinitionArn"])
 
     def cleanup(self, state: JobsState) -> None:
         if state.spec.image and state.job_definition:

@@ -79,16 +79,19 @@ def made_once(
     what: str,
     *,
     within_s: float,
+    saying: str = "",
 ) -> T:
     """A create without a client token, whose first answer may have been lost after AWS acted
     on it (a 500 or a timeout): botocore sends it again, and the retry is refused for the name
     the first attempt took (`duplicate`). That refusal, on a retry only, is the first attempt's
     resource: `find` it by its name and this run's tag, asked until EC2 lists it (`within_s`).
-    Taken for the run's failure, it was left known to no cleanup, for gc's tag scan to find."""
+    Taken for the run's failure, it was left known to no cleanup, for gc's tag scan to find.
+    With `saying`, only a refusal whose message says it (Batch refuses all as ClientException).
+    """
     try:
         return create()
     except botocore.exceptions.ClientError as exc:
-        if error_code(exc) != duplicate or not retried(exc):
+        if error_code(exc) != duplicate or saying not in str(exc) or not retried(exc):
             raise
     log.warning("%s: made, but its answer was lost; the retry found it taken: looking it up", what)
     deadline = time.monotonic() + within_s

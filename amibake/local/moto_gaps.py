@@ -31,6 +31,7 @@ def apply() -> None:
     _created_subnets_are_not_default()
     _default_vpc_reaches_the_internet()
     _compute_environment_in_a_queue()
+    _compute_environment_name_taken()
     _job_definition_by_revision()
     _batch_action_names()
     _s3_action_names()
@@ -360,6 +361,25 @@ def _compute_environment_in_a_queue() -> None:
 
     delete._amibake = True  # type: ignore[attr-defined]
     BatchBackend.delete_compute_environment = delete  # type: ignore[method-assign]
+
+
+def _compute_environment_name_taken() -> None:
+    """CreateComputeEnvironment of a name the account has: Batch answers ClientException
+    "Object already exists", as for a queue's; moto answered InvalidParameterValue."""
+    from moto.batch.exceptions import ClientException
+    from moto.batch.models import BatchBackend
+
+    original = BatchBackend.create_compute_environment
+    if getattr(original, "_amibake", False):
+        return
+
+    def create(self: Any, compute_environment_name: str, *args: Any, **kwargs: Any) -> Any:
+        if self.get_compute_environment_by_name(compute_environment_name) is not None:
+            raise ClientException(f"Object already exists: {compute_environment_name}")
+        return original(self, compute_environment_name, *args, **kwargs)
+
+    create._amibake = True  # type: ignore[attr-defined]
+    BatchBackend.create_compute_environment = create  # type: ignore[method-assign]
 
 
 def _job_definition_by_revision() -> None:

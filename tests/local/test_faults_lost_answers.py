@@ -21,16 +21,17 @@ from tests.test_build import FIXTURES
 __all__ = ["faulty"]  # the fixture, used by name
 
 
-def only_first_lost(action: str) -> Callable[[Faults], bool]:
-    """Seeds where the first answer of `action` is lost and no other create's first is."""
+def only_first_lost(action: str, n: int = 1) -> Callable[[Faults], bool]:
+    """Seeds where the n-th answer of `action` is lost, and no other of the first three of
+    any create."""
     return lambda f: (
-        lost_answers.lost(f, action, 1, 1)
+        lost_answers.lost(f, action, n, 1)
         and not any(
-            lost_answers.lost(f, other, n, 1)
-            for other in lost_answers.CREATES - {action}
-            for n in (1, 2, 3)
+            lost_answers.lost(f, other, m, 1)
+            for other in lost_answers.CREATES
+            for m in (1, 2, 3)
+            if (other, m) != (action, n)
         )
-        and not lost_answers.lost(f, action, 2, 1)
     )
 
 
@@ -159,3 +160,38 @@ def test_a_duplicate_on_a_first_attempt_is_someone_elses_and_is_raised(
         assert looked == []
     finally:
         cloud.ec2.delete_security_group(GroupId=taken["GroupId"])
+
+
+@pytest.mark.parametrize(
+    ("action", "n"),
+    # batch up's environment and queue, then the bench run's own queue
+    [("CreateComputeEnvironment", 1), ("CreateJobQueue", 1), ("CreateJobQueue", 2)],
+)
+def test_batch_creates_whose_answer_was_lost_are_taken_as_made(
+    faulty: Callable[[str, int], Cloud], action: str, n: int
+) -> None:
+    """Batch refuses a compute environment's or queue's create sent again "already exists"
+    (ClientException): `batch up` and a bench on Batch failed there, the first one left."""
+    from amibake import batch
+    from fleet import bench
+    from tests.fleet.test_bench import assert_nothing_left, new_run, results_of
+    from tests.local.test_faults_batch import _image, _nothing_registered
+
+    cloud = faulty("lost-answers", seed_where(only_first_lost(action, n)))
+    batch.up(cloud, [_image(cloud)])
+    run_id = new_run(
+        cloud,
+        executor="batch",
+        command="echo value=7",
+        metric="value=(\\d+)",
+        replicates=1,
+        warmups=0,
+    )
+    results = results_of(cloud)
+    summary = bench.execute(cloud, run_id, results)
+    assert all(t["ok"] for t in summary["types"].values()), summary
+    counts = met(cloud)["lost-answers"]
+    assert counts.get(f"{action} made, its answer lost") == 1, counts
+    assert_nothing_left(cloud, results, run_id, cloud.config.local_dir)
+    batch.down(cloud)
+    _nothing_registered(cloud)

@@ -13,25 +13,32 @@ IdempotentParameterMismatch); the AWS SDKs and Tools reference guide, "Retry beh
 500 and timeouts are retried, whatever the operation); skypilot-org/skypilot#4584 (a security
 group's create answered InvalidGroup.Duplicate, and the group was found by its name).
 
-Locally: a share of the EC2 creates (SHARE) that moto made have their answer replaced by EC2's
-500 InternalError, drawn by the request's place among its action's and its attempt; the gateway
-keeps each ClientToken's first answer and gives it to the same request sent again.
+Locally: a share of the EC2 and Batch creates (SHARE) that moto made have their answer replaced
+by the service's 500 (EC2's InternalError, Batch's ServerException), drawn by the request's place
+among its action's and its attempt; the gateway keeps each ClientToken's first answer and gives
+it to the same request sent again.
 """
 
 from __future__ import annotations
 
-from amibake.local.faults import Behaviour, Faults, Reply, Request, query_error
+from amibake.local.faults import Behaviour, Faults, Reply, Request, json_error, query_error
 
 NAME = "lost-answers"
 SHARE = 0.05  # of the creates below (AWS: rare, but a run makes dozens and retries them all)
+# action -> its service
 CREATES = {
-    "CreateKeyPair",
-    "ImportKeyPair",
-    "CreateSecurityGroup",
-    "CreateLaunchTemplate",
-    "CreateFleet",
-    "RunInstances",
-    "CreateImage",
+    "CreateKeyPair": "ec2",
+    "ImportKeyPair": "ec2",
+    "CreateSecurityGroup": "ec2",
+    "CreateLaunchTemplate": "ec2",
+    "CreateFleet": "ec2",
+    "RunInstances": "ec2",
+    "CreateImage": "ec2",
+    # Batch's: an environment's or queue's name is refused "already exists" (ClientException);
+    # a job definition sent again is registered again, a revision more.
+    "CreateComputeEnvironment": "batch",
+    "CreateJobQueue": "batch",
+    "RegisterJobDefinition": "batch",
 }
 IDEMPOTENT = {"RunInstances", "CreateFleet", "CreateLaunchTemplate"}  # by their ClientToken
 
@@ -76,7 +83,7 @@ def _before(faults: Faults, request: Request) -> Reply | None:
 
 
 def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
-    if request.service != "ec2" or request.action not in CREATES or not reply.ok:
+    if CREATES.get(request.action) != request.service or not reply.ok:
         return reply
     token = _token(request)
     if token:
@@ -85,6 +92,8 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
     if not lost(faults, request.action, faults.ordinal(f"{NAME}:{request.action}", about), attempt):
         return reply
     faults.count(NAME, f"{request.action} made, its answer lost")
+    if request.service == "batch":
+        return json_error("ServerException", "An internal error occurred.", 500)
     return query_error("InternalError", "An internal error has occurred.", 500)
 
 
