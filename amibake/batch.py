@@ -676,14 +676,19 @@ def queues(batch: Any, *names: str) -> list[dict[str, Any]]:
 
 
 def create_queue(batch: Any, **request: Any) -> None:
-    """CreateJobQueue, sent again by botocore after a lost answer: its "already exists" is the
-    first attempt's queue (made_once)."""
-    name = request["jobQueueName"]
+    _made_once(
+        batch, "job queue", request["jobQueueName"], lambda: batch.create_job_queue(**request)
+    )
+
+
+def _made_once(batch: Any, kind: str, name: str, create: Callable[[], object]) -> None:
+    """A compute environment's or queue's create, sent again by botocore after a lost answer:
+    its "already exists" is the first attempt's (made_once)."""
     made_once(
-        lambda: batch.create_job_queue(**request),
+        create,
         "ClientException",
-        lambda: _described(batch, "job queue", name),
-        "the job queue",
+        lambda: _described(batch, kind, name),
+        f"the {kind}",
         within_s=NEW_RESOURCE_VISIBLE_S,
         saying="already exists",
     )
@@ -743,13 +748,11 @@ def ensure_environment(
             if made:
                 time.sleep(wait_s * made)  # IAM propagates in seconds, at times minutes
             with creating("the compute environment"):
-                made_once(
+                _made_once(
+                    batch,
+                    "compute environment",
+                    name,
                     lambda: batch.create_compute_environment(**create),
-                    "ClientException",
-                    lambda: _described(batch, "compute environment", name),
-                    "the compute environment",
-                    within_s=NEW_RESOURCE_VISIBLE_S,
-                    saying="already exists",
                 )
                 made += 1
                 if on_created is not None:

@@ -172,26 +172,11 @@ def test_batch_creates_whose_answer_was_lost_are_taken_as_made(
 ) -> None:
     """Batch refuses a compute environment's or queue's create sent again "already exists"
     (ClientException): `batch up` and a bench on Batch failed there, the first one left."""
-    from amibake import batch
-    from fleet import bench
-    from tests.fleet.test_bench import assert_nothing_left, new_run, results_of
-    from tests.local.test_faults_batch import _image, _nothing_registered
+    from tests.local.test_faults_batch import _bench, _clean
 
     cloud = faulty("lost-answers", seed_where(only_first_lost(action, n)))
-    batch.up(cloud, [_image(cloud)])
-    run_id = new_run(
-        cloud,
-        executor="batch",
-        command="echo value=7",
-        metric="value=(\\d+)",
-        replicates=1,
-        warmups=0,
-    )
-    results = results_of(cloud)
-    summary = bench.execute(cloud, run_id, results)
+    run_id, summary = _bench(cloud)  # batch up, then a one-job bench on Batch
     assert all(t["ok"] for t in summary["types"].values()), summary
     counts = met(cloud)["lost-answers"]
     assert counts.get(f"{action} made, its answer lost") == 1, counts
-    assert_nothing_left(cloud, results, run_id, cloud.config.local_dir)
-    batch.down(cloud)
-    _nothing_registered(cloud)
+    _clean(cloud, run_id)  # nothing left of the run, then batch down leaves nothing
