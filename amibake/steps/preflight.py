@@ -126,7 +126,6 @@ class Lookups:
     161 calls), calls that count against the account's request rate on AWS."""
 
     base_amis: dict[str, str]  # SSM parameter -> AMI id
-    offered: set[str]  # instance types offered in the region
     memory: dict[str, int]  # instance type -> MiB
     # subnet_ids' network: where a launch must go without a default VPC (None: the default's)
     network: Network | None = None
@@ -135,6 +134,11 @@ class Lookups:
     # another base image's may be /dev/sda1, where a mapping of /dev/xvda added an empty
     # encrypted volume and left the root as the image had it)
     root_devices: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def offered(self) -> set[str]:
+        """The instance types offered in the region: in some AZ of it."""
+        return set(self.zones)
 
 
 def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
@@ -166,13 +170,12 @@ def look_up(cloud: Cloud, states: Sequence[InstanceState]) -> Lookups:
         parts = [look_up(cloud, [state]) for state in states]  # raises, naming the family
         return Lookups(
             {a: i for part in parts for a, i in part.base_amis.items()},
-            {t for part in parts for t in part.offered},
             {t: m for part in parts for t, m in part.memory.items()},
             network,
             {t: z for part in parts for t, z in part.zones.items()},
             {i: d for part in parts for i, d in part.root_devices.items()},
         )
-    return Lookups(base_amis, set(zones), memory, network, zones, root_devices)
+    return Lookups(base_amis, memory, network, zones, root_devices)
 
 
 def preflight_instance(
