@@ -180,3 +180,30 @@ def test_batch_creates_whose_answer_was_lost_are_taken_as_made(
     counts = met(cloud)["lost-answers"]
     assert counts.get(f"{action} made, its answer lost") == 1, counts
     _clean(cloud, run_id)  # nothing left of the run, then batch down leaves nothing
+
+
+def _retried_duplicate() -> botocore.exceptions.ClientError:
+    """A Duplicate as botocore raises it after it sent the create again (RetryAttempts 1)."""
+    return botocore.exceptions.ClientError(
+        {
+            "Error": {"Code": "InvalidGroup.Duplicate", "Message": "already exists"},
+            "ResponseMetadata": {"RetryAttempts": 1},
+        },
+        "CreateSecurityGroup",
+    )
+
+
+def test_a_retried_duplicate_that_names_nothing_of_the_run_is_a_one_line_error() -> None:
+    """The first attempt's resource not found within its window: said so, naming gc, not taken
+    for made (and not waited on for ever)."""
+    from amibake.errors import CloudError
+
+    def create() -> dict[str, str]:
+        raise _retried_duplicate()
+
+    with pytest.raises(CloudError, match=r"refused InvalidGroup\.Duplicate.*amibake gc"):
+        made_once(create, "InvalidGroup.Duplicate", lambda: None, "the group", within_s=0.0)
+    found = made_once(
+        create, "InvalidGroup.Duplicate", lambda: {"GroupId": "sg-1"}, "the group", within_s=0.0
+    )
+    assert found == {"GroupId": "sg-1"}
