@@ -173,8 +173,10 @@ def _await_pid(pid_file: Path, timeout_s: float) -> int | None:
     while time.monotonic() < deadline:
         try:
             return int(pid_file.read_text())
-        except FileNotFoundError:
-            # A few hundred checks at most: the agent starts the workload at once.
+        except (FileNotFoundError, ValueError):
+            # Not there yet, or caught as it is written (empty: a writer that does not rename,
+            # such as the test's, failed the monitor in a clean-clone run). A few hundred checks
+            # at most: the agent starts the workload at once.
             if _stop_requested(0.005):
                 return None
     return None
