@@ -89,8 +89,15 @@ def _check_shape(path: Path, text: str) -> None:
             raise UserError(f"{path}:1: column {number} has no name: name it in the header")
         if names.index(name) != number - 1:
             raise UserError(f"{path}:1: the column {name} appears twice: rename one")
+    blank = 0  # the line of a blank row, until a row follows it
     for row in reader:
-        if row and len(row) != len(header):
+        if not row:
+            blank = blank or reader.line_num
+            continue
+        if blank:
+            # pandas skips it, and every line named after it was one too high
+            raise UserError(f"{path}:{blank}: a blank line inside the table: remove it")
+        if len(row) != len(header):
             raise UserError(
                 f"{path}:{reader.line_num}: {len(row)} fields where the header has "
                 f"{len(header)} ({', '.join(names)}): a comma too many or too few"

@@ -229,10 +229,21 @@ class BenchSpec:
 
 
 def line_of(text: str, key: str) -> int | None:
-    """The line of `key = ...` or of a `[key]` table in a TOML text, for error messages."""
-    match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
+    """The line of `key = ...` or of a `[key]` table in a TOML text, for error messages; a
+    dotted key also as `last = ...` inside its table (`workers = {...}` under `[params]`)."""
+    # [ \t], not \s: \s matches a newline, and a blank line above the key was named.
+    match = re.search(rf"^[ \t]*{re.escape(key)}[ \t]*=", text, re.MULTILINE)
     if match is None:
-        match = re.search(rf"^\s*\[{re.escape(key)}\]", text, re.MULTILINE)
+        match = re.search(rf"^[ \t]*\[{re.escape(key)}\]", text, re.MULTILINE)
+    if match is None and "." in key:
+        table, last = key.rsplit(".", 1)
+        header = re.search(rf"^[ \t]*\[{re.escape(table)}\][ \t]*(#.*)?$", text, re.MULTILINE)
+        if header is not None:
+            end = re.search(r"^[ \t]*\[", text[header.end() :], re.MULTILINE)
+            body = text[header.end() : header.end() + end.start() if end else len(text)]
+            inner = re.search(rf"^[ \t]*{re.escape(last)}[ \t]*=", body, re.MULTILINE)
+            if inner is not None:
+                return text.count("\n", 0, header.end() + inner.start()) + 1
     return text.count("\n", 0, match.start()) + 1 if match else None
 
 

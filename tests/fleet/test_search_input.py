@@ -68,8 +68,10 @@ RUNS = "run,a,metric\n0,1,3.0\n1,1,3.1\n0,2,2.0\n1,2,2.2\n"
         (RUNS + ",3,2.5\n", "runs.csv:6: a configuration with no run: number each"),
         # taken for a third run of it, silently
         (RUNS + "0,1,9.0\n", "runs.csv:6: run 0 of the configuration of line 2 again; number "),
+        # pandas skips a blank line, and each line named after it was one too high
+        ("run,a,metric\n0,1,3.0\n\n,2,2.0\n", "runs.csv:3: a blank line inside the table"),
     ],
-    ids=["no-run-column", "configuration-without-a-run", "a-run-twice"],
+    ids=["no-run-column", "configuration-without-a-run", "a-run-twice", "a-blank-line"],
 )
 def test_a_bad_runs_table_is_refused_by_compare(
     sandbox: Path, capsys: pytest.CaptureFixture[str], table: str, says: str
@@ -78,8 +80,9 @@ def test_a_bad_runs_table_is_refused_by_compare(
     argv = ["tune", "compare", "--replay-runs", str(sandbox / "runs.csv"), "--budget", "2"]
     err = refused(argv, capsys)
     assert f"{sandbox}/{says}" in err, err
-    # The good table passes the same way: the refusal is the table's, not the command's.
-    (sandbox / "runs.csv").write_text(RUNS)
+    # The good table passes the same way: the refusal is the table's, not the command's. A
+    # blank line at its end moves no line: it passes.
+    (sandbox / "runs.csv").write_text(RUNS + "\n")
     assert fleet([*argv, "--seeds", "2"]) == 0
 
 
@@ -142,6 +145,19 @@ def test_a_scale_parameter_that_is_no_number_is_refused(
     (sandbox / "tune.toml").write_text(tune)
     err = refused(["tune", str(sandbox / "tune.toml")], capsys)
     assert f"{sandbox}/tune.toml:3: params.nodes: scale = true marks a node count" in err, err
+    # A blank line above the table was named as its line; a parameter written inline under
+    # [params] was named with no line at all.
+    for written, line in [
+        (tune.replace("[params.nodes]", "\n[params.nodes]"), 4),
+        (
+            tune.split("[params.nodes]")[0]
+            + '[params]\n\nnodes = {kind = "categorical", values = ["few", "many"], scale = true}\n',
+            5,
+        ),
+    ]:
+        (sandbox / "tune.toml").write_text(written)
+        err = refused(["tune", str(sandbox / "tune.toml")], capsys)
+        assert f"{sandbox}/tune.toml:{line}: params.nodes: scale = true marks" in err, err
     # Numbers are a scale; `nodes` is one without saying so, a label named nodes is not.
     assert (
         parse({"nodes": {"kind": "categorical", "values": [1, 2, 4]}}, "t", "", [])
