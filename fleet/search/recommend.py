@@ -30,7 +30,7 @@ PENALTY_SE = 1.0  # standard errors added to a mean before ranking: the price of
 @dataclass(frozen=True)
 class Recommendation:
     params: dict[str, Any]
-    loss: float  # the estimate of its mean loss
+    loss: float  # the estimate of its mean loss (arithmetic: what a user's runs average)
     low: float | None  # the interval of the mean loss (None: no replicate anywhere, no noise seen)
     high: float | None
     runs: int
@@ -64,6 +64,12 @@ class Scale:
         if self.sign == 0.0:
             return float(value)
         return float(self.sign * math.exp(self.sign * value))
+
+    def mean_back(self, value: float, sd: float) -> float:
+        """The arithmetic mean of losses whose own-terms mean is `value` and spread `sd`: in log
+        terms the back of a mean is the geometric mean, below the arithmetic by sd**2/2 (a
+        lognormal's), and the intervals were scored against the arithmetic mean."""
+        return self.back(value + self.sign * sd * sd / 2)
 
 
 @dataclass
@@ -152,8 +158,9 @@ def recommend(
     rivals = max(1, sum(len(v) > 1 for v in pooled.values.values()))
     tail = (1 - level) / rivals
     half = float(stats.t.ppf(1 - tail / 2, dof)) * sd / math.sqrt(len(runs))
-    low, high = sorted((pooled.scale.back(mean - half), pooled.scale.back(mean + half)))
+    back = pooled.scale.mean_back
+    low, high = sorted((back(mean - half, sd), back(mean + half, sd)))
     return Recommendation(
-        pooled.params[name], estimate, low, high, len(runs),
+        pooled.params[name], back(mean, sd), low, high, len(runs),
         f"mean of {len(runs)} run{'s' if len(runs) > 1 else ''}, {noise} ({level:.0%} interval)",
     )  # fmt: skip

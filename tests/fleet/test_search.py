@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from amibake.errors import UserError
-from fleet.noisy_replay import RunsReplay, compare_noisy
+from fleet.noisy_replay import RunsReplay, compare_noisy, run_search
 from fleet.search import engines
 from fleet.search.evaluation import Evaluation
 from fleet.search.features import Encoder, estimated_usd_per_vcpu_hour, facts
@@ -269,6 +269,33 @@ def test_noisy_replay_draws_runs_and_scores_the_recommendation(tmp_path: Path) -
     score = compare_noisy(path, TuneSpec(space, objective="metric"), ["gp"], 4, 20, 3)[0]
     assert all(math.isfinite(r) and r >= 1.0 for r in score.ratios)
     assert score.intervals == 4
+
+
+def test_noisy_replay_draws_each_recorded_run_before_any_again(tmp_path: Path) -> None:
+    """Two runs a configuration, drawn with replacement: one replicate in two was the very run
+    drawn before, the search's noise check took the twin figures for no noise, and the interval
+    was zero wide (6 of 12 seeds), missing the true mean."""
+    noise = random.Random(2)
+    rows = [
+        {"run": r, "x": x, "y": y, "metric": bowl({"x": x, "y": y}) * (1 + noise.gauss(0, 0.05))}
+        for x, y in itertools.product(range(10), range(8))
+        for r in range(2)
+    ]
+    path = _runs_table(tmp_path, rows)
+    space = parse(GRID, "t", "", []).holding(
+        [{"x": x, "y": y} for x, y in itertools.product(range(10), range(8))]
+    )
+    spec = TuneSpec(space, objective="metric")
+    replay = RunsReplay(path, spec, seed=0)
+    recorded = sorted(row["metric"] for row in rows if (row["x"], row["y"]) == (3, 5))
+    assert sorted(replay(0, {"x": 3, "y": 5}).loss for _ in range(2)) == recorded  # type: ignore[type-var]
+    chosen = [
+        run_search("gp", space, RunsReplay(path, spec, seed=s), s, 20, None) for s in range(8)
+    ]
+    widths = [
+        c.high - c.low for c in chosen if c is not None and c.low is not None and c.high is not None
+    ]
+    assert len(widths) == 8 and min(widths) > 0, widths
 
 
 def test_a_configuration_reads_back_from_hyperopt_s_own_record_of_it() -> None:
