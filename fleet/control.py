@@ -231,14 +231,22 @@ def status(results: Results, run_id: str) -> dict[str, Any]:
 
 def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A tune run's progress: trials asked and finished (by state) against its budget, money
-    spent, the best so far."""
-    from fleet.search.record import budget_changes, in_own_terms, run_spend
+    spent, the best trial so far and the recommendation through the noise (what `fleet tune`
+    and `fleet report` name: the best trial alone is the luckiest, winner's curse)."""
+    from fleet.search.record import (
+        budget_changes,
+        in_own_terms,
+        recommendation,
+        recommendation_text,
+        run_spend,
+    )
 
     trials = results.trials(run_id)
     final = trials[trials.state != "asked"] if len(trials) else trials
     ok = final[final.state == "ok"] if len(final) else final
     top = ok.loc[ok.loss.astype(float).idxmin()] if len(ok) else None
     objective = str(spec.get("objective", "runtime"))
+    chosen = recommendation(results, run_id) if top is not None else None
     return {
         "trials_budget": int({**spec, **budget_changes(results, run_id)}.get("trials", 20)),
         "trials_asked": int((trials.state == "asked").sum()) if len(trials) else 0,
@@ -247,6 +255,7 @@ def _search(results: Results, run_id: str, spec: dict[str, Any]) -> dict[str, An
         "spent_usd": run_spend(results, run_id),
         "best_loss": float(top.loss) if top is not None else None,
         "best": in_own_terms(objective, float(top.loss), top.metric) if top is not None else None,
+        "recommended": None if chosen is None else recommendation_text(objective, chosen),
     }
 
 
@@ -286,13 +295,15 @@ def status_text(s: dict[str, Any]) -> str:
     if s["kind"] == "tune":
         finished = s["trials_finished"]
         tally = ", ".join(f"{n} {state}" for state, n in finished.items())
-        best = s["best"] or "none feasible yet"
         lines = [
             f"run {s['run_id']} (tune): {s['state']}; {sum(finished.values())}/"
             f"{s['trials_budget']} trials finished{f' ({tally})' if tally else ''}, "
-            f"{s['trials_asked']} asked; {cost.dollars(s['spent_usd'])} spent; best {best}",
+            f"{s['trials_asked']} asked; {cost.dollars(s['spent_usd'])} spent"
+            + ("; none feasible yet" if s["recommended"] is None else ""),
             f"  {_span(s)}",
         ]
+        if s["recommended"] is not None:
+            lines.append(f"  recommended so far: {s['recommended']}")
         if s["state"] == "stopped":
             lines.append(f"finish it with: fleet tune --resume {s['run_id']}")
         return "\n".join(lines)

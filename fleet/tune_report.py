@@ -31,9 +31,16 @@ IMPORTANCE_TRIALS_PER_PARAM = 5
 PREFERENCES = ("time", "cost", "balanced")
 
 
-def recommend(ok: pd.DataFrame, prefer: str) -> pd.Series | None:
-    """The trial to pick for a stated preference: fastest, cheapest, or the best sum of the two
-    relative to their bests (balanced). Falls back to the loss where time or cost is unknown."""
+def recommend(ok: pd.DataFrame, prefer: str) -> dict[str, Any] | None:
+    """The configuration to pick for a stated preference: fastest, cheapest, or the best sum of
+    the two relative to their bests (balanced), each by its trials' mean through the noise as
+    the recommendation is (fleet/search/recommend.py). Falls back to the loss where time or cost
+    is unknown. The trial with the best single figure was named before: one lucky run of 0.90
+    among 1.30 beat three steady runs of 1.00."""
+    import json
+
+    from fleet.search.recommend import recommend as through_noise
+
     if ok.empty:
         return None
     if prefer not in PREFERENCES:
@@ -41,13 +48,27 @@ def recommend(ok: pd.DataFrame, prefer: str) -> pd.Series | None:
     seconds = ok.seconds.astype(float)
     cost = ok.cost_per_unit.astype(float)
     if prefer == "time" and seconds.notna().any():
-        return ok.loc[seconds.idxmin()]
-    if prefer == "cost" and cost.notna().any():
-        return ok.loc[cost.idxmin()]
-    if prefer == "balanced" and seconds.notna().all() and cost.notna().all():
-        score = seconds / seconds.min() + cost / cost.min()
-        return ok.loc[score.idxmin()]
-    return ok.loc[ok.loss.astype(float).idxmin()]
+        figure = seconds
+    elif prefer == "cost" and cost.notna().any():
+        figure = cost
+    elif prefer == "balanced" and seconds.notna().all() and cost.notna().all():
+        figure = seconds / seconds.min() + cost / cost.min()
+    else:
+        figure = ok.loss.astype(float)
+    known = figure.notna()
+    chosen = through_noise(
+        (json.loads(text), float(value))
+        for text, value in zip(ok.params[known], figure[known], strict=True)
+    )
+    if chosen is None:
+        return None
+    trials = [int(t) for t, text in zip(ok.trial, ok.params, strict=True)
+              if json.loads(text) == chosen.params]  # fmt: skip
+    return {
+        "params": json.dumps(chosen.params),
+        "trials": trials,
+        "basis": chosen.basis,
+    }
 
 
 def make_tune(
@@ -134,7 +155,11 @@ def make_tune(
             # A preference asked for (the fastest or cheapest run), or no noise-aware
             # recommendation to give. By default the one above stands alone: a second
             # "recommended" line from single runs named the luckiest one (winner's curse).
-            lines.append(f"recommended for {prefer}: trial {chosen.trial}: {chosen.params}")
+            numbers = ", ".join(str(t) for t in chosen["trials"])
+            lines.append(
+                f"recommended for {prefer}: {chosen['params']} (trial"
+                f"{'s' if len(chosen['trials']) > 1 else ''} {numbers}; {chosen['basis']})"
+            )
     else:
         lines.append("no feasible trial yet")
     shares = importance(ok)

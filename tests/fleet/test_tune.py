@@ -233,7 +233,7 @@ def test_resume_after_the_controller_stops_loses_and_repeats_no_trial(tmp_path: 
     finished = control.status(results, run_id)
     assert finished["state"] == "finished" and finished["trials_finished"] == {"ok": 16}
     assert control.status_text(finished).startswith(
-        f"run {run_id} (tune): finished; 16/16 trials finished (16 ok), 16 asked; $0.0000 spent;"
+        f"run {run_id} (tune): finished; 16/16 trials finished (16 ok), 16 asked; $0.0000 spent\n"
     )
     trials = results.trials(run_id)
     asked = trials[trials.state == "asked"]
@@ -797,6 +797,31 @@ def test_the_report_gives_one_recommendation_through_noise_not_the_luckiest_run(
     report = make_tune(results, results.require("ft-noisy"), tmp_path / "r", False, "balanced")
     said = [x for x in report.text.splitlines() if x.startswith("recommended")]
     assert len(said) == 1 and "{'block': 64}" in said[0], said
+    # `fleet status` names the same, not the best trial (the lucky 32 at 106)
+    status = control.status_text(control.status(results, "ft-noisy"))
+    assert "recommended so far: metric 103" in status and "{'block': 64}" in status, status
+
+
+def test_a_stated_preference_is_picked_through_the_noise_too(tmp_path: Path) -> None:
+    """--prefer cost named the trial with the cheapest single run: block 32's lucky 0.90 among
+    1.30, against block 64's steady 1.00, 1.01 and 0.99."""
+    from fleet.tune_report import make_tune
+
+    results = Results(tmp_path / "fleet.sqlite")
+    spec = {"replay": None, "objective": "cost", "algorithm": "auto", "trials": 5}
+    results.create_run("ft-prefer", "tune", spec, "aws", "us-east-1")
+    runs = [(64, 1.00), (32, 0.90), (64, 1.01), (32, 1.30), (64, 0.99)]
+    for trial, (block, usd) in enumerate(runs):
+        results.trial("ft-prefer", trial, "asked", {"block": block})
+        results.trial("ft-prefer", trial, "ok", {"block": block}, loss=usd, metric=usd,
+                      seconds=usd * 10, cost_per_unit=usd)  # fmt: skip
+    for prefer in ("cost", "time"):
+        report = make_tune(results, results.require("ft-prefer"), tmp_path / "r", False, prefer)
+        said = [x for x in report.text.splitlines() if x.startswith(f"recommended for {prefer}")]
+        assert said == [
+            f'recommended for {prefer}: {{"block": 64}} (trials 0, 2, 4; mean of 3 runs, noise '
+            "pooled over 3 replicates (95% interval))"
+        ], said
 
 
 def test_a_relative_replay_table_is_kept_absolute_for_a_resume_from_elsewhere(
