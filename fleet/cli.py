@@ -623,11 +623,12 @@ def _tune_compare(args: argparse.Namespace) -> int:
     _refuse_empty(args.objective_column, "--objective-column", "name the column to minimise")
     if args.space:
         changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
-        spec = tune.load(Path(args.space), changes)
+        spec = tune.load(Path(args.space), changes, searched=False)
     else:
         column = args.objective_column or "metric"
-        spec = tune.from_dict(replay.space_from_table(table, column), str(table))
+        spec = tune.from_dict(replay.space_from_table(table, column), str(table), searched=False)
     algorithms = _list(args.algorithms, "--algorithms") or ["auto", "tpe", "random", "grid"]
+    _check_readable(table, spec, algorithms, from_table=not args.space)
     evaluator = replay.ReplayEvaluator(table, spec)
     searched = len(evaluator.configurations())  # what the table holds of the space
     _check_compare(args, algorithms, spec, searched)
@@ -664,12 +665,13 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
     _refuse_empty(args.objective_column, "--objective-column", "name the column to minimise")
     if args.space:  # its objective, column and constraints, as `compare --replay` reads them
         changes = {"replay": str(table.resolve()), "replay_column": args.objective_column}
-        spec = tune.load(Path(args.space), changes)
+        spec = tune.load(Path(args.space), changes, searched=False)
     else:
         column = args.objective_column or "metric"
         raw = replay.space_from_table(table, column, exclude=noisy_replay.RUN_COLUMNS)
-        spec = tune.from_dict(raw, str(table))
+        spec = tune.from_dict(raw, str(table), searched=False)
     algorithms = _list(args.algorithms, "--algorithms") or ["auto", "gp", "forest", "tpe", "random"]
+    _check_readable(table, spec, algorithms, from_table=not args.space)
     _check_compare(args, algorithms, spec, replicates=True)
     startup = spec.startup if args.startup_trials is None else args.startup_trials
     rows = noisy_replay.compare_noisy(table, spec, algorithms, args.seeds, args.budget, startup)
@@ -681,6 +683,29 @@ def _tune_compare_runs(args: argparse.Namespace) -> int:
     }
     print_result(args, summary, lambda _: text)
     return 0
+
+
+def _check_readable(table: Path, spec: TuneSpec, algorithms: list[str], from_table: bool) -> None:
+    """An instance type the model searches cannot read, refused only if one of them is to run
+    (it was refused by the tune file's default algorithm, auto, under --algorithms random),
+    naming the table's line of it where the space is the table's own."""
+    from fleet import replay
+    from fleet.search.features import UNREAD, unread_type
+    from fleet.tune_spec import MODEL_ALGORITHMS
+
+    models = [name for name in algorithms if name in MODEL_ALGORITHMS]
+    unread = unread_type(spec.space) if models else None
+    if unread is None:
+        return
+    name, value = unread
+    where = spec.space.origin(name)
+    if from_table:
+        rows = replay.read_table(table)[name].astype(str).tolist()
+        where = f"{table}:{rows.index(str(value)) + 2}"  # 1: the header
+    raise UserError(
+        f"{where}: {name} {value!r} {UNREAD} leave {', '.join(models)} out of --algorithms "
+        "(tpe, random and grid read a type as a name)"
+    )
 
 
 def _check_compare(

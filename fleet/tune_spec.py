@@ -104,12 +104,12 @@ class TuneSpec:
         return self.startup_trials
 
 
-def load(path: Path, overrides: dict[str, Any] | None = None) -> TuneSpec:
+def load(path: Path, overrides: dict[str, Any] | None = None, *, searched: bool = True) -> TuneSpec:
     """A tune file with command-line values on top (`overrides`: None for a flag not given)."""
     text, data = tomlfile.read(path, "tune file")
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(given)
-    return from_dict(data, str(path), text, path.parent, flags=given)
+    return from_dict(data, str(path), text, path.parent, flags=given, searched=searched)
 
 
 def from_dict(
@@ -118,9 +118,12 @@ def from_dict(
     text: str = "",
     base: Path = Path("."),
     flags: Collection[str] = (),
+    *,
+    searched: bool = True,
 ) -> TuneSpec:
     """A tune spec, every value checked; `flags` are the keys the command line gave, whose
-    errors name the flag rather than the file."""
+    errors name the flag rather than the file. `searched`: by its own algorithm (`compare`
+    runs the algorithms it is given, and checks the space for them)."""
 
     def fail(key: str, message: str) -> UserError:
         if key in flags:
@@ -258,7 +261,7 @@ def from_dict(
         raise fail("expected_runtime", str(exc)) from None
     if algorithm == "grid":
         space.size()  # a continuous parameter is refused here, not mid-search
-    if algorithm in MODEL_ALGORITHMS:
+    if algorithm in MODEL_ALGORITHMS and searched:
         from fleet.search.features import unexplained
 
         # A type the model cannot read as features: refused before the run is recorded (it

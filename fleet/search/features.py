@@ -239,22 +239,38 @@ def has_types(space: Space) -> bool:
     return any(_kind(param) == "type" for param in space.params.values())
 
 
-def unexplained(space: Space) -> UserError | None:
-    """The refusal for an instance type the search is to read as features but neither its name
-    nor the catalog explains, naming where the space gives it; None when every one is read."""
+def unread_type(space: Space) -> tuple[str, Any] | None:
+    """(parameter, value) of the first instance type the search is to read as features but
+    neither its name nor the catalog explains; None when every one is read."""
     for name, param in space.params.items():
         if param.kind != "categorical" or name != TYPE:
             continue
         for value in param.options():
             if not explains(str(value)):
-                return UserError(
-                    f"{space.origin(name)}: params.{name}: {value!r} is neither named as AWS "
-                    "names types (FAMILY.SIZE, such as c7a.2xlarge) nor priced in the catalog, "
-                    "so the search cannot read its class, processor and size: refresh the "
-                    "catalog (`fleet prices --refresh`), or search it with algorithm = "
-                    '"tpe", "random" or "grid"'
-                )
+                return name, value
     return None
+
+
+# What a type the model cannot read leaves the user: a search that reads names, or a catalog
+# that knows it
+UNREAD = (
+    "is neither named as AWS names types (FAMILY.SIZE, such as c7a.2xlarge) nor priced in the "
+    "catalog, so the search cannot read its class, processor and size: refresh the catalog "
+    "(`fleet prices --refresh`), or"
+)
+
+
+def unexplained(space: Space) -> UserError | None:
+    """The refusal for an instance type the search is to read as features but neither its name
+    nor the catalog explains, naming where the space gives it; None when every one is read."""
+    unread = unread_type(space)
+    if unread is None:
+        return None
+    name, value = unread
+    return UserError(
+        f'{space.origin(name)}: params.{name}: {value!r} {UNREAD} search it with algorithm = "tpe", '
+        '"random" or "grid"'
+    )
 
 
 class Encoder:

@@ -214,6 +214,27 @@ def test_a_type_the_model_cannot_read_is_refused_before_the_run_is_recorded(
     assert fleet(["tune", str(sandbox / "tune.toml"), "--algorithm", "random"]) == 0
 
 
+@pytest.mark.parametrize("runs", [False, True], ids=["replay", "replay-runs"])
+def test_compare_refuses_an_unread_type_only_for_the_model_searches_it_runs(
+    sandbox: Path, capsys: pytest.CaptureFixture[str], runs: bool
+) -> None:
+    """The table's space was checked for the tune file's default algorithm (auto), so
+    `--algorithms random` was refused too, with no line, advising what it already did."""
+    head, rows = "instance_type,metric", ["c7a.large,2", "c7a.xlarge,2.1", "mac1.metal,1"]
+    if runs:  # two runs of c7a.large, one of mac1.metal
+        rows = ["0,c7a.large,2", "1,c7a.large,2.1", "0,mac1.metal,1"]
+        head = "run," + head
+    (sandbox / "t.csv").write_text("\n".join([head, *rows]) + "\n")
+    flag = "--replay-runs" if runs else "--replay"
+    argv = ["tune", "compare", flag, str(sandbox / "t.csv"), "--budget", "2", "--seeds", "2"]
+    assert fleet([*argv, "--algorithms", "random,tpe"]) == 0
+    err = refused([*argv, "--algorithms", "random,gp"], capsys)
+    assert f"{sandbox}/t.csv:4: instance_type 'mac1.metal' is neither named" in err, err
+    assert err.rstrip().endswith(
+        "leave gp out of --algorithms (tpe, random and grid read a type as a name)"
+    )
+
+
 def test_a_catalog_type_the_convention_does_not_size_is_read_from_the_catalog() -> None:
     metal = facts("c6i.metal")
     known = facts("c6i.32xlarge")
