@@ -268,8 +268,8 @@ def unexplained(space: Space) -> UserError | None:
         return None
     name, value = unread
     return UserError(
-        f'{space.origin(name)}: params.{name}: {value!r} {UNREAD} search it with algorithm = "tpe", '
-        '"random" or "grid"'
+        f"{space.origin(name)}: params.{name}: {value!r} {UNREAD} search it with algorithm = "
+        '"tpe", "random" or "grid"'
     )
 
 
