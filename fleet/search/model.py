@@ -13,11 +13,12 @@ Three phases over a budget of N trials:
    run failed runs once more, at a shape with at least the memory of one that ran (RETRIES),
    and, with a node count, the surrogate learns what a cluster's scaling curve leaves
    (fleet/search/scaling.py, CURVE_FROM);
-3. with N >= RACE_FROM, one replicate of the incumbent at the start of the last 40% tells
+3. with N >= RACE_FROM (12), one replicate of the incumbent at the start of the last 40% tells
    whether the measurements are noisy. If they are, the rest of the budget races the finalists
-   (the configuration whose optimistic bound is lowest runs again), so that the recommendation
-   (fleet/search/recommend.py) rests on several runs and not on one lucky one. If not (a replayed
-   table, a deterministic simulation), the last third explores like the rest.
+   (fleet/search/racing.py: the configuration whose optimistic bound is lowest runs again), so
+   that the recommendation (fleet/search/recommend.py) rests on several runs and not on one
+   lucky one. If not (a replayed table, a deterministic simulation), the last third explores
+   like the rest.
 """
 
 from __future__ import annotations
@@ -29,16 +30,13 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from fleet.search import racing
 from fleet.search.features import Encoder, has_types
 from fleet.search.recommend import Pooled
 from fleet.search.scaling import Curve
 from fleet.space import Param, Space, key
 
 MAX_CANDIDATES = 4000  # a larger or continuous space is searched over this many samples of it
-RACE_FROM = 12  # budgets below this explore to the end: a replicate costs too large a share
-RACE_SHARE = 0.4  # of 0.3-0.5 on the kernels runs table, 0.4 measured best (bench_search)
-FINALISTS = 3  # each run at least twice before racing picks among them
-SAME = 1e-9  # relative: a replicate this close to the first run is the same measurement
 # The start design: the POOL share of the candidates nearest CENTRE on the ordered axes
 # (features span [0, 1]); a point that brings a new processor, class or generation outscores any
 # gain in distance (COVER); on the ordered axes distance counts half (SIZED_WEIGHT).
@@ -239,7 +237,7 @@ class ModelSearch:
         self.curve = None if clusters is None else Curve(*clusters.T)
         self.budget = budget
         self.startup = start_trials(budget) if startup is None else startup
-        self.race_at = budget - round(budget * RACE_SHARE) if budget >= RACE_FROM else None
+        self.race_at = racing.race_at(budget)
         self.runs: dict[int, list[float | None]] = {}
         self.pending: dict[int, int] = {}  # trial -> candidate
         self.count = 0
@@ -270,11 +268,7 @@ class ModelSearch:
         runs = self.runs.setdefault(chosen, [])
         runs.append(loss)
         if trial == self.check:
-            first, again = runs[0], loss
-            if first is None or again is None:
-                self.noisy = False  # a failure twice says nothing of noise; explore on
-            else:
-                self.noisy = abs(again - first) > SAME * max(abs(first), abs(again), 1e-300)
+            self.noisy = racing.noisy(runs[0], loss)
 
     # -- choosing ------------------------------------------------------------------------------
     def _choose(self) -> int | None:
@@ -517,27 +511,14 @@ class ModelSearch:
         return parts[0] + parts[1]
 
     def _race(self, busy: set[int]) -> int | None:
-        """Replicates among the finalists. First each of the FINALISTS best by mean gets a
-        second run: racing one configuration alone, the one kept is the one whose draws stayed
-        lucky, and its own runs then understate the noise (a recommendation 5% better than its
-        true mean, inside an interval of +-1%, was seen that way). Then the configuration that
-        could still be best runs again: lowest mean minus two standard errors."""
-        pooled = Pooled.of((self.candidates[i], r) for i, runs in self.runs.items() for r in runs)
-        if not pooled.values:
-            return None
-        by_mean = sorted(pooled.values, key=lambda name: float(np.mean(pooled.values[name])))
-        for name in by_mean[:FINALISTS]:
-            if len(pooled.values[name]) < 2 and self.index[name] not in busy:
-                return self.index[name]
-        sd = pooled.sd if pooled.sd is not None else 0.0
-        bounds = sorted(
-            (float(np.mean(v)) - 2 * sd / math.sqrt(len(v)), name)
-            for name, v in pooled.values.items()
+        """Replicates among the finalists (racing.next_replicate), by candidate."""
+        names = {i: key(self.candidates[i]) for i in self.runs}
+        name = racing.next_replicate(
+            {names[i]: runs for i, runs in self.runs.items()},
+            {names[i]: self.candidates[i] for i in self.runs},
+            {key(self.candidates[i]) for i in busy},
         )
-        for _, name in bounds:
-            if self.index[name] not in busy:
-                return self.index[name]
-        return self.index[bounds[0][1]]
+        return None if name is None else self.index[name]
 
 
 def forest(space: Space, seed: int, startup: int | None, budget: int) -> ModelSearch:
