@@ -797,7 +797,7 @@ def param(body: str, start: str, id: str, head: str = TUNE_HEAD) -> Any:
 
 PARAMS = [
     tune_file(TUNE_HEAD, "{tmp}/tune.toml: the search space is empty", "params:none"),
-    tune_file(TUNE_HEAD + "[params]\na = 5\n", "{tmp}/tune.toml: params.a: must be a table",
+    tune_file(TUNE_HEAD + "[params]\na = 5\n", "{tmp}/tune.toml:4: params.a: must be a table",
               "params:not-a-table"),
     param('kind = "normal"\n', "{tmp}/tune.toml:3: params.a: unknown kind 'normal'", "kind"),
     # Into the instance's shell as written (a build's CFLAGS="...", as root; a replicate's
