@@ -107,19 +107,26 @@ def test_every_engine_suggests_the_same_given_the_same_seed(algorithm: str) -> N
     assert len({space_key(p) for p, _ in first}) == 8  # no configuration twice here
 
 
-def test_a_deterministic_table_is_replicated_once_then_explored() -> None:
-    seen = run("gp", bowl, 15)
+# hyperopt's engines race in a wrapper (fleet/search/racing.py): asking no configuration twice,
+# they recommended one lucky run under noise, without an interval.
+RACERS = ["gp", "tpe", "random"]
+
+
+@pytest.mark.parametrize("algorithm", RACERS)
+def test_a_deterministic_table_is_replicated_once_then_explored(algorithm: str) -> None:
+    seen = run(algorithm, bowl, 15)
     repeats = len(seen) - len({space_key(p) for p, _ in seen})
     assert repeats == 1  # the noise check: the same figure twice, so no racing
 
 
-def test_noisy_measurements_are_raced_and_recommended_with_an_interval() -> None:
+@pytest.mark.parametrize("algorithm", RACERS)
+def test_noisy_measurements_are_raced_and_recommended_with_an_interval(algorithm: str) -> None:
     noise = random.Random(0)
 
     def noisy(params: dict[str, Any]) -> float:
         return bowl(params) * (1 + noise.gauss(0, 0.05))
 
-    seen = run("gp", noisy, 24)
+    seen = run(algorithm, noisy, 24)
     repeats = len(seen) - len({space_key(p) for p, _ in seen})
     assert repeats >= 4  # the last third replicates the finalists
     chosen = recommend(seen)
