@@ -224,6 +224,8 @@ def broken(spec: TuneSpec, row: dict[str, Any]) -> str:
 class ReplayEvaluator:
     """Trials looked up in a recorded table (one row per configuration) instead of run."""
 
+    noisy = False  # a lookup gives the same figure each time: a search spends no noise check
+
     def __init__(self, path: Path, spec: TuneSpec) -> None:
         # A table holds configurations, looked up exactly: a continuous parameter's draws (a
         # uniform 1.4417...) are never in it, and every trial failed "not in the replay table".
@@ -470,7 +472,9 @@ def compare(
     for algorithm in algorithms:
         comparison = Comparison(algorithm, [], [], [])
         for seed in range(seeds):
-            engine = engines.make(algorithm, space, seed, spec.startup, budget)
+            engine = engines.make(
+                algorithm, space, seed, spec.startup, budget, noisy=evaluator.noisy
+            )
             best_so_far = math.inf
             curve: list[float] = []
             reached: dict[float, int | None] = {0.02: None, 0.05: None}

@@ -164,7 +164,11 @@ def _search(
     # and goes on past that budget.
     first = results.require(run_id)["spec"].get("trials", TuneSpec.trials)  # the default if unset
     planned = replace(spec, trials=int(first))
-    engine = new_engine(spec.space, spec.algorithm, spec.seed, planned.startup, planned.trials)
+    # A replay table's lookup is known to be without noise: no trial spent finding that out
+    noisy = getattr(evaluate, "noisy", None)
+    engine = new_engine(
+        spec.space, spec.algorithm, spec.seed, planned.startup, planned.trials, noisy
+    )
     if hasattr(evaluate, "results"):  # a cloud evaluator records its replicates in the run
         evaluate.run_id, evaluate.results = run_id, results  # type: ignore[attr-defined]
     in_flight = _replay_record(engine, results, run_id)

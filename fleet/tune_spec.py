@@ -330,10 +330,15 @@ def _container(data: dict[str, Any], space: Space, fail: Any) -> dict[str, Any]:
 
 
 def new_engine(
-    space: Space, algorithm: str, seed: int, startup: int | None, budget: int
+    space: Space,
+    algorithm: str,
+    seed: int,
+    startup: int | None,
+    budget: int,
+    noisy: bool | None = None,
 ) -> engines.Engine:
     """The search engine of a run (fleet/search/engines.py names them)."""
-    return engines.make(algorithm, space, seed, startup, budget)
+    return engines.make(algorithm, space, seed, startup, budget, noisy=noisy)
 
 
 def loss_of(spec: TuneSpec, evaluation: Evaluation) -> float | None:

@@ -38,9 +38,22 @@ class Engine(Protocol):
         """A trial's loss (lower is better); None for a trial that failed or broke a target."""
 
 
-def make(algorithm: str, space: Space, seed: int, startup: int | None, budget: int) -> Engine:
+def make(
+    algorithm: str,
+    space: Space,
+    seed: int,
+    startup: int | None,
+    budget: int,
+    *,
+    noisy: bool | None = None,
+) -> Engine:
+    """The named engine. `noisy` False: the evaluator is a lookup (a replay table gives the same
+    figure each time), so an engine that races (fleet/search/racing.py: its `noisy`, None until
+    its noise check settles it) spends no trial on that check."""
     module, factory = ALGORITHMS[algorithm].split(":")
     engine: Engine = getattr(importlib.import_module(module), factory)(space, seed, startup, budget)
+    if noisy is not None and hasattr(engine, "noisy"):
+        engine.noisy = noisy
     return engine
 
 

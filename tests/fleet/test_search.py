@@ -117,6 +117,11 @@ def test_a_deterministic_table_is_replicated_once_then_explored(algorithm: str) 
     seen = run(algorithm, bowl, 15)
     repeats = len(seen) - len({space_key(p) for p, _ in seen})
     assert repeats == 1  # the noise check: the same figure twice, so no racing
+    # An engine told its evaluator is a lookup (a replay table) spends no trial on the check.
+    engine = engines.make(algorithm, parse(GRID, "t", "", []), 0, 3, 15, noisy=False)
+    looked_up = engines.one_at_a_time(engine, lambda _, p: Evaluation("ok", loss=bowl(p)), 15)
+    asked = [space_key(p) for p, _ in looked_up]
+    assert len(asked) == 15 and len(set(asked)) == 15, asked
 
 
 @pytest.mark.parametrize("algorithm", RACERS)
