@@ -122,6 +122,24 @@ def test_the_product_reaches_the_local_cloud_only_through_connect() -> None:
     assert crossing == set(), crossing
 
 
+# What fleet's search core (fleet/search) may import outside itself: the space it searches, the
+# price catalog its features read, the results its record reads, and the errors. Never an
+# evaluator (replay, cloud trials, bench), the tune file's spec or the CLI (issue 22's shape).
+SEARCH_CORE_READS = {"fleet.space", "fleet.prices", "fleet.results", "amibake.errors"}
+
+
+def test_the_search_core_depends_on_no_evaluator_nor_the_cli() -> None:
+    graph = _imports()
+    crossing = {
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("fleet.search")
+        for target in targets
+        if not target.startswith("fleet.search") and target not in SEARCH_CORE_READS
+    }
+    assert crossing == set(), crossing
+
+
 def test_the_circle_finder_finds_a_circle() -> None:
     """The finder itself can fail: a made-up graph with one circle and one chain."""
     graph: dict[str, set[str]] = defaultdict(set, {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})

@@ -7,6 +7,9 @@ on, depending on none of them.
 - `features`: configurations as numbers a model can learn from (an instance type's class,
   generation, processor and size; ordered values as numbers).
 - `recommend`: the configuration to use, estimated through the noise, with an interval.
+- `racing`: the last share of a budget spent on replicates of the finalists, for any engine.
+- `record`: what a search's record in the results database says (best, recommendation, spend).
 
-The space itself (`fleet.space`) is the only other part of fleet it reads.
+Outside itself it reads only the space (`fleet.space`), the price catalog (`fleet.prices`), the
+results database (`fleet.results`) and amibake's errors; tests/test_layers.py holds it to that.
 """
