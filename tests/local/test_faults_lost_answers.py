@@ -182,6 +182,32 @@ def test_batch_creates_whose_answer_was_lost_are_taken_as_made(
     _clean(cloud, run_id)  # nothing left of the run, then batch down leaves nothing
 
 
+@pytest.mark.parametrize(
+    ("action", "n"),
+    # the service-linked role, the instances' role and profile, the jobs' role and the bucket
+    [("CreateServiceLinkedRole", 1), ("CreateRole", 1), ("CreateInstanceProfile", 1),
+     ("CreateRole", 2), ("CreateBucket", 1)],
+)  # fmt: skip
+def test_iam_and_s3_creates_whose_answer_was_lost_are_taken_as_made(
+    faulty: Callable[[str, int], Cloud], action: str, n: int
+) -> None:
+    """IAM answers a role's or profile's create sent again EntityAlreadyExists, S3 a bucket's
+    200 in us-east-1 (BucketAlreadyOwnedByYou elsewhere): `batch up` takes each for what the
+    first attempt made, and `batch down` leaves nothing registered."""
+    from amibake import batch
+    from tests.local.test_faults_batch import _image, _nothing_registered
+
+    cloud = faulty("lost-answers", seed_where(only_first_lost(action, n)))
+    batch.up(cloud, [_image(cloud)])
+    counts = met(cloud)["lost-answers"]
+    assert counts.get(f"{action} made, its answer lost") == 1, counts
+    iam = cloud.client("iam")
+    roles = [r["RoleName"] for r in iam.list_roles()["Roles"]]
+    assert len(roles) == len(set(roles)), roles  # none made twice
+    batch.down(cloud)
+    _nothing_registered(cloud)
+
+
 def _retried_duplicate() -> botocore.exceptions.ClientError:
     """A Duplicate as botocore raises it after it sent the create again (RetryAttempts 1)."""
     return botocore.exceptions.ClientError(

@@ -13,15 +13,24 @@ IdempotentParameterMismatch); the AWS SDKs and Tools reference guide, "Retry beh
 500 and timeouts are retried, whatever the operation); skypilot-org/skypilot#4584 (a security
 group's create answered InvalidGroup.Duplicate, and the group was found by its name).
 
-Locally: a share of the EC2 and Batch creates (SHARE) that moto made have their answer replaced
-by the service's 500 (EC2's InternalError, Batch's ServerException), drawn by the request's place
+Locally: a share of the EC2, Batch, IAM and S3 creates (SHARE) that moto made have their answer
+replaced by the service's 500 (EC2's InternalError, Batch's ServerException, IAM's
+ServiceFailure, S3's InternalError), drawn by the request's place
 among its action's and its attempt; the gateway keeps each ClientToken's first answer and gives
 it to the same request sent again.
 """
 
 from __future__ import annotations
 
-from amibake.local.faults import Behaviour, Faults, Reply, Request, json_error, query_error
+from amibake.local.faults import (
+    Behaviour,
+    Faults,
+    Reply,
+    Request,
+    json_error,
+    query_error,
+    s3_error,
+)
 
 NAME = "lost-answers"
 SHARE = 0.05  # of the creates below (AWS: rare, but a run makes dozens and retries them all)
@@ -39,6 +48,13 @@ CREATES = {
     "CreateComputeEnvironment": "batch",
     "CreateJobQueue": "batch",
     "RegisterJobDefinition": "batch",
+    # IAM's: a role's or instance profile's name sent again is EntityAlreadyExists, the
+    # service-linked role's InvalidInput ("has been taken in this account").
+    "CreateServiceLinkedRole": "iam",
+    "CreateRole": "iam",
+    "CreateInstanceProfile": "iam",
+    # S3's: a bucket's name sent again is BucketAlreadyOwnedByYou (us-east-1: 200, as the first)
+    "CreateBucket": "s3",
 }
 IDEMPOTENT = {"RunInstances", "CreateFleet", "CreateLaunchTemplate"}  # by their ClientToken
 
@@ -94,6 +110,10 @@ def _after(faults: Faults, request: Request, reply: Reply) -> Reply:
     faults.count(NAME, f"{request.action} made, its answer lost")
     if request.service == "batch":
         return json_error("ServerException", "An internal error occurred.", 500)
+    if request.service == "iam":
+        return query_error("ServiceFailure", "Request processing has failed.", 500)
+    if request.service == "s3":
+        return s3_error("InternalError", "We encountered an internal error. Please try again.", 500)
     return query_error("InternalError", "An internal error has occurred.", 500)
 
 
