@@ -304,13 +304,7 @@ class ModelSearch:
         return self._improvement(untried)
 
     def _results(self) -> dict[int, float]:
-        """Each candidate run with a result: its mean loss."""
-        out = {}
-        for i, runs in self.runs.items():
-            good = [r for r in runs if r is not None]
-            if good:
-                out[i] = float(np.mean(good))
-        return out
+        return racing.means(self.runs)
 
     def _spread(self, untried: list[int]) -> int:
         """The start design: mid-size on the ordered axes (sizes, counts, numbers: their

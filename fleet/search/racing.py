@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ RACE_FROM = 12  # budgets below this explore to the end: a replicate costs too l
 RACE_SHARE = 0.4  # of 0.3-0.5 on the kernels runs table, 0.4 measured best (bench_search)
 FINALISTS = 3  # each run at least twice before racing picks among them
 SAME = 1e-9  # relative: a replicate this close to the first run is the same measurement
+K = TypeVar("K")  # a configuration's handle: its key, or a candidate's index
 
 
 # A wrapped engine's share. On the kernels runs table (30 seeds; random at 18 evaluations, TPE
@@ -133,10 +134,14 @@ class Racing:
         return trial
 
     def _results(self) -> dict[str, float]:
-        """Each configuration run with a result: its mean loss."""
-        out = {}
-        for name, losses in self.runs.items():
-            good = [r for r in losses if r is not None]
-            if good:
-                out[name] = float(np.mean(good))
-        return out
+        return means(self.runs)
+
+
+def means(runs: Mapping[K, list[float | None]]) -> dict[K, float]:
+    """Each configuration run with a result: its mean loss (its failed runs left out)."""
+    out = {}
+    for name, losses in runs.items():
+        good = [r for r in losses if r is not None]
+        if good:
+            out[name] = float(np.mean(good))
+    return out
