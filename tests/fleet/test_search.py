@@ -265,14 +265,18 @@ def _runs_table(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def test_noisy_replay_draws_runs_and_scores_the_recommendation(tmp_path: Path) -> None:
-    noise = random.Random(1)
-    rows = [
+def _noisy_bowl(xs: int, ys: int, runs: int, seed: int) -> list[dict[str, Any]]:
+    """`runs` recorded runs of each point of the bowl, 5% noise on each."""
+    noise = random.Random(seed)
+    return [
         {"run": r, "x": x, "y": y, "metric": bowl({"x": x, "y": y}) * (1 + noise.gauss(0, 0.05))}
-        for x, y in itertools.product(range(20), range(20))
-        for r in range(6)
+        for x, y in itertools.product(range(xs), range(ys))
+        for r in range(runs)
     ]
-    path = _runs_table(tmp_path, rows)
+
+
+def test_noisy_replay_draws_runs_and_scores_the_recommendation(tmp_path: Path) -> None:
+    path = _runs_table(tmp_path, _noisy_bowl(20, 20, 6, seed=1))
     space = parse(GRID, "t", "", [])
     replay = RunsReplay(path, TuneSpec(space, objective="metric"), seed=0)
     draws = {replay(0, {"x": 13, "y": 4}).loss for _ in range(20)}
@@ -287,12 +291,7 @@ def test_noisy_replay_draws_each_recorded_run_before_any_again(tmp_path: Path) -
     """Two runs a configuration, drawn with replacement: one replicate in two was the very run
     drawn before, the search's noise check took the twin figures for no noise, and the interval
     was zero wide (6 of 12 seeds), missing the true mean."""
-    noise = random.Random(2)
-    rows = [
-        {"run": r, "x": x, "y": y, "metric": bowl({"x": x, "y": y}) * (1 + noise.gauss(0, 0.05))}
-        for x, y in itertools.product(range(10), range(8))
-        for r in range(2)
-    ]
+    rows = _noisy_bowl(10, 8, 2, seed=2)
     path = _runs_table(tmp_path, rows)
     space = parse(GRID, "t", "", []).holding(
         [{"x": x, "y": y} for x, y in itertools.product(range(10), range(8))]
