@@ -152,9 +152,9 @@ def make_tune(
                 lines.append(f"bake it: {bake} (the recipe built with these flags, in an image)")
                 details["recommended"]["bake"] = bake
         if prefer != "balanced" or through_noise is None:
-            # A preference asked for (the fastest or cheapest run), or no noise-aware
-            # recommendation to give. By default the one above stands alone: a second
-            # "recommended" line from single runs named the luckiest one (winner's curse).
+            # A preference asked for (the fastest or cheapest configuration, by its mean), or
+            # no noise-aware recommendation to give. By default the one above stands alone: a
+            # second "recommended" line from single runs named the luckiest one (winner's curse).
             numbers = ", ".join(str(t) for t in chosen["trials"])
             lines.append(
                 f"recommended for {prefer}: {chosen['params']} (trial"
