@@ -40,7 +40,11 @@ def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("local-cloud")
 
 
-@pytest.fixture(scope="session")
+# autouse: set before any module's fixture patches the same variables for a local cloud of its
+# own (tests/helpers.own_local_cloud). Set inside one, the session's values were undone with it:
+# test_inventory run before test_bake left the session with no AMIBAKE_CLOUD, so gc went to AWS
+# ("no AWS credentials found").
+@pytest.fixture(scope="session", autouse=True)
 def local_env(
     local_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, str]]:
@@ -61,7 +65,13 @@ def local_env(
 
 @pytest.fixture(scope="session")
 def cloud(local_env: dict[str, str], local_dir: Path) -> Iterator[Cloud]:
-    cfg = config.load()
+    # Loaded from the session's own variables, not whatever a module's fixture set for a cloud
+    # of its own: first asked for inside one, the session's cloud was that module's, and dead
+    # once the module took it down (test_inventory, then test_bake: connection refused).
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in local_env.items():
+            patch.setenv(key, value)
+        cfg = config.load()
     yield connect(cfg)
     control.down(cfg)
     left = leftovers(local_dir)
