@@ -325,19 +325,22 @@ def run_each(
     once; Ctrl-C unwinds them all. A step that raises Rerun gets a fresh instance, a few times."""
 
     def attempts(state: InstanceState) -> None:
+        def reclaimed(exc: BaseException) -> Rerun | None:
+            # Spot may reclaim the instance at any stage (connecting, staging, installing),
+            # not only mid-replicate: that is a rerun, not a failure.
+            if not isinstance(exc, (AmibakeError, botocore.exceptions.ClientError)):
+                return None
+            if isinstance(exc, Rerun) or not state.instance_id:
+                return None
+            if not _spot_reclaimed(context, state.instance_id):
+                return None
+            return Rerun(f"spot reclaimed {state.instance_id} ({exc})")
+
         while True:
-            instance_id = ""
             try:
-                try:
-                    Runner(context, make_steps(context), on_boundary, state.label).run(state)
-                    return
-                except (AmibakeError, botocore.exceptions.ClientError) as exc:
-                    # Spot may reclaim the instance at any stage (connecting, staging,
-                    # installing), not only mid-replicate: that is a rerun, not a failure.
-                    instance_id = instance_id or state.instance_id
-                    if instance_id and _spot_reclaimed(context, instance_id):
-                        raise Rerun(f"spot reclaimed {instance_id} ({exc})") from exc
-                    raise
+                steps = make_steps(context)
+                Runner(context, steps, on_boundary, state.label, rerun_if=reclaimed).run(state)
+                return
             except Rerun as exc:
                 if state.attempt + 1 >= MAX_ATTEMPTS:
                     raise CloudError(f"{exc}; gave up after {MAX_ATTEMPTS} instances") from exc

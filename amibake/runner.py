@@ -169,10 +169,14 @@ class Runner(Generic[S]):
         steps: Sequence[Step[S]],
         on_boundary: Boundary | None = None,
         label: str = "",
+        rerun_if: Callable[[BaseException], Rerun | None] | None = None,
     ) -> None:
         self.context = context
         self.steps = steps
         self.on_boundary = on_boundary
+        # Tells a failure that is a rerun in disguise (spot took the instance back mid-step,
+        # and the step saw a dropped connection) before the runner decides what to keep.
+        self.rerun_if = rerun_if
         # Several runners share a run (one per family): the label tells their lines apart.
         self.prefix = f"[{context.run_id}{' ' + label if label else ''}]"
 
@@ -191,9 +195,20 @@ class Runner(Generic[S]):
                     self.on_boundary(step.name)
         except BaseException as exc:
             failure = exc
+            rerun = None if self.rerun_if is None else self.rerun_if(exc)
+            if rerun is not None:
+                failure = rerun
+                raise rerun from exc
             raise
         finally:
-            if failure is not None and self.context.keep_on_error:
+            # A rerun is not the run's failure: what it leaves is unwound, as the attempt
+            # after it unwinds its own, or --keep-on-error kept the first attempt's launch
+            # template, security group and key pair beside a run that then succeeded.
+            if (
+                failure is not None
+                and self.context.keep_on_error
+                and not isinstance(failure, Rerun)
+            ):
                 log.warning(
                     "[%s] failed; resources kept for debugging (--keep-on-error). Clean up with: "
                     "amibake gc --run-id %s",

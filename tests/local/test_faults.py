@@ -317,9 +317,12 @@ def test_a_boot_test_refused_for_capacity_in_its_zone_launches_in_another(
     assert run_id is not None and tagged_alive(cloud, run_id) == []
 
 
+@pytest.mark.parametrize("keep_on_error", [False, True], ids=["", "keep-on-error"])
 def test_spot_reclaim_mid_build_reruns_it_on_a_new_instance(
-    faulty: Callable[[str, int], Cloud], tmp_path: Path
+    faulty: Callable[[str, int], Cloud], tmp_path: Path, keep_on_error: bool
 ) -> None:
+    """A reclaim is not the run's failure: --keep-on-error kept the first attempt's launch
+    template, security group and key pair beside a run that then succeeded."""
     from amibake.local.faults import spot
     from tests.test_build_faults import _recipe_variant
 
@@ -335,7 +338,10 @@ def test_spot_reclaim_mid_build_reruns_it_on_a_new_instance(
     cloud = faulty("spot-reclaim", seed)
     root = _recipe_variant(tmp_path, "sleep 8")
     outcome = pipelines.build(
-        cloud, pipelines.BuildRequest(["c5a"], "trivial", "large", recipes_dir=root)
+        cloud,
+        pipelines.BuildRequest(
+            ["c5a"], "trivial", "large", recipes_dir=root, keep_on_error=keep_on_error
+        ),
     )[0]
     assert outcome.ok, outcome.error
     assert outcome.state is not None and outcome.state.attempt == 1  # on a second instance
