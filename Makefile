@@ -122,8 +122,10 @@ prices: install
 # TEST_WORKERS pytest-xdist workers, a test file each at a time (a module's fixtures built once),
 # each worker with a local cloud of its own (tests/conftest.py). The suite mostly waits (on
 # sshd, builds in sandboxes, the local cloud's AWS-like delays): run one at a time it kept
-# 0.6 of one core busy. On two cores: 17:25 alone, 9:12 with two workers, 9:21 with three.
-TEST_WORKERS ?= 2
+# 0.6 of one core busy. On two cores, 1351 tests without e2e (2026-12-02, each run alone):
+# 16:11 with two workers, 10:56 with three (126% CPU), 10:32 with four (each test slower, 1.25x
+# the test time in all); the e2e stage 4:48 with two, 4:12 with three. Three it is.
+TEST_WORKERS ?= 3
 FAULT_SEEDS ?= 11
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: install zstd-source lz4-source gzip-source cmark-source
