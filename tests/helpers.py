@@ -108,6 +108,15 @@ def leftovers(directory: Path) -> list[str]:
     return found
 
 
+def wait_for(condition: Any, timeout_s: float = 60.0, what: str = "the condition") -> None:
+    """Poll ``condition`` until it holds: for what happens asynchronously (a guest's boot, a
+    job's state) where a single look races it on a loaded host."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(0.2)
+
+
 def wait_until_clean(directory: Path, timeout_s: float = 5.0) -> list[str]:
     """Leftovers after giving asynchronous teardown (the reconcile loop) a moment."""
     deadline = time.monotonic() + timeout_s

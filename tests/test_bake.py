@@ -27,7 +27,7 @@ from amibake.journal import Journal
 from amibake.local import control
 from amibake.remote import parse_fingerprints
 from amibake.runner import Interrupted
-from tests.helpers import tagged_alive, tagged_images_alive, wait_until_clean
+from tests.helpers import tagged_alive, tagged_images_alive, wait_for, wait_until_clean
 from tests.test_build import FIXTURES
 
 AL2_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2/recommended/image_id"
@@ -353,7 +353,21 @@ def test_the_build_host_rebooted_by_create_image_has_its_deadline_again(
         instances = [r.split()[1] for r in alive if r.startswith("instance ")]
         assert len(instances) == 1, alive
         (instance_id,) = instances
-        seen["console"] = cloud.ec2.get_console_output(InstanceId=instance_id)["Output"]
+
+        def console() -> str:
+            return str(cloud.ec2.get_console_output(InstanceId=instance_id)["Output"])
+
+        # The image can be available before the second boot's user data has run to its last
+        # line (CI once read the deadline a moment early on a loaded host), as on EC2: wait for
+        # cloud-init to say it finished on this boot, then read what it scheduled.
+        boot = f"booting {instance_id}"
+
+        def second_boot_ran_user_data() -> bool:
+            boots = console().split(boot)
+            return len(boots) == 3 and "cloud-init: user data finished" in boots[-1]
+
+        wait_for(second_boot_ran_user_data, 30, "the second boot's user data to finish")
+        seen["console"] = console()
         seen["shutdown_at"] = (control.status(cloud.config) or {})["instances"][instance_id][
             "shutdown_at"
         ]

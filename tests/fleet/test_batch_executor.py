@@ -28,14 +28,8 @@ from amibake.local import jobs as local_jobs
 from amibake.runner import Interrupted
 from fleet import bench, control, evaluators, tune
 from fleet.cli import main
-from tests.fleet.test_bench import (
-    assert_nothing_left,
-    fleet_process,
-    new_run,
-    results_of,
-    wait_for,
-)
-from tests.helpers import left_queue, wait_until_clean
+from tests.fleet.test_bench import assert_nothing_left, fleet_process, new_run, results_of
+from tests.helpers import left_queue, wait_for, wait_until_clean
 from tests.test_bake import built  # noqa: F401 - the module-scoped artifact fixture
 
 

@@ -26,7 +26,7 @@ from fleet import bench, control, report, spec
 from fleet.cli import main
 from fleet.executor import BenchState, Replicate
 from fleet.results import Results
-from tests.helpers import other_architecture_family, tagged_alive, wait_until_clean
+from tests.helpers import other_architecture_family, tagged_alive, wait_for, wait_until_clean
 
 
 def results_of(cloud: Cloud) -> Results:
@@ -214,13 +214,6 @@ def fleet_process(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-
-
-def wait_for(condition: Any, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.2)
 
 
 def test_resume_after_sigkill_redoes_nothing_and_leaves_nothing(

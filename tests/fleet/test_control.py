@@ -254,8 +254,8 @@ def test_fleet_kill_removes_what_a_build_left_when_its_bench_was_sigkilled(
     launch template, group and key ran on until `amibake gc`. Each build's run is recorded as
     it opens now, and swept with the rest."""
     from fleet.cli import main
-    from tests.fleet.test_bench import fleet_process, results_of, wait_for
-    from tests.helpers import tagged_alive, wait_until_clean
+    from tests.fleet.test_bench import fleet_process, results_of
+    from tests.helpers import tagged_alive, wait_for, wait_until_clean
 
     run_id = _bench_of_a_fresh_recipe(cloud, tmp_path, monkeypatch, host_family, "killed")
     results = results_of(cloud)

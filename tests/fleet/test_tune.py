@@ -900,7 +900,8 @@ def test_a_sigkilled_search_resumes_after_removing_what_its_trial_left(
 ) -> None:
     """A controller SIGKILLed mid-trial leaves that trial's instance running: `--resume`
     removes it first, then finishes the search with no trial lost or run twice."""
-    from tests.fleet.test_bench import fleet_process, wait_for
+    from tests.fleet.test_bench import fleet_process
+    from tests.helpers import wait_for
 
     path = tmp_path / "t.toml"
     path.write_text(
