@@ -5,6 +5,9 @@ left. Each test runs at a seed where exactly the create it is about loses its fi
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import botocore.exceptions
 import pytest
@@ -184,16 +187,18 @@ def test_batch_creates_whose_answer_was_lost_are_taken_as_made(
 
 @pytest.mark.parametrize(
     ("action", "n"),
-    # the service-linked role, the instances' role and profile, the jobs' role and the bucket
+    # the service-linked role, the instances' role and profile, the jobs' role, the bucket and
+    # the image's job definition
     [("CreateServiceLinkedRole", 1), ("CreateRole", 1), ("CreateInstanceProfile", 1),
-     ("CreateRole", 2), ("CreateBucket", 1)],
+     ("CreateRole", 2), ("CreateBucket", 1), ("RegisterJobDefinition", 1)],
 )  # fmt: skip
-def test_iam_and_s3_creates_whose_answer_was_lost_are_taken_as_made(
+def test_batch_up_s_creates_whose_answer_was_lost_are_taken_as_made(
     faulty: Callable[[str, int], Cloud], action: str, n: int
 ) -> None:
     """IAM answers a role's or profile's create sent again EntityAlreadyExists, S3 a bucket's
-    200 in us-east-1 (BucketAlreadyOwnedByYou elsewhere): `batch up` takes each for what the
-    first attempt made, and `batch down` leaves nothing registered."""
+    200 in us-east-1 (BucketAlreadyOwnedByYou elsewhere), Batch a job definition's with one
+    revision more: `batch up` takes each for what the first attempt made, and `batch down`
+    leaves nothing registered."""
     from amibake import batch
     from tests.local.test_faults_batch import _image, _nothing_registered
 
@@ -206,6 +211,61 @@ def test_iam_and_s3_creates_whose_answer_was_lost_are_taken_as_made(
     assert len(roles) == len(set(roles)), roles  # none made twice
     batch.down(cloud)
     _nothing_registered(cloud)
+
+
+def test_a_run_s_image_definition_registered_twice_is_left_once_then_not_at_all(
+    faulty: Callable[[str, int], Cloud], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job definition has no client token: a registration sent again is a second revision.
+    The run's image definition, named for the run alone, deregisters the twin at once; its
+    cleanup deregisters the one it ran on."""
+    from amibake import batch as amibake_batch
+    from amibake.runner import RunContext
+    from fleet import batch as fleet_batch
+
+    cloud = faulty("lost-answers", seed_where(only_first_lost("RegisterJobDefinition")))
+
+    def request(cloud: Cloud, state: Any, name: str, tags: dict[str, str]) -> dict[str, Any]:
+        # The image's request needs an image in ECR; what is registered is beside the point.
+        resources = [{"type": "VCPU", "value": "1"}, {"type": "MEMORY", "value": "512"}]
+        container = {"image": "busybox", "command": ["true"], "resourceRequirements": resources}
+        return {
+            "jobDefinitionName": name,
+            "type": "container",
+            "tags": tags,
+            "containerProperties": container,
+        }
+
+    monkeypatch.setattr(fleet_batch, "image_job_definition", request)
+    journal = Journal(cloud.config.results_dir / "journal.sqlite")
+    context = RunContext(
+        "ab-0123456789", cloud, journal, {"amibake:run-id": "ab-0123456789"}, tmp_path
+    )
+    state: Any = SimpleNamespace(
+        spec=SimpleNamespace(image="registry/work:1"),
+        family=SimpleNamespace(architecture="x86_64"),
+        fleet_run="fb-0123456789",
+        slot=0,
+        job_definition="",
+    )
+    client = cloud.client("batch")
+
+    def active() -> list[str]:
+        return [
+            d["jobDefinitionArn"]
+            for d in amibake_batch.pages(
+                client, "describe_job_definitions", "jobDefinitions", status="ACTIVE"
+            )
+            if d["jobDefinitionName"].startswith("amibake-image-")
+        ]
+
+    step = fleet_batch.ImageDefinition(context)
+    step.run(state)
+    counts = met(cloud)["lost-answers"]
+    assert counts.get("RegisterJobDefinition made, its answer lost") == 1, counts
+    assert active() == [state.job_definition]
+    step.cleanup(state)
+    assert active() == []
 
 
 def _retried_duplicate() -> botocore.exceptions.ClientError:
