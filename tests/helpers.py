@@ -108,6 +108,11 @@ def leftovers(directory: Path) -> list[str]:
     return found
 
 
+# Shell that returns once cloud-init has finished an instance's boot: sshd answers before the
+# user data has run (as on EC2), so what the user data makes is read after this.
+BOOT_FINISHED = "while [ ! -e /var/lib/cloud/instance/boot-finished ]; do sleep 0.05; done"
+
+
 def wait_for(condition: Any, timeout_s: float = 60.0, what: str = "the condition") -> None:
     """Poll ``condition`` until it holds: for what happens asynchronously (a guest's boot, a
     job's state) where a single look races it on a loaded host."""

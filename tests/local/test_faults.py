@@ -26,7 +26,7 @@ from tests.test_build import FIXTURES
 
 def seed_where(condition: Callable[[faults.Faults], bool]) -> int:
     """The first seed whose draws meet `condition` (the layer's own hash: reproducible)."""
-    return next(seed for seed in range(1000) if condition(faults.Faults(seed=seed)))
+    return next(seed for seed in range(10_000) if condition(faults.Faults(seed=seed)))
 
 
 @pytest.fixture

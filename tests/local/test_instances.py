@@ -13,7 +13,7 @@ from amibake.cloud.reach import reach
 from amibake.errors import HostKeyMismatch
 from amibake.local import control as local_control
 from amibake.remote import Remote, load_private_key, parse_fingerprints
-from tests.helpers import launch, launch_and_reach, wait_until_clean
+from tests.helpers import BOOT_FINISHED, launch, launch_and_reach, wait_until_clean
 
 
 def test_ssh_with_a_host_key_verified_from_console_output(cloud: Cloud) -> None:
@@ -70,7 +70,7 @@ def test_user_data_runs_as_root_at_boot(cloud: Cloud) -> None:
         cloud, user_data="#!/bin/bash\nid -u > /var/tmp/user-data-ran-as\n"
     )
     with remote:
-        remote.run("while [ ! -e /var/lib/cloud/instance/boot-finished ]; do sleep 0.05; done")
+        remote.run(BOOT_FINISHED)
         assert remote.run("cat /var/tmp/user-data-ran-as", stream=False).stdout.strip() == "0"
     cloud.ec2.terminate_instances(InstanceIds=[instance_id])
 
@@ -107,7 +107,7 @@ def test_create_image_reboots_the_instance_unless_told_not_to(cloud: Cloud) -> N
 
     remote = reach(cloud, instance_id, pem, timeout_s=30)
     with remote:
-        remote.run("while [ ! -e /var/lib/cloud/instance/boot-finished ]; do sleep 0.05; done")
+        remote.run(BOOT_FINISHED)
         remote.run("sudo -n touch /run/before-image; nohup sleep 600 >/dev/null 2>&1 &")
         assert status()["shutdown_at"] is not None  # the user data's power-off
         cloud.ec2.create_image(InstanceId=instance_id, Name="kept-running", NoReboot=True)

@@ -27,7 +27,7 @@ import pytest
 
 from amibake.errors import EnvironmentProblem
 from amibake.local import rootless
-from tests.helpers import free_port_and_range, leftovers
+from tests.helpers import BOOT_FINISHED, free_port_and_range, leftovers
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN_USER = "tester"
@@ -167,7 +167,8 @@ def lifecycle() -> dict[str, Any]:
         for key, command in (
             ("id", "id -un"),
             ("sudo", "sudo -n id -u"),
-            ("user_data", "cat /var/tmp/user-data-ran"),
+            # sshd is up before cloud-init runs the user data: wait for its boot to finish
+            ("user_data", f"{BOOT_FINISHED}; cat /var/tmp/user-data-ran"),
             ("imds", imds),
             ("write", "sudo sh -c 'echo x >> /etc/passwd && touch /usr/local/rootless' && echo ok"),
             ("shared", "sudo mkdir -p /shared && sudo mount -t tmpfs tmpfs /shared && echo ok"),
