@@ -130,9 +130,18 @@ def test_full_flow_up_job_swap_down(
     ended = _wait_job(client, ignores)
     assert (ended["status"], ended["statusReason"]) == ("FAILED", "test")
     assert "ran on" in log_of(ended)
-    handles = submit("handles", "trap 'echo stopping; exit 143' TERM; sleep 100 & wait")
-    started(handles)
-    time.sleep(0.5)
+
+    def trapped(job_id: str) -> None:  # its handler is set: the log streams as the job runs
+        started(job_id)
+        deadline = time.monotonic() + 60
+        while "trapped" not in log_of(client.describe_jobs(jobs=[job_id])["jobs"][0]):
+            assert time.monotonic() < deadline, f"job {job_id} never set its handler"
+            time.sleep(0.2)
+
+    handles = submit(
+        "handles", "trap 'echo stopping; exit 143' TERM; echo trapped; sleep 100 & wait"
+    )
+    trapped(handles)
     asked = time.monotonic()
     client.terminate_job(jobId=handles, reason="test")
     ended = _wait_job(client, handles)
@@ -145,12 +154,11 @@ def test_full_flow_up_job_swap_down(
             jobDefinition="amibake-trivial-x86_64",
             arrayProperties={"size": 2},
             containerOverrides={
-                "command": ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 100 & wait"]
+                "command": ["/bin/sh", "-c", "trap 'exit 143' TERM; echo trapped; sleep 100 & wait"]
             },
         )["jobId"]
     )
-    started(f"{array}:0")
-    time.sleep(0.5)
+    trapped(f"{array}:0")
     # Its parent cancels the children still queued; a running one runs on until terminated.
     client.terminate_job(jobId=array, reason="test")
     children = client.describe_jobs(jobs=[f"{array}:0", f"{array}:1"])["jobs"]

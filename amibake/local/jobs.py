@@ -221,6 +221,9 @@ class Host:
         lines: list[dict[str, Any]] = []
         reader = threading.Thread(target=_read, args=(process, lines), daemon=True)
         reader.start()
+        # As the awslogs driver: the stream is there once the container starts, and what it
+        # prints reaches it as it runs (GetLogEvents on a running job reads it so far).
+        sent = self._logs(job, lines, 0)
         while process.poll() is None:
             if instance_id not in self.runner.cloud.sandboxes:
                 _kill(process)
@@ -228,10 +231,11 @@ class Host:
             if job.stop:
                 _stop_container(process)
                 break
+            sent = self._logs(job, lines, sent)
             time.sleep(0.2)
         code = process.wait()
         reader.join(timeout=5)
-        self._logs(job, lines)
+        self._logs(job, lines, sent)
         if instance_id not in self.runner.cloud.sandboxes:
             self.instance_id = None
             self._stop(job, False, HOST_GONE.format(instance_id))
@@ -371,13 +375,20 @@ class Host:
             )
 
     @staticmethod
-    def _logs(job: Any, lines: list[dict[str, Any]]) -> None:
+    def _logs(job: Any, lines: list[dict[str, Any]], sent: int) -> int:
+        """The job's lines from `sent` on put to its log stream (made on the first call); how
+        many are sent now. `lines` grows in the reader's thread: its length is read once."""
+        upto = len(lines)
+        if sent and upto == sent:
+            return sent
         logs = job._log_backend
         with BACKENDS:
-            logs.ensure_log_group(LOG_GROUP)
-            logs.ensure_log_stream(LOG_GROUP, job.log_stream_name)
-            if lines:
-                logs.put_log_events(LOG_GROUP, job.log_stream_name, lines)
+            if not sent:
+                logs.ensure_log_group(LOG_GROUP)
+                logs.ensure_log_stream(LOG_GROUP, job.log_stream_name)
+            if upto > sent:
+                logs.put_log_events(LOG_GROUP, job.log_stream_name, lines[sent:upto])
+        return upto
 
     def _stop(self, job: Any, success: bool, reason: str | None) -> None:
         stop_job(self.backend, job, success, reason)
