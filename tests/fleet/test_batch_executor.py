@@ -5,6 +5,7 @@ nothing, and a missing registration refused before anything is created."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -26,6 +27,7 @@ from amibake.journal import Journal
 from amibake.local import control as local_control
 from amibake.local import jobs as local_jobs
 from amibake.runner import Interrupted
+from fleet import batch as fleet_batch
 from fleet import bench, control, evaluators, tune
 from fleet.cli import main
 from tests.fleet.test_bench import assert_nothing_left, fleet_process, new_run, results_of
@@ -70,6 +72,19 @@ def queue_jobs(client: Any, queue: str, statuses: tuple[str, ...]) -> list[dict[
             elif status in statuses:
                 found.append(job)
     return found
+
+
+def agent_started(cloud: Cloud, job_ids: list[str]) -> bool:
+    """Whether one of these jobs' agents has set up and printed its host (FLEET-HOST): its
+    replicate and the watcher on the spot notice start next."""
+    logs = cloud.client("logs")
+    for job in cloud.client("batch").describe_jobs(jobs=job_ids)["jobs"]:
+        stream = (job.get("container") or {}).get("logStreamName")
+        if stream:
+            events = logs.get_log_events(logGroupName=fleet_batch.LOG_GROUP, logStreamName=stream)
+            if any(e["message"].startswith("FLEET-HOST ") for e in events["events"]):
+                return True
+    return False
 
 
 def running_jobs(cloud: Cloud, run_id: str) -> bool:
@@ -428,6 +443,14 @@ def test_a_lost_host_reruns_its_replicate(
                 for instance in reservation["Instances"]:
                     jobs = queue and queue_jobs(cloud.client("batch"), queue, ("RUNNING",))
                     if jobs:
+                        # RUNNING comes as the container starts; the notice is for a replicate
+                        # under way, its watcher up: the agent says so (its log streams).
+                        ids = [j["jobId"] for j in jobs]
+                        wait_for(
+                            functools.partial(agent_started, cloud, ids),
+                            60,
+                            "the job's agent to start its replicate",
+                        )
                         time.sleep(0.5)
                         if how == "terminated":
                             cloud.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
