@@ -16,7 +16,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from amibake import config
+from amibake import config, runner
 from amibake.connect import connect
 from amibake.local import control
 
@@ -45,7 +45,12 @@ def main(argv: list[str]) -> int:
     ]
     out = Path("results/bench")
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="amibake-bench-") as tmp:
+    # `kill` unwinds it as Ctrl-C does: its local cloud goes down with it (a SIGTERM left the
+    # daemon holding port 5180, and the next `make bench` could not start).
+    with (
+        runner.terminate_as_interrupt(),
+        tempfile.TemporaryDirectory(prefix="amibake-bench-") as tmp,
+    ):
         # A local cloud of its own, so a developer's running one is neither used nor disturbed.
         os.environ.update(
             AMIBAKE_CLOUD="local",
@@ -55,9 +60,9 @@ def main(argv: list[str]) -> int:
             AMIBAKE_RESULTS_DIR=str(Path(tmp) / "results"),
         )
         cfg = config.load()
-        cloud = connect(cfg)
         failed = []
         try:
+            cloud = connect(cfg)
             for name in selected:
                 short = name.rsplit(".", 1)[1]
                 try:
@@ -79,4 +84,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # Ctrl-C or kill: its local cloud is down already
+        print("benchmarks: interrupted", file=sys.stderr)
+        sys.exit(130)
