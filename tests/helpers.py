@@ -122,8 +122,9 @@ def wait_for(condition: Any, timeout_s: float = 60.0, what: str = "the condition
         time.sleep(0.2)
 
 
-def wait_until_clean(directory: Path, timeout_s: float = 5.0) -> list[str]:
-    """Leftovers after giving asynchronous teardown (the reconcile loop) a moment."""
+def wait_until_clean(directory: Path, timeout_s: float = 15.0) -> list[str]:
+    """Leftovers after giving asynchronous teardown (the reconcile loop) a moment: up to 15 s,
+    a 1 s loop and a sandbox's stop on a loaded host (it returns as soon as nothing is left)."""
     deadline = time.monotonic() + timeout_s
     while True:
         found = leftovers(directory)

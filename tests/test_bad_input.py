@@ -25,7 +25,7 @@ from amibake.cloud import Cloud
 from amibake.journal import Journal
 from fleet import bench, plan, spec, tune
 from fleet.cli import main as fleet
-from tests.helpers import leftovers
+from tests.helpers import wait_until_clean
 
 RECIPES = Path(__file__).parent / "recipes"
 
@@ -1401,4 +1401,5 @@ def test_refusals_that_need_the_clouds_answer_leave_nothing(
         err = capsys.readouterr().err
         assert err.startswith(f"amibake: error: {start}") and err.count("\n") == 1, err
     assert held() == before
-    assert leftovers(local_dir) == []
+    # a moment for the session's cloud to finish ending what an earlier test stopped
+    assert wait_until_clean(local_dir) == []
