@@ -12,6 +12,7 @@ import pytest
 from amibake import batch, pipelines
 from amibake.cli import main
 from amibake.cloud import Cloud
+from tests.helpers import wait_for
 from tests.test_bake import built  # noqa: F401 - the module-scoped artifact fixture
 
 
@@ -133,10 +134,11 @@ def test_full_flow_up_job_swap_down(
 
     def trapped(job_id: str) -> None:  # its handler is set: the log streams as the job runs
         started(job_id)
-        deadline = time.monotonic() + 60
-        while "trapped" not in log_of(client.describe_jobs(jobs=[job_id])["jobs"][0]):
-            assert time.monotonic() < deadline, f"job {job_id} never set its handler"
-            time.sleep(0.2)
+        wait_for(
+            lambda: "trapped" in log_of(client.describe_jobs(jobs=[job_id])["jobs"][0]),
+            60,
+            f"job {job_id} to set its handler",
+        )
 
     handles = submit(
         "handles", "trap 'echo stopping; exit 143' TERM; echo trapped; sleep 100 & wait"

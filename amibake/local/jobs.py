@@ -223,7 +223,8 @@ class Host:
         reader.start()
         # As the awslogs driver: the stream is there once the container starts, and what it
         # prints reaches it as it runs (GetLogEvents on a running job reads it so far).
-        sent = self._logs(job, lines, 0)
+        self._stream(job)
+        sent = 0
         while process.poll() is None:
             if instance_id not in self.runner.cloud.sandboxes:
                 _kill(process)
@@ -375,19 +376,20 @@ class Host:
             )
 
     @staticmethod
-    def _logs(job: Any, lines: list[dict[str, Any]], sent: int) -> int:
-        """The job's lines from `sent` on put to its log stream (made on the first call); how
-        many are sent now. `lines` grows in the reader's thread: its length is read once."""
-        upto = len(lines)
-        if sent and upto == sent:
-            return sent
-        logs = job._log_backend
+    def _stream(job: Any) -> None:
+        """The job's log group and stream, as its container starts."""
         with BACKENDS:
-            if not sent:
-                logs.ensure_log_group(LOG_GROUP)
-                logs.ensure_log_stream(LOG_GROUP, job.log_stream_name)
-            if upto > sent:
-                logs.put_log_events(LOG_GROUP, job.log_stream_name, lines[sent:upto])
+            job._log_backend.ensure_log_group(LOG_GROUP)
+            job._log_backend.ensure_log_stream(LOG_GROUP, job.log_stream_name)
+
+    @staticmethod
+    def _logs(job: Any, lines: list[dict[str, Any]], sent: int) -> int:
+        """The job's lines from `sent` on put to its stream; how many are sent now. `lines`
+        grows in the reader's thread: its length is read once."""
+        upto = len(lines)
+        if upto > sent:
+            with BACKENDS:
+                job._log_backend.put_log_events(LOG_GROUP, job.log_stream_name, lines[sent:upto])
         return upto
 
     def _stop(self, job: Any, success: bool, reason: str | None) -> None:
