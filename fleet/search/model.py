@@ -32,6 +32,7 @@ from scipy import stats
 
 from fleet.search import racing
 from fleet.search.features import Encoder, has_types
+from fleet.search.forest import predict as forest_predict
 from fleet.search.recommend import Pooled
 from fleet.search.scaling import Curve
 from fleet.space import Param, Space, key
@@ -169,6 +170,7 @@ RETRIES = 1
 # memory wall, met the goal on 161 of the catalog form's 216.
 CURVE_FROM = 6
 FOREST_LEAF = 1  # a leaf per point: 2 or 3 lost on both kernels runs and cluster tables
+FOREST_TREES = 48
 
 
 def start_trials(budget: int) -> int:
@@ -477,15 +479,7 @@ class ModelSearch:
                 self._kernel, self._learnt_at = gp.kernel_, len(y)
             mean, sd = gp.predict(at, return_std=True)
             return np.asarray(mean), np.asarray(sd)
-        from sklearn.ensemble import ExtraTreesRegressor
-
-        forest = ExtraTreesRegressor(
-            n_estimators=48, bootstrap=True, min_samples_leaf=FOREST_LEAF,
-            random_state=self.seed * 7919 + len(y),
-        )  # fmt: skip
-        forest.fit(X, y)
-        each = np.stack([tree.predict(at) for tree in forest.estimators_])
-        return each.mean(axis=0), each.std(axis=0)
+        return forest_predict(X, y, at, self.seed * 7919 + len(y), FOREST_TREES, FOREST_LEAF)
 
     def _fixed_kernel(self) -> Any:
         """The kernel while too few results are in to learn one (FIXED_UNTIL)."""
