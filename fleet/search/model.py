@@ -23,6 +23,7 @@ Three phases over a budget of N trials:
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any
@@ -173,6 +174,19 @@ FOREST_LEAF = 1  # a leaf per point: 2 or 3 lost on both kernels runs and cluste
 FOREST_TREES = 48
 
 
+@functools.cache
+def _threads() -> Any:
+    """The BLAS and OpenMP thread pools the models use, found once: looking for them at every
+    step (threadpool_limits) was a millisecond of it."""
+    # Loaded first, so that their libraries (OpenMP, scipy's BLAS) are among those found
+    import sklearn.gaussian_process
+    import sklearn.linear_model
+    import sklearn.tree  # noqa: F401
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
 def start_trials(budget: int) -> int:
     """The start design's trials when none is set: a quarter of the budget, 5 to 20, and at most
     a third of a small one (9 trials: 4), whose model-guided steps are most of what it has. A
@@ -251,12 +265,14 @@ class ModelSearch:
 
     # -- the interface -------------------------------------------------------------------------
     def ask(self) -> tuple[int, dict[str, Any]] | None:
-        from threadpoolctl import threadpool_limits
+        import sklearn
 
         # One BLAS thread: the matrices are small (a few hundred rows), and a thread per core
         # fighting for a busy machine's cores made a step 3.5 times slower (54 ms a trial at
-        # 300 trials against 16 ms; the goal is 50).
-        with threadpool_limits(limits=1):
+        # 300 trials against 16 ms; the goal is 50). The estimators' parameters are this
+        # module's constants: sklearn checking them again at each of a step's hundred fits
+        # was a fifth of the forest's time.
+        with _threads().limit(limits=1), sklearn.config_context(skip_parameter_validation=True):
             chosen = self._choose()
         if chosen is None:
             return None

@@ -107,6 +107,25 @@ def test_every_engine_suggests_the_same_given_the_same_seed(algorithm: str) -> N
     assert len({space_key(p) for p, _ in first}) == 8  # no configuration twice here
 
 
+def test_a_model_s_step_runs_its_linear_algebra_on_one_thread(monkeypatch: Any) -> None:
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    # A thread per core fighting a busy machine made a step 3.5 times slower
+    seen: list[set[int]] = []
+    choose = ModelSearch._choose
+
+    def counting(self: ModelSearch) -> Any:
+        seen.append({pool["num_threads"] for pool in threadpool_info()})
+        return choose(self)
+
+    monkeypatch.setattr(ModelSearch, "_choose", counting)
+    with threadpool_limits(limits=2):  # more than one, on any machine
+        run("blend", bowl, 4)
+        after = {pool["num_threads"] for pool in threadpool_info()}
+    assert seen and all(threads == {1} for threads in seen), seen
+    assert after == {2}, "a step's limit outlived the step"
+
+
 # hyperopt's engines race in a wrapper (fleet/search/racing.py): asking no configuration twice,
 # they recommended one lucky run under noise, without an interval.
 RACERS = ["gp", "tpe", "random"]
