@@ -187,34 +187,44 @@ def _daemon_importing() -> bool:
     return False
 
 
-# Interrupted by what the daemon is doing, not by a time: at 1 s it was importing on some hosts
-# and had answered on others (a 2026-12-04 Intel guest), whose up then succeeded.
+class StartClock:
+    """amibake.local.control's clock for one `local up`: at its first wait once the daemon is
+    `when` ("starting": at once; "importing": see _daemon_importing), Ctrl-C (`then`
+    "interrupt") or the start's time running out ("time out"). What the daemon is doing, not a
+    time, decides: at 1 s it was importing on some hosts and had answered on others (1.1 s on a
+    2026-12-04 Intel guest), whose up then succeeded."""
+
+    def __init__(self, when: str, then: str) -> None:
+        self.when, self.then, self.reached = when, then, False
+
+    def monotonic(self) -> float:
+        return time.monotonic() + (3600.0 if self.reached and self.then == "time out" else 0.0)
+
+    def sleep(self, seconds: float) -> None:
+        if not self.reached and (self.when == "starting" or _daemon_importing()):
+            self.reached = True
+            if self.then == "interrupt":
+                raise KeyboardInterrupt
+        time.sleep(seconds)
+
+
+def _up_with(clock: StartClock) -> int:
+    # Patched for the up alone: undoing every patch took the fixture's settings back too, and
+    # the find after it looked at the session's own cloud.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(control, "time", clock)
+        code = main(["local", "up"])
+    assert clock.reached, f"the up returned {code} before the daemon was {clock.when}"
+    return code
+
+
 @pytest.mark.parametrize("when", ["starting", "importing"])
 def test_an_interrupted_up_stops_the_daemon_it_started(
-    own_cloud: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    when: str,
-) -> None:  # fmt: skip
+    own_cloud: Path, capsys: pytest.CaptureFixture[str], when: str
+) -> None:
     """Ctrl-C while `local up` waits: the daemon (a session of its own) came up seconds later
     and ran on, unseen by `status` meanwhile. Interrupted as it starts and while it imports."""
-    reached: list[bool] = []
-
-    class Clock:
-        monotonic = staticmethod(time.monotonic)
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            if when == "starting" or _daemon_importing():
-                reached.append(True)
-                raise KeyboardInterrupt
-            time.sleep(seconds)
-
-    # Patched for the up alone: undoing every patch took the fixture's settings back too, and
-    # the find below looked at the session's own cloud.
-    with monkeypatch.context() as patch:
-        patch.setattr(control, "time", Clock)
-        code = main(["local", "up"])
-    assert reached, f"the up returned {code} before the daemon was {when}"
-    assert code == 130
+    assert _up_with(StartClock(when, "interrupt")) == 130
     time.sleep(8)  # longer than the daemon takes to come up
     assert control.find(config.load()) is None
     assert _daemons_of(own_cloud) == []
@@ -227,27 +237,8 @@ def test_an_up_given_up_on_says_what_the_daemon_was_doing_and_stops_it(
 ) -> None:
     """A daemon that does not come up in time: the error names its log's last line (a test's
     log is gone once it fails, and CI said only "see daemon.log"), and the daemon is stopped."""
-    # The wait runs out while the daemon imports, whatever the host's speed: a timeout of 0.5 s
-    # is past its answer on a fast one (1.1 s on a 2026-12-04 Intel guest)
-    monkeypatch.setattr(control, "START_TIMEOUT_S", 60.0)
-    ran_out: list[bool] = []
-
-    class Clock:
-        @staticmethod
-        def monotonic() -> float:
-            return time.monotonic() + (3600.0 if ran_out else 0.0)
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            if _daemon_importing():
-                ran_out.append(True)
-            time.sleep(seconds)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(control, "time", Clock)
-        code = main(["local", "up"])
-    assert ran_out, f"the up returned {code} before the daemon was importing"
-    assert code == 1
+    monkeypatch.setattr(control, "START_TIMEOUT_S", 60.0)  # run out while it imports
+    assert _up_with(StartClock("importing", "time out")) == 1
     err = _one_line_error(capsys)
     assert "the local cloud did not start within 60s (its log's last line: " in err, err
     time.sleep(8)  # longer than the daemon takes to come up
