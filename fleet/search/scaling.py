@@ -18,6 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 QUANTILE = 0.2
+# Without Ernest's fourth term (d x nodes: what every node adds, its start, a gather to one):
+# with it, issue 22's goal 2 was met on 266 of benchmarks/search_sweep.py's 360 generated tables
+# against 271 (2026-12-04; the named seven in three forms 20 of 21 either way): a fourth
+# coefficient from six to nine runs bends the curve with the runs slowed near their wall.
 FORMS = ("cost", "time")  # the loss is hours x price per hour (USD), or the hours themselves
 # A loss is read as a time only where the time curve misses the runs by half as much as the cost
 # curve does: a search on instance types is for the cheapest configuration, and from six runs
