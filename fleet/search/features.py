@@ -317,6 +317,8 @@ class Encoder:
                 if self.totals and name == scale:
                     self.memory.append(len(sized))
                 sized.append(True)
+        # the cluster's GiB in all, where there is a node count: what a run's memory wall follows
+        self.total_gib = len(sized) + TOTALS.index("log2_total_gib") if self.totals else None
         if self.totals:
             sized += [True] * len(TOTALS)
         self.sized = np.array(sized, dtype=bool)

@@ -17,6 +17,7 @@ import pytest
 from amibake.errors import UserError
 from fleet.noisy_replay import RunsReplay, compare_noisy, run_search
 from fleet.search import engines
+from fleet.search import model as search_model
 from fleet.search.evaluation import Evaluation
 from fleet.search.features import Encoder, estimated_usd_per_vcpu_hour, facts
 from fleet.search.model import ModelSearch
@@ -242,6 +243,64 @@ def test_a_family_never_run_stays_in_doubt() -> None:
         for family in ("c7g", "m7i"):
             if (f"{family}.{size}", nodes) in doubt:
                 assert unseen > 1.5 * doubt[(f"{family}.{size}", nodes)], (size, nodes, family)
+
+
+def test_a_run_short_of_memory_does_not_condemn_its_family(monkeypatch: Any) -> None:
+    # cost = the family's price of speed x a bowl on the cluster's vCPUs (best at 32), tripled
+    # below 64 GiB in all (a memory wall): m7i run at 64-256 GiB, c7g once at 16 GiB (12.75,
+    # tripled by the wall). c7g is the cheapest family where memory suffices (2.0 at 32 vCPUs):
+    # its one run, short of memory and dearer than the incumbent, is heard but not believed, so
+    # c7g with enough memory is expected cheaper and held in more doubt than were it believed
+    family = {"c7g": 1.0, "m7i": 1.6, "r7g": 2.2}
+    gib_per_vcpu = {"c7g": 2, "m7i": 4, "r7g": 8}
+
+    def cluster(params: dict[str, Any]) -> tuple[str, int, int]:
+        kind, size = params["instance_type"].split(".")
+        vcpus = VCPUS[size] * int(params["nodes"])
+        return kind, vcpus, vcpus * gib_per_vcpu[kind]
+
+    def cost(params: dict[str, Any]) -> float:
+        kind, vcpus, gib = cluster(params)
+        return family[kind] * (vcpus / 32 + 32 / vcpus) * (3.0 if gib < 64 else 1.0)
+
+    ran = {("m7i.2xlarge", 2), ("m7i.4xlarge", 2), ("m7i.4xlarge", 4), ("m7i.xlarge", 8)}
+    ran.add(("c7g.xlarge", 2))
+
+    def posterior(noise: float) -> tuple[float, float]:
+        monkeypatch.setattr(search_model, "DOUBTFUL_NOISE", noise)
+        search = ModelSearch(parse(CLUSTER, "t", "", []), 0, 4, 9, "gp")
+        for i, params in enumerate(search.candidates):
+            if (params["instance_type"], params["nodes"]) in ran:
+                search.runs[i] = [cost(params)]
+        untried = [i for i in range(len(search.candidates)) if i not in search.runs]
+        expected = search._posterior(untried)
+        assert expected is not None
+        rows, y, _, _ = search._training()
+        doubt = search._doubt(rows, y)
+        assert doubt is not None
+        doubted = {
+            (search.candidates[r]["instance_type"], search.candidates[r]["nodes"])
+            for r, d in zip(rows, doubt, strict=True)
+            if d > 1e-6
+        }
+        mean, sd = expected[0], expected[1]
+        fits = [
+            j
+            for j, i in enumerate(untried)
+            if cluster(search.candidates[i])[0] == "c7g" and cluster(search.candidates[i])[2] >= 64
+        ]
+        # the runs with less memory than the incumbent's (m7i.4xlarge x 2) that cost more; not
+        # m7i.4xlarge x 4, dearer with more
+        shorter = {("c7g.xlarge", 2), ("m7i.2xlarge", 2)}
+        assert doubted == (shorter if noise > 1e-6 else set()), doubted
+        return float(np.exp(mean[fits].min())), float(sd[fits].mean())
+
+    doubtful = search_model.DOUBTFUL_NOISE
+    believed, believed_sd = posterior(search_model.NO_NOISE)
+    heard, heard_sd = posterior(doubtful)
+    assert heard < 0.85 * believed and heard_sd > 1.2 * believed_sd, (
+        believed, heard, believed_sd, heard_sd,
+    )  # fmt: skip
 
 
 def test_the_recommendation_does_not_trust_one_lucky_run() -> None:
